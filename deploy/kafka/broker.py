@@ -1,0 +1,328 @@
+"""Launches a real single-node Apache Kafka broker (KRaft) from Maven Central artefacts.
+
+The jars are resolved once with Maven from ``deploy/kafka/pom.xml`` (the only place
+the Kafka version is written) into a user cache dir. ``LocalBroker`` formats storage,
+starts ``kafka.Kafka`` on free loopback ports with a capped heap, waits until the broker
+answers a metadata request, and stops it (the whole process group) on ``stop()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+POM = HERE / "pom.xml"
+LOG4J2 = HERE / "log4j2.yaml"
+
+#: Broker-wide message size limit; gradient topics need more than Kafka's ~1 MiB default.
+#: Producers (max_request_size) and consumers (fetch sizes) are configured from the
+#: same number in streams.topics.
+DEFAULT_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be resolved, started or reached; the message says why."""
+
+
+def kafka_version() -> str:
+    """The Kafka version pinned in pom.xml."""
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
+    if not match:
+        raise BrokerError(f"no <kafka.version> in {POM}")
+    return match.group(1)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("EDGESTREAM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "edgestream"
+    )
+    return Path(base)
+
+
+def resolve_jars(cache_dir: Path | None = None, quiet: bool = True) -> Path:
+    """Resolve the broker classpath into the cache (once) and return the jar directory.
+
+    Keyed by a hash of pom.xml, so changing the version or a dependency re-resolves.
+    """
+    cache_dir = cache_dir or cache_root()
+    pom_key = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+    target = cache_dir / f"kafka-{kafka_version()}-{pom_key}"
+    if (target / ".complete").exists():
+        return target
+    if shutil.which("mvn") is None:
+        raise BrokerError("Maven ('mvn') is not on PATH; it is needed once to fetch the Kafka jars")
+    if shutil.which("java") is None:
+        raise BrokerError("Java ('java', JDK 17+) is not on PATH; the Kafka broker runs on the JVM")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="kafka-jars-", dir=cache_dir))
+    cmd = [
+        "mvn", "-B", "-f", str(POM), "dependency:copy-dependencies",
+        "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+    ]
+    if quiet:
+        cmd.insert(1, "-q")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise BrokerError(
+            "resolving the Kafka broker from Maven Central failed "
+            f"(mvn exit {proc.returncode}); is Maven Central reachable?\n{tail}"
+        )
+    (staging / ".complete").touch()
+    try:
+        staging.rename(target)
+    except OSError:  # another process won the race; theirs is complete too
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
+    """True if a broker at ``bootstrap`` answers a metadata request."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=int(timeout_s * 1000),
+            client_id="edgestream-probe",
+        )
+    except (KafkaError, OSError, ValueError):
+        return False
+    try:
+        admin.describe_cluster()
+        return True
+    except (KafkaError, OSError):
+        return False
+    finally:
+        admin.close()
+
+
+@dataclass
+class BrokerInfo:
+    """What a running local broker is: enough to find, use and stop it later."""
+
+    pid: int
+    bootstrap: str
+    controller_port: int
+    work_dir: str
+    log_file: str
+    version: str
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> BrokerInfo:
+        return cls(**json.loads(path.read_text()))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalBroker:
+    """One single-node KRaft Kafka broker (combined broker + controller) on 127.0.0.1.
+
+    Invariant: after ``start()`` returns, the broker answers metadata requests at
+    ``bootstrap``; ``stop()`` leaves no process of it behind.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        port: int | None = None,
+        controller_port: int | None = None,
+        heap: str = "512m",
+        message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
+        extra_config: dict[str, str] | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.port = port or free_port()
+        self.controller_port = controller_port or free_port()
+        self.heap = heap
+        self.message_max_bytes = message_max_bytes
+        self.extra_config = extra_config or {}
+        self.proc: subprocess.Popen | None = None
+        self.jar_dir: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.work_dir / "broker.log"
+
+    def _properties(self) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.work_dir / "data"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "true",
+            "message.max.bytes": str(self.message_max_bytes),
+            "replica.fetch.max.bytes": str(self.message_max_bytes),
+            "log.retention.hours": "168",
+            "log.segment.bytes": str(64 * 1024 * 1024),
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+        }
+        props.update(self.extra_config)
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        assert self.jar_dir is not None
+        return [
+            "java", f"-Xmx{heap}", "-Xms64m",
+            "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={LOG4J2}",
+            "-cp", f"{self.jar_dir}/*", main, *args,
+        ]
+
+    def start(self, timeout_s: float = 90.0) -> LocalBroker:
+        """Resolve jars, format storage, start the broker and wait until it is ready."""
+        self.jar_dir = resolve_jars()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        props_file = self.work_dir / "server.properties"
+        props_file.write_text(self._properties())
+        cluster_id = self._cluster_id()
+        fmt = subprocess.run(
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props_file),
+                       "--ignore-formatted"),
+            capture_output=True, text=True,
+        )
+        if fmt.returncode != 0:
+            raise BrokerError(f"formatting Kafka storage failed:\n{(fmt.stdout + fmt.stderr)[-3000:]}")
+        log = open(self.log_file, "ab")
+        self.proc = subprocess.Popen(
+            self._java("kafka.Kafka", str(props_file), heap=self.heap),
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=self.work_dir,
+        )
+        log.close()
+        self._wait_ready(timeout_s)
+        return self
+
+    def _cluster_id(self) -> str:
+        # A base64url-encoded random UUID, as `kafka-storage random-uuid` prints.
+        import base64
+
+        return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise BrokerError(
+                    f"Kafka broker exited with code {self.proc.returncode} during start-up; "
+                    f"last log lines from {self.log_file}:\n{self._log_tail()}"
+                )
+            if _port_open(self.port) and metadata_ok(self.bootstrap, timeout_s=3.0):
+                return
+            time.sleep(0.25)  # polling interval of a readiness wait, not synchronisation
+        self.stop()
+        raise BrokerError(
+            f"Kafka broker did not answer a metadata request at {self.bootstrap} within "
+            f"{timeout_s:.0f}s; log tail:\n{self._log_tail()}"
+        )
+
+    def _log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def info(self) -> BrokerInfo:
+        assert self.proc is not None
+        return BrokerInfo(
+            pid=self.proc.pid, bootstrap=self.bootstrap, controller_port=self.controller_port,
+            work_dir=str(self.work_dir), log_file=str(self.log_file), version=kafka_version(),
+        )
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        stop_pid(self.proc.pid, timeout_s)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_pid(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGTERM the broker's process group, then SIGKILL it if it does not exit in time."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)  # polling a process exit with a deadline

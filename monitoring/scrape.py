@@ -1,0 +1,56 @@
+"""Reading a process's /metrics back: used by the live view, tests and benchmarks."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+class Scrape:
+    """One scrape of an endpoint, with lookups by metric name and labels."""
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    @classmethod
+    def parse(cls, text: str) -> Scrape:
+        out = []
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out.append(Sample(s.name, tuple(sorted(s.labels.items())), float(s.value)))
+        return cls(out)
+
+    def get(self, name: str, default: float = 0.0, **labels: str) -> float:
+        """Sum of samples of ``name`` whose labels include ``labels``."""
+        want = set(labels.items())
+        found = [s.value for s in self.samples if s.name == name and want <= set(s.labels)]
+        return sum(found) if found else default
+
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """``name`` summed per value of ``label``."""
+        out: dict[str, float] = {}
+        for s in self.samples:
+            if s.name == name:
+                key = dict(s.labels).get(label)
+                if key is not None:
+                    out[key] = out.get(key, 0.0) + s.value
+        return out
+
+
+def scrape(url: str, timeout_s: float = 2.0) -> Scrape | None:
+    """Fetch and parse ``url``; None if the endpoint is not (yet) reachable."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return Scrape.parse(resp.read().decode())
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return None

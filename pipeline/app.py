@@ -1,0 +1,161 @@
+"""The Faust app of one worker: a thin ingest agent and a timer around ``IngestCore``.
+
+The agent reads raw messages from the worker's device topics with manual acks, hands
+each to ``IngestCore`` and performs the returned actions: batches go to the sink,
+rejected messages to ``sensors.dlq`` (reason and source in headers), released
+messages are acked (so Faust commits only offsets whose records were consumed),
+partitions are paused and resumed for backpressure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import faust
+from faust.types import TP
+
+from monitoring.metrics import Metrics
+from pipeline.batching import Batch
+from pipeline.config import JobConfig
+from pipeline.ingest import DeadLetter, IngestActions, IngestCore
+from streams import topics
+
+log = logging.getLogger(__name__)
+
+
+class BatchSink(Protocol):
+    """Where batches go: the trainer in a training job, a counter in an ingest-only run."""
+
+    async def submit(self, batch: Batch) -> None: ...
+
+
+class CountingSink:
+    """Counts records per device; the sink of ingest-only runs and of the ingest benchmark."""
+
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self.records: dict[str, int] = {}
+        self.batches = 0
+        self.metrics = metrics
+
+    async def submit(self, batch: Batch) -> None:
+        self.records[batch.device] = self.records.get(batch.device, 0) + batch.size
+        self.batches += 1
+        if self.metrics is not None:
+            self.metrics.sink_records.labels(batch.device).inc(batch.size)
+
+
+def app_id(cfg: JobConfig, worker: str) -> str:
+    """Consumer group of a worker: one group per worker, so device assignment is explicit."""
+    return f"edgestream-{cfg.job.name}-{worker}"
+
+
+def create_app(
+    cfg: JobConfig,
+    worker: str,
+    bootstrap: str,
+    sink: BatchSink,
+    metrics: Metrics,
+    *,
+    datadir: Path,
+    devices: list[str] | None = None,
+    expected_shape: tuple[int, ...] | None = None,
+    num_classes: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    on_ready: Callable[[], None] | None = None,
+) -> tuple[faust.App, IngestCore]:
+    """Build the worker's Faust app; returns it with the ``IngestCore`` it drives."""
+    devices = devices if devices is not None else cfg.devices_of(worker)
+    max_bytes = cfg.kafka.max_message_bytes
+    app = faust.App(
+        app_id(cfg, worker),
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        datadir=str(datadir),
+        web_enabled=False,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=max_bytes,
+        consumer_max_fetch_size=max_bytes,
+        stream_wait_empty=False,
+        broker_commit_interval=1.0,
+        autodiscover=False,
+    )
+    core = IngestCore(
+        cfg, devices, metrics, start=clock(), expected_shape=expected_shape, num_classes=num_classes
+    )
+    source = app.topic(
+        *[topics.sensor_topic(d) for d in devices], key_serializer="raw", value_serializer="raw"
+    )
+    dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
+    partitions: dict[str, TP] = {}
+    state: dict[str, Any] = {"stream": None}
+
+    async def perform(actions: IngestActions) -> None:
+        for letter in actions.dead_letters:
+            await send_dead_letter(letter)
+        for batch in actions.batches:
+            await sink.submit(batch)
+            for token in batch.released:
+                await state["stream"].ack(token)
+            actions.resume += core.after_sink(batch.device).resume
+        for token in actions.ack:
+            await state["stream"].ack(token)
+        if actions.pause:
+            app.consumer.pause_partitions([partitions[d] for d in actions.pause if d in partitions])
+        if actions.resume:
+            app.consumer.resume_partitions([partitions[d] for d in actions.resume if d in partitions])
+
+    async def send_dead_letter(letter: DeadLetter) -> None:
+        log.warning(
+            "dead-lettered %s[%s]@%s: %s (%s)",
+            letter.topic, letter.partition, letter.offset, letter.reason, letter.detail,
+        )
+        headers = {
+            topics.DLQ_HEADER_REASON: letter.reason.encode(),
+            topics.DLQ_HEADER_DETAIL: letter.detail.encode()[:1024],
+            topics.DLQ_HEADER_TOPIC: letter.topic.encode(),
+            topics.DLQ_HEADER_PARTITION: str(letter.partition).encode(),
+            topics.DLQ_HEADER_OFFSET: str(letter.offset).encode(),
+            topics.DLQ_HEADER_WORKER: worker.encode(),
+        }
+        # An oversized value cannot be forwarded whole; the headers still say everything.
+        value = letter.value if len(letter.value) <= max_bytes // 2 else letter.value[:1024]
+        fut = await dlq.send(key=letter.key, value=value, headers=headers)
+        await fut  # the ack below must not run before the dead letter is durable
+        await state["stream"].ack(letter.token)
+
+    @app.agent(source, concurrency=1)
+    async def ingest(stream: faust.Stream) -> None:
+        manual = stream.noack()
+        state["stream"] = manual
+        async for event in manual.events():
+            msg = event.message
+            partitions.setdefault(topics.device_of(msg.topic), msg.tp)
+            actions = core.on_message(
+                msg.topic, msg.partition, msg.offset, msg.key, event.value, event,
+                now=clock(), wall_now=time.time(),
+            )
+            await perform(actions)
+
+    tick_s = min(0.1, cfg.batcher.window_s / 4)
+
+    @app.timer(interval=tick_s)
+    async def tick() -> None:
+        if state["stream"] is None:
+            return
+        await perform(core.on_tick(clock()))
+
+    @app.on_partitions_assigned.connect
+    async def assigned(app_: faust.App, assigned: set[TP], **kwargs: Any) -> None:
+        for tp in assigned:
+            if tp.topic.startswith(topics.SENSOR_PREFIX) and tp.topic != topics.SENSOR_DLQ:
+                partitions[topics.device_of(tp.topic)] = tp
+        if on_ready is not None and assigned:
+            on_ready()
+
+    _ = (ingest, tick, assigned)  # registered with the app by their decorators
+    return app, core

@@ -1,0 +1,126 @@
+"""Adaptive batching of one device's buffered records (pure, synchronous, clock passed in).
+
+Two modes:
+  * ``window`` (ScaDLES): every ``window_s`` seconds emit whatever arrived, capped at
+    ``max_batch``. The excess is kept for the next window (``persist``) or dropped and
+    counted (``truncate``).
+  * ``fixed`` (the conventional baseline): emit exactly ``batch_size`` records as soon
+    as that many are buffered; a slow stream simply waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.buffering import StreamBuffer, concat
+from streams.records import RecordBatch
+
+
+@dataclass
+class Batch:
+    """A training batch of one device plus the tokens its emission released."""
+
+    device: str
+    records: RecordBatch
+    created_at: float
+    released: list[Any] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.records.count
+
+
+@dataclass
+class WindowDrop:
+    """Records dropped by window truncation at one window boundary."""
+
+    device: str
+    dropped: int
+    released: list[Any]
+
+
+class AdaptiveBatcher:
+    """Turns a ``StreamBuffer`` into batches; owns no I/O and reads no clock.
+
+    Invariant: every record leaving the buffer through this class is either in an
+    emitted ``Batch`` or counted in ``window_dropped_total``.
+    """
+
+    def __init__(
+        self,
+        buffer: StreamBuffer,
+        mode: str = "window",
+        *,
+        window_s: float = 1.0,
+        max_batch: int = 64,
+        batch_size: int = 64,
+        window_overflow: str = "persist",
+        start: float = 0.0,
+    ) -> None:
+        if mode not in ("window", "fixed"):
+            raise ValueError(f"unknown batcher mode {mode!r}; use 'window' or 'fixed'")
+        if window_overflow not in ("persist", "truncate"):
+            raise ValueError(f"unknown window_overflow {window_overflow!r}")
+        if window_s <= 0 or max_batch < 1 or batch_size < 1:
+            raise ValueError("window_s, max_batch and batch_size must be positive")
+        self.buffer = buffer
+        self.mode = mode
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self.batch_size = batch_size
+        self.window_overflow = window_overflow
+        self.next_window_at = start + window_s
+        self.batches_total = 0
+        self.batched_records_total = 0
+        self.window_dropped_total = 0
+        self.drops: list[WindowDrop] = []
+
+    def on_arrival(self, now: float) -> list[Batch]:
+        """Call after records were pushed; in ``fixed`` mode emits every full batch."""
+        if self.mode != "fixed":
+            return []
+        out = []
+        while self.buffer.depth >= self.batch_size:
+            out.append(self._emit(self.batch_size, now))
+        return out
+
+    def poll(self, now: float) -> list[Batch]:
+        """Call periodically; in ``window`` mode emits one batch per elapsed window.
+
+        Windows with nothing buffered emit nothing. If several windows elapsed since the
+        last poll (a stalled loop), each gets its own batch, so the cap is per window.
+        Truncation drops are collected in ``drops`` for the caller to account and ack.
+        """
+        if self.mode != "window":
+            return []
+        out = []
+        while now >= self.next_window_at:
+            self.next_window_at += self.window_s
+            if self.buffer.depth > 0:
+                out.append(self._emit(self.max_batch, now))
+            if self.window_overflow == "truncate" and self.buffer.depth > 0:
+                dropped = self.buffer.drop_oldest(self.buffer.depth)
+                self.window_dropped_total += dropped.dropped
+                self.drops.append(WindowDrop(self.buffer.device, dropped.dropped, dropped.released))
+        return out
+
+    def flush(self, now: float) -> Batch | None:
+        """Emit everything still buffered as one (possibly short) batch."""
+        if self.buffer.depth == 0:
+            return None
+        return self._emit(self.buffer.depth, now)
+
+    def take_drops(self) -> list[WindowDrop]:
+        drops, self.drops = self.drops, []
+        return drops
+
+    def seconds_to_next_window(self, now: float) -> float:
+        return max(0.0, self.next_window_at - now)
+
+    def _emit(self, n: int, now: float) -> Batch:
+        taken = self.buffer.take(n)
+        batch = Batch(self.buffer.device, concat(taken.parts), now, taken.released)
+        self.batches_total += 1
+        self.batched_records_total += batch.size
+        return batch

@@ -1,0 +1,173 @@
+"""Per-device stream buffer with explicit, counted overflow policies (pure, synchronous).
+
+The buffer holds decoded record chunks (one per Kafka message) in arrival order.
+Every chunk carries an opaque *token* (the ingest agent uses the Kafka event): a token
+is *released* once every record of its chunk has left the buffer, by being batched or
+by being dropped under a counted policy. Only then may the message be acknowledged,
+so committed offsets never run ahead of what was consumed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streams.records import RecordBatch
+
+POLICIES = ("persist", "truncate", "backpressure")
+
+
+@dataclass
+class _Chunk:
+    batch: RecordBatch
+    token: Any
+    start: int = 0  # records before ``start`` already left the buffer
+
+    @property
+    def remaining(self) -> int:
+        return self.batch.count - self.start
+
+
+@dataclass
+class PushResult:
+    """What a push did: records dropped (oldest first) and tokens released by the drop."""
+
+    dropped: int = 0
+    released: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class Taken:
+    """Records taken from the head of the buffer, and tokens fully consumed by the take."""
+
+    parts: list[RecordBatch]
+    released: list[Any]
+
+    @property
+    def count(self) -> int:
+        return sum(p.count for p in self.parts)
+
+
+class StreamBuffer:
+    """Bounded FIFO of one device's records.
+
+    Policies:
+      * ``persist``: never drops; keeps the excess for later. Asks to pause the
+        partition only at the hard limit (``hard_limit_factor * capacity``), a memory
+        guard, and to resume when depth falls to half the capacity.
+      * ``truncate``: never exceeds ``capacity``; drops the *oldest* records to make
+        room (counted in ``dropped_total``).
+      * ``backpressure``: never drops; asks to pause the partition at ``capacity`` and
+        to resume at half of it. Records already fetched when the pause takes effect
+        are still accepted, so depth may exceed ``capacity`` by what was in flight.
+
+    Invariant: ``depth`` equals records pushed - records taken - records dropped.
+    """
+
+    def __init__(
+        self, device: str, capacity: int, policy: str = "persist", hard_limit_factor: int = 16
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown buffer policy {policy!r}; use one of {POLICIES}")
+        if capacity < 1:
+            raise ValueError("buffer capacity must be >= 1")
+        self.device = device
+        self.capacity = capacity
+        self.policy = policy
+        self.pause_at = capacity * hard_limit_factor if policy == "persist" else capacity
+        self.resume_at = max(capacity // 2, 0)
+        self._chunks: deque[_Chunk] = deque()
+        self.depth = 0
+        self.max_depth = 0
+        self.pushed_total = 0
+        self.taken_total = 0
+        self.dropped_total = 0
+        self.paused = False
+
+    def push(self, batch: RecordBatch, token: Any = None) -> PushResult:
+        """Append one chunk; under ``truncate`` drop the oldest records beyond capacity."""
+        result = PushResult()
+        self._chunks.append(_Chunk(batch, token))
+        self.depth += batch.count
+        self.pushed_total += batch.count
+        if self.policy == "truncate" and self.depth > self.capacity:
+            result = self.drop_oldest(self.depth - self.capacity)
+        self.max_depth = max(self.max_depth, self.depth)
+        return result
+
+    def drop_oldest(self, n: int) -> PushResult:
+        """Drop up to ``n`` records from the head (counted)."""
+        result = PushResult()
+        taken = self._take(n)
+        result.dropped = taken.count
+        result.released = taken.released
+        self.dropped_total += taken.count
+        self.taken_total -= taken.count  # _take counted them as taken
+        return result
+
+    def take(self, n: int) -> Taken:
+        """Remove and return up to ``n`` records from the head, oldest first."""
+        return self._take(n)
+
+    def _take(self, n: int) -> Taken:
+        parts: list[RecordBatch] = []
+        released: list[Any] = []
+        want = n
+        while want > 0 and self._chunks:
+            chunk = self._chunks[0]
+            k = min(want, chunk.remaining)
+            parts.append(_slice(chunk.batch, chunk.start, chunk.start + k))
+            chunk.start += k
+            want -= k
+            if chunk.remaining == 0:
+                self._chunks.popleft()
+                released.append(chunk.token)
+        got = n - want
+        self.depth -= got
+        self.taken_total += got
+        return Taken(parts, released)
+
+    def pause_needed(self) -> bool:
+        """True when the consumer of this device should pause (and was not already)."""
+        if not self.paused and self.policy != "truncate" and self.depth >= self.pause_at:
+            self.paused = True
+            return True
+        return False
+
+    def resume_needed(self) -> bool:
+        """True when a paused consumer may resume."""
+        if self.paused and self.depth <= self.resume_at:
+            self.paused = False
+            return True
+        return False
+
+
+def _slice(batch: RecordBatch, start: int, stop: int) -> RecordBatch:
+    if start == 0 and stop == batch.count:
+        return batch
+    return RecordBatch(
+        device=batch.device,
+        seq=batch.seq[start:stop],
+        event_time=batch.event_time[start:stop],
+        features=batch.features[start:stop],
+        labels=None if batch.labels is None else batch.labels[start:stop],
+    )
+
+
+def concat(parts: list[RecordBatch]) -> RecordBatch:
+    """One ``RecordBatch`` from consecutive parts of the same device (copies)."""
+    if len(parts) == 1:
+        return parts[0]
+    labels = None
+    if parts[0].labels is not None:
+        labels = np.concatenate([p.labels for p in parts])  # type: ignore[misc]
+    return RecordBatch(
+        device=parts[0].device,
+        seq=np.concatenate([p.seq for p in parts]),
+        event_time=np.concatenate([p.event_time for p in parts]),
+        features=np.concatenate([p.features for p in parts]),
+        labels=labels,
+    )

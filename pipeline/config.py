@@ -1,0 +1,270 @@
+"""The typed job configuration: one object per job, from TOML, overridable by flags and env.
+
+Precedence (later wins): dataclass defaults < TOML file < ``EDGESTREAM__SECTION__KEY``
+environment variables < ``--set section.key=value`` flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+SCADLES_RATES_HZ = [92.0, 38.0, 62.0, 42.0, 48.0, 88.0, 90.0, 22.0, 44.0, 28.0]
+
+
+class ConfigError(ValueError):
+    """The job configuration is invalid; the message names the key and what is allowed."""
+
+
+@dataclass
+class JobSection:
+    name: str = "demo"
+    seed: int = 0
+
+
+@dataclass
+class KafkaSection:
+    #: HOST:PORT of an existing cluster; empty means "start (or reuse) the local broker".
+    bootstrap: str = ""
+    #: Producer/consumer message size limit (bytes); the local broker allows 16 MiB.
+    max_message_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass
+class DataSection:
+    source: str = "digits"  # digits | synthetic
+    partition: str = "iid"  # iid | dirichlet | classes
+    dirichlet_alpha: float = 0.3
+    classes_per_device: int = 2
+    heldout_fraction: float = 0.2
+    synthetic_samples: int = 6000
+
+
+@dataclass
+class DevicesSection:
+    count: int = 10
+    #: Per-device base rates in records/s (cycled if shorter than ``count``).
+    rates_hz: list[float] = field(default_factory=lambda: list(SCADLES_RATES_HZ))
+    #: constant | poisson | bursty[:on=..,off=..,factor=..] | ramp:from=..,to=..,over=..
+    profile: str = "constant"
+    #: Multiplies every rate (e.g. 10 streams 10x faster).
+    time_scale: float = 1.0
+    #: A simulator sends one micro-batch message per device every interval.
+    message_interval_s: float = 0.1
+    #: Explicit device ids; default dev00, dev01, ...
+    ids: list[str] = field(default_factory=list)
+
+    def device_ids(self) -> list[str]:
+        if self.ids:
+            return list(self.ids)
+        return [f"dev{i:02d}" for i in range(self.count)]
+
+    def rate_of(self, index: int) -> float:
+        return float(self.rates_hz[index % len(self.rates_hz)]) * self.time_scale
+
+
+@dataclass
+class BufferSection:
+    #: persist (keep all; pause only at hard_limit_factor * capacity) |
+    #: truncate (drop oldest beyond capacity, counted) | backpressure (pause at capacity)
+    policy: str = "persist"
+    capacity: int = 4096
+    hard_limit_factor: int = 16
+
+
+@dataclass
+class BatcherSection:
+    mode: str = "window"  # window (ScaDLES) | fixed (wait for exactly batch_size)
+    window_s: float = 1.0
+    max_batch: int = 64
+    batch_size: int = 64
+    #: In window mode, what happens to records beyond max_batch: persist | truncate.
+    window_overflow: str = "persist"
+
+
+@dataclass
+class WorkersSection:
+    count: int = 1
+    #: First port of the workers' /metrics endpoints; 0 picks free ports.
+    metrics_port_base: int = 0
+    metrics_host: str = "127.0.0.1"
+
+
+@dataclass
+class RunSection:
+    duration_s: float = 20.0
+    #: After the simulators stop, how long to wait for every record to be accounted for.
+    drain_timeout_s: float = 30.0
+    #: Directory for run state (worker data dirs, summaries); default .edgestream/runs/<job>.
+    state_dir: str = ""
+
+
+@dataclass
+class LimitsSection:
+    max_record_message_bytes: int = 1 << 20
+    max_records_per_message: int = 65_536
+
+
+@dataclass
+class JobConfig:
+    job: JobSection = field(default_factory=JobSection)
+    kafka: KafkaSection = field(default_factory=KafkaSection)
+    data: DataSection = field(default_factory=DataSection)
+    devices: DevicesSection = field(default_factory=DevicesSection)
+    buffer: BufferSection = field(default_factory=BufferSection)
+    batcher: BatcherSection = field(default_factory=BatcherSection)
+    workers: WorkersSection = field(default_factory=WorkersSection)
+    run: RunSection = field(default_factory=RunSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+
+    def validate(self) -> JobConfig:
+        _choice("data.source", self.data.source, ("digits", "synthetic"))
+        _choice("data.partition", self.data.partition, ("iid", "dirichlet", "classes"))
+        _choice("buffer.policy", self.buffer.policy, ("persist", "truncate", "backpressure"))
+        _choice("batcher.mode", self.batcher.mode, ("window", "fixed"))
+        _choice("batcher.window_overflow", self.batcher.window_overflow, ("persist", "truncate"))
+        _positive("buffer.capacity", self.buffer.capacity)
+        _positive("batcher.window_s", self.batcher.window_s)
+        _positive("batcher.max_batch", self.batcher.max_batch)
+        _positive("batcher.batch_size", self.batcher.batch_size)
+        _positive("devices.count", self.devices.count)
+        _positive("devices.time_scale", self.devices.time_scale)
+        _positive("devices.message_interval_s", self.devices.message_interval_s)
+        _positive("workers.count", self.workers.count)
+        if self.devices.ids and len(self.devices.ids) != self.devices.count:
+            raise ConfigError(
+                f"devices.ids lists {len(self.devices.ids)} ids but devices.count is {self.devices.count}"
+            )
+        if not self.devices.rates_hz or any(r <= 0 for r in self.devices.rates_hz):
+            raise ConfigError("devices.rates_hz must be a non-empty list of positive rates")
+        if self.workers.count > self.devices.count:
+            raise ConfigError(
+                f"workers.count={self.workers.count} exceeds devices.count={self.devices.count}: "
+                "every worker needs at least one device stream"
+            )
+        from streams.topics import sensor_topic
+
+        for device in self.devices.device_ids():
+            sensor_topic(device)  # raises TopicNameError with a clear message
+        return self
+
+    def worker_names(self) -> list[str]:
+        return [f"w{i}" for i in range(self.workers.count)]
+
+    def devices_of(self, worker: str) -> list[str]:
+        """Devices assigned to ``worker``: round-robin over the device list."""
+        names = self.worker_names()
+        if worker not in names:
+            raise ConfigError(f"unknown worker {worker!r}; this job has {names}")
+        index = names.index(worker)
+        return self.devices.device_ids()[index :: self.workers.count]
+
+    def state_path(self) -> Path:
+        return Path(self.run.state_dir or f".edgestream/runs/{self.job.name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key} must be > 0 (got {value})")
+
+
+def _coerce(key: str, raw: Any, typ: Any) -> Any:
+    """Convert a TOML value or an override string to the field's declared type."""
+    origin = get_origin(typ)
+    if origin is list:
+        (inner,) = get_args(typ)
+        if isinstance(raw, str):
+            raw = [item for item in (part.strip() for part in raw.split(",")) if item]
+        if not isinstance(raw, list):
+            raise ConfigError(f"{key} must be a list (got {raw!r})")
+        return [_coerce(key, item, inner) for item in raw]
+    try:
+        if typ is bool:
+            if isinstance(raw, str):
+                if raw.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if raw.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(raw)
+            return bool(raw)
+        if typ is int:
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError(raw)
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        if typ is str:
+            return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={raw!r} is not a valid {getattr(typ, '__name__', typ)}") from None
+    return raw
+
+
+def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2:
+        raise ConfigError(f"config key {dotted!r} must look like section.key (e.g. buffer.policy)")
+    section_name, key = parts
+    section = getattr(cfg, section_name, None)
+    if section is None or not dataclasses.is_dataclass(section):
+        sections = [f.name for f in dataclasses.fields(cfg)]
+        raise ConfigError(f"unknown config section {section_name!r}; sections: {', '.join(sections)}")
+    hints = get_type_hints(type(section))
+    if key not in hints:
+        keys = [f.name for f in dataclasses.fields(section)]
+        raise ConfigError(f"unknown key {dotted!r}; {section_name} has: {', '.join(keys)}")
+    setattr(section, key, _coerce(dotted, raw, hints[key]))
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> JobConfig:
+    """Build a validated ``JobConfig`` from a TOML file, environment and overrides."""
+    cfg = JobConfig()
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"job file {path} does not exist")
+        try:
+            if path.suffix == ".json":  # the effective config `edgestream run` hands to workers
+                data = json.loads(path.read_text())
+            else:
+                data = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: invalid {path.suffix[1:].upper() or 'TOML'}: {exc}") from None
+        for section_name, values in data.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section]")
+            for key, value in values.items():
+                _set(cfg, f"{section_name}.{key}", value)
+    env = os.environ if env is None else env
+    for name, value in sorted(env.items()):
+        if name.startswith("EDGESTREAM__"):
+            dotted = name[len("EDGESTREAM__") :].lower().replace("__", ".")
+            _set(cfg, dotted, value)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        dotted, value = item.split("=", 1)
+        _set(cfg, dotted.strip(), value.strip())
+    return cfg.validate()
+
+
+def dump_config(cfg: JobConfig) -> str:
+    """The effective configuration as JSON (for logs and run summaries)."""
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True)

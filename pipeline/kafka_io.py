@@ -1,0 +1,107 @@
+"""Kafka plumbing shared by the CLI commands: topic creation and producer/consumer factories."""
+
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.errors import CoordinatorNotAvailableError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from streams import topics
+
+
+def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -> None:
+    """Create missing topics; ``wanted`` maps topic name -> kind (see ``topics.topic_configs``)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+    try:
+        existing = set(admin.list_topics())
+        missing = {
+            name: {
+                "num_partitions": partitions,
+                "replication_factor": 1,
+                "configs": topics.topic_configs(kind),
+            }
+            for name, kind in wanted.items()
+            if name not in existing
+        }
+        if missing:
+            try:
+                admin.create_topics(missing, wait_for_metadata=True)
+            except TopicAlreadyExistsError:
+                pass  # created concurrently by another process
+    finally:
+        admin.close()
+
+
+def sensor_topics_for(devices: list[str]) -> dict[str, str]:
+    wanted = {topics.sensor_topic(d): "sensors" for d in devices}
+    wanted[topics.SENSOR_DLQ] = "dlq"
+    return wanted
+
+
+def producer(bootstrap: str, max_message_bytes: int = topics.MAX_MESSAGE_BYTES, **kwargs) -> KafkaProducer:
+    options = dict(
+        bootstrap_servers=bootstrap,
+        max_request_size=max_message_bytes,
+        linger_ms=5,
+        acks="all",
+        client_id="edgestream-producer",
+    )
+    options.update(kwargs)
+    return KafkaProducer(**options)
+
+
+def consumer(bootstrap: str, *topic_names: str, max_message_bytes: int = topics.MAX_MESSAGE_BYTES,
+             **kwargs) -> KafkaConsumer:
+    options = dict(
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=max_message_bytes,
+        fetch_max_bytes=max(max_message_bytes, 52428800),
+        client_id="edgestream-consumer",
+    )
+    options.update(kwargs)
+    return KafkaConsumer(*topic_names, **options)
+
+
+def end_offsets(bootstrap: str, topic_names: list[str]) -> dict[TopicPartition, int]:
+    """Current end offset of every partition of ``topic_names``."""
+    cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets")
+    try:
+        tps = [
+            TopicPartition(t, p)
+            for t in topic_names
+            for p in sorted(cons.partitions_for_topic(t) or {0})
+        ]
+        return dict(cons.end_offsets(tps))
+    finally:
+        cons.close()
+
+
+def start_groups_at_end(bootstrap: str, groups: dict[str, list[str]]) -> None:
+    """Commit each group's offsets at the current end of its topics.
+
+    ``edgestream run`` does this before starting workers so a run consumes exactly the
+    records produced during it, even on a cluster whose topics hold older data.
+    """
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+    try:
+        for group, topic_names in groups.items():
+            ends = end_offsets(bootstrap, topic_names)
+            if not any(ends.values()):
+                continue  # empty topics: "earliest" already means "what this run produces"
+            offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in ends.items()}
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    admin.alter_group_offsets(group, offsets)
+                    break
+                except CoordinatorNotAvailableError:
+                    # The offsets topic is created lazily on a new broker.
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+    finally:
+        admin.close()

@@ -1,0 +1,125 @@
+"""Simulated devices: turn a dataset share and a rate profile into timed record batches.
+
+Pure and deterministic: the caller passes stream-relative times and the wall-clock
+origin; ``pipeline.simulate`` does the sleeping and the producing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from streams.datasets import Dataset, load_source, split_heldout
+from streams.partition import DeviceSampler, partition
+from streams.profiles import RateProfile, parse_profile
+from streams.records import RecordBatch
+
+
+class DeviceSimulator:
+    """One device's stream: how many records arrive in each interval, and which.
+
+    Invariant: ``seq`` numbers are consecutive from 0 and ``produced`` counts them.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        sampler: DeviceSampler,
+        profile: RateProfile,
+        rng: np.random.Generator,
+        max_records_per_message: int = 4096,
+        with_labels: bool = True,
+    ) -> None:
+        self.device = device
+        self.sampler = sampler
+        self.profile = profile
+        self.rng = rng
+        self.max_records_per_message = max_records_per_message
+        self.with_labels = with_labels
+        self.produced = 0
+
+    def step(self, t0: float, t1: float, wall_origin: float) -> list[RecordBatch]:
+        """The messages of interval [t0, t1): event times spread evenly inside it."""
+        n = self.profile.arrivals(t0, t1, self.rng)
+        if n <= 0:
+            return []
+        features, labels, _ = self.sampler.take(n)
+        seq = np.arange(self.produced, self.produced + n, dtype=np.uint64)
+        event_time = wall_origin + t0 + (np.arange(n, dtype=np.float64) + 0.5) * ((t1 - t0) / n)
+        self.produced += n
+        out = []
+        for start in range(0, n, self.max_records_per_message):
+            stop = min(n, start + self.max_records_per_message)
+            out.append(
+                RecordBatch(
+                    device=self.device,
+                    seq=seq[start:stop],
+                    event_time=event_time[start:stop],
+                    features=np.ascontiguousarray(features[start:stop], dtype=np.float32),
+                    labels=labels[start:stop].astype(np.int32) if self.with_labels else None,
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class FleetData:
+    """The data of a job: streamed part, held-out part, and each device's share."""
+
+    train: Dataset
+    heldout: Dataset
+    shares: dict[str, np.ndarray]
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return self.train.feature_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.train.num_classes
+
+
+def fleet_data(
+    source: str,
+    devices: list[str],
+    *,
+    scheme: str = "iid",
+    seed: int = 0,
+    heldout_fraction: float = 0.2,
+    dirichlet_alpha: float = 0.3,
+    classes_per_device: int = 2,
+    source_params: dict | None = None,
+) -> FleetData:
+    """Load a source, hold out a stratified part, and partition the rest over devices."""
+    dataset = load_source(source, seed=seed, **(source_params or {}))
+    train, heldout = split_heldout(dataset, fraction=heldout_fraction, seed=seed)
+    params: dict = {}
+    if scheme == "dirichlet":
+        params["alpha"] = dirichlet_alpha
+    elif scheme == "classes":
+        params["k"] = classes_per_device
+    parts = partition(train.labels, len(devices), scheme, seed, **params)
+    return FleetData(train, heldout, dict(zip(devices, parts, strict=True)))
+
+
+def build_simulators(
+    data: FleetData,
+    rates_hz: dict[str, float],
+    profile_spec: str = "constant",
+    seed: int = 0,
+    max_records_per_message: int = 4096,
+) -> list[DeviceSimulator]:
+    """One simulator per device, each with its own deterministic random stream."""
+    sims = []
+    for index, (device, share) in enumerate(data.shares.items()):
+        sims.append(
+            DeviceSimulator(
+                device,
+                DeviceSampler(data.train, share, seed=seed * 1000 + index),
+                parse_profile(profile_spec, rates_hz[device]),
+                np.random.default_rng(seed * 1000 + 500 + index),
+                max_records_per_message=max_records_per_message,
+            )
+        )
+    return sims

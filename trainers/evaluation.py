@@ -1,0 +1,52 @@
+"""Held-out evaluation: accuracy and mean loss of a model on numpy arrays, batched, no grad."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trainers.errors import BatchError
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Accuracy in [0, 1] and mean cross-entropy over ``count`` held-out samples."""
+
+    accuracy: float
+    loss: float
+    count: int
+
+
+def evaluate(
+    model: nn.Module, features: np.ndarray, labels: np.ndarray, *, batch_size: int = 512
+) -> EvalResult:
+    """Evaluate ``model`` in eval mode (BatchNorm uses running stats); its mode is restored after."""
+    features = np.asarray(features)
+    labels = np.asarray(labels)
+    if features.shape[0] == 0 or labels.shape != (features.shape[0],):
+        raise BatchError(f"need [N, ...] features and [N] labels, got {features.shape} and {labels.shape}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct = 0
+    loss_sum = 0.0
+    try:
+        with torch.no_grad():
+            for start in range(0, features.shape[0], batch_size):
+                inputs = torch.from_numpy(
+                    np.ascontiguousarray(features[start : start + batch_size], dtype=np.float32)
+                ).to(device)
+                targets = torch.from_numpy(labels[start : start + batch_size].astype(np.int64)).to(device)
+                logits = model(inputs)
+                loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+                correct += int((logits.argmax(dim=1) == targets).sum())
+    finally:
+        model.train(was_training)
+    count = int(features.shape[0])
+    return EvalResult(accuracy=correct / count, loss=loss_sum / count, count=count)

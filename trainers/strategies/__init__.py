@@ -1,0 +1,24 @@
+"""Sync strategies, one module each; importing this package registers them all."""
+
+from trainers.strategies import asp, bsp  # noqa: F401  (registry entries: one line per strategy)
+from trainers.strategies.base import (
+    Outgoing,
+    StrategyContext,
+    SyncStrategy,
+    UpdateMessage,
+    create,
+    names,
+    register,
+    roles,
+)
+
+__all__ = [
+    "Outgoing",
+    "StrategyContext",
+    "SyncStrategy",
+    "UpdateMessage",
+    "create",
+    "names",
+    "register",
+    "roles",
+]

@@ -1,0 +1,201 @@
+"""The SyncStrategy interface, its context, and the name -> strategy registry.
+
+A strategy is a synchronous, deterministic state machine. The pipeline feeds it
+decoded, validated messages and local step results, and publishes what it returns;
+strategies never import Kafka, never sleep and never read the clock (``poll`` is
+handed the time). All hooks run on the one training thread, next to the trainer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from trainers.errors import StrategyError, UnknownStrategyError
+from trainers.local import LocalTrainer, StepResult
+from trainers.messages import Channel, MessageKind, Outgoing, UpdateMessage
+from trainers.staleness import StalenessTracker
+
+Role = Literal["worker", "server"]
+
+__all__ = [
+    "Channel",
+    "MessageKind",
+    "Outgoing",
+    "Role",
+    "StrategyContext",
+    "SyncStrategy",
+    "UpdateMessage",
+    "create",
+    "names",
+    "register",
+    "roles",
+    "snapshot_message",
+]
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """What a strategy instance is bound to.
+
+    ``worker_id`` is this process's stable id (also the ``sender`` on its messages);
+    ``trainer`` is the model the strategy updates; ``members`` is the initial set of
+    workers of the job (for a server: the workers it expects); ``joining`` is true
+    for a worker that enters a running job and must first receive the model.
+    """
+
+    worker_id: str
+    trainer: LocalTrainer
+    role: Role = "worker"
+    members: tuple[str, ...] = ()
+    joining: bool = False
+
+
+class SyncStrategy(ABC):
+    """How one process turns local steps and peers' messages into model updates.
+
+    Hooks (all return the messages to publish, possibly none):
+
+    - :meth:`on_local_step` after the trainer computed a gradient (workers only);
+    - :meth:`on_message` for every decoded, validated message on a subscribed channel;
+    - :meth:`poll` with the current time, for timers;
+    - :meth:`on_membership` when the pipeline learns the set of live workers changed.
+
+    :meth:`can_train` says whether the pipeline may run the next local step.
+
+    Invariant: every update a strategy applies was computed on a known model
+    version, and the staleness it was applied at is recorded in ``staleness``.
+    """
+
+    name: ClassVar[str]
+    role: ClassVar[Role]
+    subscribes: ClassVar[tuple[Channel, ...]]
+    """Channels whose messages the pipeline must feed to :meth:`on_message`."""
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        if ctx.role != self.role:
+            raise StrategyError(f"{type(self).__name__} plays role {self.role!r}, context says {ctx.role!r}")
+        self.ctx = ctx
+        self.trainer = ctx.trainer
+        self.worker_id = ctx.worker_id
+        self.staleness = StalenessTracker()
+        self.counters: Counter[str] = Counter()
+
+    @abstractmethod
+    def can_train(self) -> bool:
+        """True when the pipeline may call ``trainer.compute_gradient`` and then :meth:`on_local_step`."""
+
+    @abstractmethod
+    def on_local_step(self, result: StepResult) -> list[Outgoing]:
+        """Take the result of one local step computed on ``trainer.version``."""
+
+    @abstractmethod
+    def on_message(self, msg: UpdateMessage) -> list[Outgoing]:
+        """Take one message from a subscribed channel (already validated, addressed to us or to all)."""
+
+    def poll(self, now: float) -> list[Outgoing]:
+        """Run timers against ``now`` (seconds, any monotonic origin). Default: nothing."""
+        return []
+
+    def on_membership(self, workers: Sequence[str]) -> list[Outgoing]:
+        """The pipeline's current view of live workers changed. Default: ignore."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume after a restart; tensors and primitives only."""
+        return {"counters": dict(self.counters), "staleness": self.staleness.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (on a fresh instance with the same context)."""
+        self.counters = Counter({str(k): int(v) for k, v in state["counters"].items()})
+        self.staleness.load_state_dict(state["staleness"])
+
+    def stats(self) -> dict[str, Any]:
+        """JSON-able observability snapshot: version, staleness summary, event counters."""
+        return {
+            "strategy": self.name,
+            "role": self.role,
+            "worker": self.worker_id,
+            "version": self.trainer.version,
+            "staleness": self.staleness.summary(),
+            "counters": dict(self.counters),
+        }
+
+
+def snapshot_message(
+    trainer: LocalTrainer,
+    sender: str,
+    *,
+    include_momentum: bool = False,
+    meta: dict[str, Any] | None = None,
+) -> UpdateMessage:
+    """A ``model`` message carrying ``trainer``'s parameters and buffers at its version."""
+    return UpdateMessage(
+        kind="model",
+        sender=sender,
+        step=trainer.version,
+        base_version=trainer.version,
+        tensors=trainer.get_parameters(),
+        buffers=trainer.get_buffers(),
+        optimizer=trainer.get_momentum() if include_momentum else {},
+        meta=dict(meta or {}),
+    )
+
+
+# -- registry -----------------------------------------------------------------------
+
+StrategyFactory = Callable[..., SyncStrategy]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: StrategyFactory
+    roles: tuple[Role, ...]
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register(
+    name: str, *, roles: Sequence[Role] = ("worker",)
+) -> Callable[[StrategyFactory], StrategyFactory]:
+    """Register ``factory(ctx, **params) -> SyncStrategy`` (a class or function) under ``name``.
+
+    ``roles`` lists the roles the factory can build; a job whose strategy lists
+    ``server`` needs a server process besides its workers.
+    """
+
+    def decorate(factory: StrategyFactory) -> StrategyFactory:
+        if name in _REGISTRY:
+            raise StrategyError(f"strategy {name!r} is already registered")
+        _REGISTRY[name] = _Entry(factory=factory, roles=tuple(roles))
+        return factory
+
+    return decorate
+
+
+def names() -> list[str]:
+    """Registered strategy names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def roles(name: str) -> tuple[Role, ...]:
+    """Roles strategy ``name`` can play (``("worker",)`` or ``("worker", "server")``)."""
+    try:
+        return _REGISTRY[name].roles
+    except KeyError:
+        raise UnknownStrategyError(name, names()) from None
+
+
+def create(name: str, ctx: StrategyContext, **params: Any) -> SyncStrategy:
+    """Build strategy ``name`` for ``ctx.role`` with keyword ``params`` from the job config."""
+    try:
+        entry = _REGISTRY[name]
+    except KeyError:
+        raise UnknownStrategyError(name, names()) from None
+    if ctx.role not in entry.roles:
+        raise UnknownStrategyError(name, names(), role=ctx.role)
+    return entry.factory(ctx, **params)

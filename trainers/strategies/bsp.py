@@ -1,0 +1,342 @@
+"""Bulk-synchronous SGD: every member's gradient for step t, sample-weighted, on every replica.
+
+Protocol (each worker runs the same deterministic state machine):
+
+1. Step ``t`` is computed on model version ``t`` (``step == version``). The worker
+   publishes its gradient on ``gradients`` and may not train again until step
+   ``t`` is aggregated (``can_train()`` is false meanwhile).
+2. Every worker consumes the ``gradients`` channel *including its own messages*:
+   a worker's own gradient counts only when it comes back, so all replicas decide
+   from the same sequence of messages.
+3. Step ``t`` completes when the gradients of all members of the step are in.
+   They are combined with :func:`trainers.aggregation.weighted_mean` in sorted
+   worker order (weights ``b_i / B_t``), the learning rate is optionally scaled by
+   ``B_t / reference_batch`` (ScaDLES linear scaling), BatchNorm buffer deltas are
+   averaged the same way, and the version becomes ``t + 1``. Same inputs, same
+   order, same arithmetic: replicas stay bitwise identical.
+4. Membership changes are ``control`` messages (``op: view``) on the *same*
+   ``gradients`` channel, so everyone applies them at the same point of that log.
+   A view applies to the pending step at once for leavers (nobody waits for a
+   worker that is gone) and from the next step for joiners; the lowest surviving
+   member sends each joiner a full snapshot (parameters, buffers, momentum) on
+   ``models`` when the joiner's first step begins.
+
+Requirements on the pipeline: ``gradients`` is one totally ordered log (a single
+partition) that every worker reads from before it announces itself; messages
+addressed ``to`` someone are delivered only to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainers.aggregation import weighted_mean
+from trainers.errors import StrategyError
+from trainers.local import StepResult
+from trainers.messages import Outgoing, UpdateMessage
+from trainers.strategies.base import StrategyContext, SyncStrategy, register, snapshot_message
+
+
+@register("bsp", roles=("worker",))
+class BSPStrategy(SyncStrategy):
+    """Synchronous all-reduce through the gradients log, with elastic membership.
+
+    Invariant: after step ``t`` completes, every active member holds the same
+    parameters, buffers and momentum, and ``trainer.version == t + 1``; a worker
+    never applies a gradient that was not computed on its current version.
+    """
+
+    name = "bsp"
+    role = "worker"
+    subscribes = ("gradients", "models")
+
+    def __init__(
+        self,
+        ctx: StrategyContext,
+        *,
+        reference_batch: int | None = None,
+        max_future_steps: int = 2,
+        max_prejoin_messages: int = 10_000,
+    ) -> None:
+        """``reference_batch``: ``B_ref`` for linear LR scaling ``lr * B_t / B_ref`` (None: no
+        scaling). ``max_future_steps``: gradients more than this many steps ahead are
+        dropped (bounds memory). ``max_prejoin_messages``: how many messages a joining
+        worker buffers while it waits for its snapshot."""
+        super().__init__(ctx)
+        if reference_batch is not None and reference_batch <= 0:
+            raise StrategyError(f"reference_batch must be > 0, got {reference_batch}")
+        self.reference_batch = reference_batch
+        self.max_future_steps = max_future_steps
+        self.max_prejoin_messages = max_prejoin_messages
+        initial = set(ctx.members) | ({ctx.worker_id} if not ctx.joining else set())
+        self._members: tuple[str, ...] = tuple(sorted(initial))
+        self._next_members: tuple[str, ...] | None = None
+        self._view_id = 0
+        self._synced = not ctx.joining
+        self._active = True
+        self._published_step: int | None = None
+        self._pending: dict[int, dict[str, UpdateMessage]] = {}
+        self._prejoin: list[UpdateMessage] = []
+        self._desired: tuple[str, ...] | None = None
+        self._proposed_view: int | None = None
+        self._last_global_batch = 0
+
+    # -- hooks ----------------------------------------------------------------------
+
+    def can_train(self) -> bool:
+        return (
+            self._synced
+            and self._active
+            and self.worker_id in self._members
+            and self._published_step != self.trainer.version
+        )
+
+    def on_local_step(self, result: StepResult) -> list[Outgoing]:
+        if not self.can_train():
+            raise StrategyError(f"bsp {self.worker_id}: local step while waiting ({self._waiting_reason()})")
+        if result.base_version != self.trainer.version:
+            raise StrategyError(
+                f"bsp {self.worker_id}: result computed on version {result.base_version}, "
+                f"model is at {self.trainer.version}"
+            )
+        step = self.trainer.version
+        self._published_step = step
+        self.counters["gradients_sent"] += 1
+        msg = UpdateMessage(
+            kind="gradient",
+            sender=self.worker_id,
+            step=step,
+            base_version=step,
+            batch_size=result.batch_size,
+            tensors=result.gradients,
+            buffers=result.buffer_deltas,
+            meta={"loss": result.loss, "view_id": self._view_id},
+        )
+        return [Outgoing("gradients", msg)]
+
+    def on_message(self, msg: UpdateMessage) -> list[Outgoing]:
+        if not self._active:
+            self.counters["ignored_inactive"] += 1
+            return []
+        if not self._synced:
+            if msg.kind == "model":
+                return self._adopt_snapshot(msg)
+            if len(self._prejoin) >= self.max_prejoin_messages:
+                self._prejoin.pop(0)
+                self.counters["prejoin_dropped"] += 1
+            self._prejoin.append(msg)
+            return []
+        if msg.kind == "gradient":
+            return self._on_gradient(msg)
+        if msg.kind == "control" and msg.meta.get("op") == "view":
+            return self._on_view(msg)
+        if msg.kind == "model":
+            self.counters["snapshots_ignored"] += 1
+            return []
+        self.counters["ignored_messages"] += 1
+        return []
+
+    def on_membership(self, workers: Sequence[str]) -> list[Outgoing]:
+        """Record the live workers; the lowest surviving member proposes the new view."""
+        self._desired = tuple(sorted(set(workers)))
+        return self._maybe_propose()
+
+    # -- gradients and aggregation --------------------------------------------------
+
+    def _on_gradient(self, msg: UpdateMessage) -> list[Outgoing]:
+        version = self.trainer.version
+        if msg.base_version != msg.step:
+            self.counters["rejected_inconsistent"] += 1
+            return []
+        if msg.step < version:
+            # Already aggregated (or from before we joined): a late copy or a duplicate.
+            self.counters["late_gradients"] += 1
+            return []
+        if msg.step > version + self.max_future_steps:
+            self.counters["rejected_future"] += 1
+            return []
+        bucket = self._pending.setdefault(msg.step, {})
+        if msg.sender in bucket:
+            self.counters["duplicates"] += 1
+            return []
+        bucket[msg.sender] = msg
+        return self._try_complete()
+
+    def _try_complete(self) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        while self._active:
+            step = self.trainer.version
+            bucket = self._pending.get(step, {})
+            if not self._members or any(member not in bucket for member in self._members):
+                break
+            contributions = [bucket[member] for member in self._members]  # sorted order
+            batch_sizes = [c.batch_size for c in contributions]
+            gradients = weighted_mean([c.tensors for c in contributions], batch_sizes)
+            buffer_deltas = None
+            if all(c.buffers for c in contributions):
+                buffer_deltas = weighted_mean([c.buffers for c in contributions], batch_sizes)
+            global_batch = sum(batch_sizes)
+            lr_scale = global_batch / self.reference_batch if self.reference_batch else 1.0
+            for contribution in contributions:
+                self.staleness.record(step - contribution.base_version)
+            self.counters["non_member_gradients"] += len(bucket) - len(contributions)
+            self.trainer.apply_gradient(gradients, lr_scale=lr_scale, buffer_deltas=buffer_deltas)
+            self._last_global_batch = global_batch
+            self.counters["steps"] += 1
+            for old in [s for s in self._pending if s <= step]:
+                del self._pending[old]
+            if self._published_step == step:
+                self._published_step = None
+            if self._next_members is not None:
+                out += self._enter_next_view()
+        return out
+
+    # -- membership -----------------------------------------------------------------
+
+    def _on_view(self, msg: UpdateMessage) -> list[Outgoing]:
+        view_id = int(msg.meta.get("view_id", -1))
+        proposed = tuple(sorted(set(msg.meta.get("members", []))))
+        if view_id != self._view_id + 1 or not proposed:
+            self.counters["views_ignored"] += 1  # duplicate, superseded or malformed proposal
+            return []
+        self._view_id = view_id
+        self.counters["views"] += 1
+        if self.worker_id not in proposed:
+            self._active = False
+            self._pending.clear()
+            return []
+        current = tuple(sorted(set(self._members) & set(proposed)))
+        self._members = current
+        self._next_members = proposed if proposed != current else None
+        return self._try_complete() + self._maybe_propose()
+
+    def _enter_next_view(self) -> list[Outgoing]:
+        assert self._next_members is not None
+        before, after = self._members, self._next_members
+        self._members, self._next_members = after, None
+        joiners = sorted(set(after) - set(before))
+        survivors = sorted(set(before) & set(after))
+        if not joiners or not survivors or survivors[0] != self.worker_id:
+            return []
+        self.counters["snapshots_sent"] += len(joiners)
+        return [
+            Outgoing(
+                "models",
+                snapshot_message(self.trainer, self.worker_id, include_momentum=True, meta=self._view_meta()),
+                to=joiner,
+            )
+            for joiner in joiners
+        ]
+
+    def _maybe_propose(self) -> list[Outgoing]:
+        if self._desired is None or not (self._synced and self._active):
+            return []
+        target = self._next_members or self._members
+        if self._desired == target:
+            return []
+        survivors = sorted(set(self._members) & set(self._desired))
+        next_view = self._view_id + 1
+        if not survivors or survivors[0] != self.worker_id or self._proposed_view == next_view:
+            return []
+        self._proposed_view = next_view
+        self.counters["views_proposed"] += 1
+        version = self.trainer.version
+        proposal = UpdateMessage(
+            kind="control",
+            sender=self.worker_id,
+            step=version,
+            base_version=version,
+            meta={"op": "view", "view_id": next_view, "members": list(self._desired)},
+        )
+        return [Outgoing("gradients", proposal)]
+
+    def _adopt_snapshot(self, msg: UpdateMessage) -> list[Outgoing]:
+        members = tuple(sorted(msg.meta.get("members", [])))
+        if self.worker_id not in members:
+            self.counters["snapshots_ignored"] += 1
+            return []
+        self.trainer.load_snapshot(msg.tensors, msg.buffers, msg.base_version, momentum=msg.optimizer)
+        self._members = members
+        next_members = msg.meta.get("next_members")
+        self._next_members = tuple(sorted(next_members)) if next_members else None
+        self._view_id = int(msg.meta.get("view_id", 0))
+        self._synced = True
+        self._published_step = None
+        self.counters["snapshots_adopted"] += 1
+        buffered, self._prejoin = self._prejoin, []
+        out: list[Outgoing] = []
+        for earlier in buffered:  # replay in arrival (= log) order
+            out += self.on_message(earlier)
+        return out + self._maybe_propose()
+
+    def _view_meta(self) -> dict[str, Any]:
+        return {
+            "op": "bsp_snapshot",
+            "view_id": self._view_id,
+            "members": list(self._members),
+            "next_members": list(self._next_members) if self._next_members else None,
+        }
+
+    def _waiting_reason(self) -> str:
+        if not self._synced:
+            return "waiting for a model snapshot"
+        if not self._active:
+            return "removed from the job"
+        if self.worker_id not in self._members:
+            return f"joins at the next step (members {list(self._members)})"
+        missing = [m for m in self._members if m not in self._pending.get(self.trainer.version, {})]
+        return f"step {self.trainer.version} waits for {missing}"
+
+    # -- persistence and stats --------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.update(
+            {
+                "members": list(self._members),
+                "next_members": list(self._next_members) if self._next_members is not None else None,
+                "view_id": self._view_id,
+                "synced": self._synced,
+                "active": self._active,
+                "published_step": self._published_step,
+                "pending": [m.to_state() for bucket in self._pending.values() for m in bucket.values()],
+                "prejoin": [m.to_state() for m in self._prejoin],
+                "desired": list(self._desired) if self._desired is not None else None,
+                "proposed_view": self._proposed_view,
+                "last_global_batch": self._last_global_batch,
+            }
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._members = tuple(state["members"])
+        self._next_members = tuple(state["next_members"]) if state["next_members"] is not None else None
+        self._view_id = int(state["view_id"])
+        self._synced = bool(state["synced"])
+        self._active = bool(state["active"])
+        self._published_step = state["published_step"]
+        self._pending = {}
+        for item in state["pending"]:
+            msg = UpdateMessage.from_state(item)
+            self._pending.setdefault(msg.step, {})[msg.sender] = msg
+        self._prejoin = [UpdateMessage.from_state(item) for item in state["prejoin"]]
+        self._desired = tuple(state["desired"]) if state["desired"] is not None else None
+        self._proposed_view = state["proposed_view"]
+        self._last_global_batch = int(state["last_global_batch"])
+
+    def stats(self) -> dict[str, Any]:
+        stats = super().stats()
+        stats.update(
+            {
+                "view_id": self._view_id,
+                "members": list(self._members),
+                "next_members": list(self._next_members) if self._next_members else None,
+                "synced": self._synced,
+                "active": self._active,
+                "last_global_batch": self._last_global_batch,
+                "waiting": None if self.can_train() else self._waiting_reason(),
+            }
+        )
+        return stats
