@@ -132,6 +132,7 @@ class Compressor(ABC):
 
     def reset(self) -> None:
         """Forget per-layer state (e.g. after the model is replaced)."""
+        return None  # stateless by default
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Per-layer state worth checkpointing; tensors only, so the wire format can store it."""
@@ -139,6 +140,7 @@ class Compressor(ABC):
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Restore what ``state_dict`` returned."""
+        return None  # stateless by default
 
     # ---- one-layer bytes ---------------------------------------------------------
 

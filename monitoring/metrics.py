@@ -57,6 +57,15 @@ class Metrics:
             "edgestream_partition_paused", "1 while the device's partition is paused (backpressure)",
             ["device"], registry=r,
         )
+        self.partition_pauses = Counter(
+            "edgestream_partition_pauses_total", "Times the device's partition was paused (backpressure)",
+            ["device"], registry=r,
+        )
+        self.duplicates_skipped = Counter(
+            "edgestream_duplicate_messages_skipped_total",
+            "Messages seen again after a resume seek and skipped (already handled)",
+            ["device"], registry=r,
+        )
         self.dead_letters = Counter(
             "edgestream_dead_letter_messages_total",
             "Messages routed to a dead-letter topic",

@@ -92,6 +92,7 @@ def create_app(
     )
     dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
     partitions: dict[str, TP] = {}
+    last_offset: dict[TP, int] = {}  # highest offset the agent has handled, per partition
     state: dict[str, Any] = {"stream": None}
 
     async def perform(actions: IngestActions) -> None:
@@ -106,8 +107,16 @@ def create_app(
             await state["stream"].ack(token)
         if actions.pause:
             app.consumer.pause_partitions([partitions[d] for d in actions.pause if d in partitions])
-        if actions.resume:
-            app.consumer.resume_partitions([partitions[d] for d in actions.resume if d in partitions])
+        for device in actions.resume:
+            tp = partitions.get(device)
+            if tp is None:
+                continue
+            app.consumer.resume_partitions([tp])
+            # Faust silently skips already-fetched records of a partition paused mid-batch
+            # (they are never yielded, yet the fetch position moved past them). Seek back to
+            # the first offset not seen; duplicates still queued are filtered in the agent.
+            if tp in last_offset:
+                await app.consumer.seek(tp, last_offset[tp] + 1)
 
     async def send_dead_letter(letter: DeadLetter) -> None:
         log.warning(
@@ -134,6 +143,12 @@ def create_app(
         state["stream"] = manual
         async for event in manual.events():
             msg = event.message
+            if msg.offset <= last_offset.get(msg.tp, -1):
+                # Re-delivered after a resume seek: the first copy is already handled. Not
+                # acked here: the first copy's ack marks this offset once it is consumed.
+                metrics.duplicates_skipped.labels(topics.device_of(msg.topic)).inc()
+                continue
+            last_offset[msg.tp] = msg.offset
             partitions.setdefault(topics.device_of(msg.topic), msg.tp)
             actions = core.on_message(
                 msg.topic, msg.partition, msg.offset, msg.key, event.value, event,

@@ -86,6 +86,7 @@ class StreamBuffer:
         self.taken_total = 0
         self.dropped_total = 0
         self.paused = False
+        self.pauses_total = 0
 
     def push(self, batch: RecordBatch, token: Any = None) -> PushResult:
         """Append one chunk; under ``truncate`` drop the oldest records beyond capacity."""
@@ -134,6 +135,7 @@ class StreamBuffer:
         """True when the consumer of this device should pause (and was not already)."""
         if not self.paused and self.policy != "truncate" and self.depth >= self.pause_at:
             self.paused = True
+            self.pauses_total += 1
             return True
         return False
 

@@ -177,6 +177,7 @@ class IngestCore:
         if buf.pause_needed():
             actions.pause.append(device)
             self.metrics.partition_paused.labels(device).set(1)
+            self.metrics.partition_pauses.labels(device).inc()
         self._update_gauges(device, now)
         return actions
 
@@ -244,6 +245,7 @@ class IngestCore:
                 "dropped": buf.dropped_total,
                 "buffered": buf.depth,
                 "max_depth": buf.max_depth,
+                "pauses": buf.pauses_total,
                 "dead_letter_messages": ledger.dead_letter_messages,
             }
         return out

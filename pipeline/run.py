@@ -239,7 +239,9 @@ def run_job(
                     view.update(render(cfg, rows, f"{title} - draining"), refresh=True)
                 return drained(cfg, rows, report)
 
-            wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered")
+            wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered",
+                     on_fail=lambda: "; per device: " + json.dumps(
+                         device_view(cfg, scrape_all(workers), report)))
     finally:
         stop.set()
         codes = {w.name: stop_process(w.proc) for w in workers}

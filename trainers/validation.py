@@ -10,7 +10,7 @@ import torch
 
 from trainers.errors import UpdateRejected
 from trainers.local import LocalTrainer
-from trainers.messages import MESSAGE_KINDS, PARAMETER_KINDS, UpdateMessage
+from trainers.messages import MESSAGE_KINDS, UpdateMessage
 
 Shape = tuple[int | None, ...]
 """A tensor shape; ``None`` in a position accepts any size there (e.g. a batch dim)."""

@@ -58,11 +58,13 @@ class BSPStrategy(SyncStrategy):
         reference_batch: int | None = None,
         max_future_steps: int = 2,
         max_prejoin_messages: int = 10_000,
+        sync_retry_s: float = 5.0,
     ) -> None:
         """``reference_batch``: ``B_ref`` for linear LR scaling ``lr * B_t / B_ref`` (None: no
         scaling). ``max_future_steps``: gradients more than this many steps ahead are
         dropped (bounds memory). ``max_prejoin_messages``: how many messages a joining
-        worker buffers while it waits for its snapshot."""
+        worker buffers while it waits for its snapshot. ``sync_retry_s``: a joiner still
+        without a snapshot after this long asks again (from ``poll``)."""
         super().__init__(ctx)
         if reference_batch is not None and reference_batch <= 0:
             raise StrategyError(f"reference_batch must be > 0, got {reference_batch}")
@@ -78,9 +80,35 @@ class BSPStrategy(SyncStrategy):
         self._published_step: int | None = None
         self._pending: dict[int, dict[str, UpdateMessage]] = {}
         self._prejoin: list[UpdateMessage] = []
+        self.sync_retry_s = sync_retry_s
+        # Members known to hold the model: the contributors of the last completed step.
+        self._veterans: tuple[str, ...] = self._members if self._synced else ()
         self._desired: tuple[str, ...] | None = None
         self._proposed_view: int | None = None
+        self._sync_wait_since: float | None = None
         self._last_global_batch = 0
+
+    # -- read-only view -------------------------------------------------------------
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Workers whose gradients the pending step waits for, sorted."""
+        return self._members
+
+    @property
+    def view_id(self) -> int:
+        """Number of membership views applied so far."""
+        return self._view_id
+
+    @property
+    def active(self) -> bool:
+        """False once a view removed this worker; it then ignores everything."""
+        return self._active
+
+    @property
+    def synced(self) -> bool:
+        """False for a joining worker until it adopted its snapshot."""
+        return self._synced
 
     # -- hooks ----------------------------------------------------------------------
 
@@ -131,6 +159,8 @@ class BSPStrategy(SyncStrategy):
             return self._on_gradient(msg)
         if msg.kind == "control" and msg.meta.get("op") == "view":
             return self._on_view(msg)
+        if msg.kind == "control" and msg.meta.get("op") == "sync_request":
+            return self._on_sync_request(msg)
         if msg.kind == "model":
             self.counters["snapshots_ignored"] += 1
             return []
@@ -141,6 +171,27 @@ class BSPStrategy(SyncStrategy):
         """Record the live workers; the lowest surviving member proposes the new view."""
         self._desired = tuple(sorted(set(workers)))
         return self._maybe_propose()
+
+    def poll(self, now: float) -> list[Outgoing]:
+        """A joiner still waiting for its snapshot after ``sync_retry_s`` asks for one.
+
+        Covers a coordinator that died between admitting the joiner and sending the
+        snapshot: the request travels on the gradients log, and the lowest veteran
+        member at that point of the log answers.
+        """
+        if self._synced or not self._active:
+            return []
+        if self._sync_wait_since is None:
+            self._sync_wait_since = now
+            return []
+        if now - self._sync_wait_since < self.sync_retry_s:
+            return []
+        self._sync_wait_since = now
+        self.counters["sync_requests"] += 1
+        request = UpdateMessage(
+            kind="control", sender=self.worker_id, step=0, base_version=0, meta={"op": "sync_request"}
+        )
+        return [Outgoing("gradients", request)]
 
     # -- gradients and aggregation --------------------------------------------------
 
@@ -183,6 +234,7 @@ class BSPStrategy(SyncStrategy):
             self.counters["non_member_gradients"] += len(bucket) - len(contributions)
             self.trainer.apply_gradient(gradients, lr_scale=lr_scale, buffer_deltas=buffer_deltas)
             self._last_global_batch = global_batch
+            self._veterans = self._members
             self.counters["steps"] += 1
             for old in [s for s in self._pending if s <= step]:
                 del self._pending[old]
@@ -216,18 +268,27 @@ class BSPStrategy(SyncStrategy):
         before, after = self._members, self._next_members
         self._members, self._next_members = after, None
         joiners = sorted(set(after) - set(before))
-        survivors = sorted(set(before) & set(after))
-        if not joiners or not survivors or survivors[0] != self.worker_id:
+        if not joiners or not self._is_coordinator():
             return []
-        self.counters["snapshots_sent"] += len(joiners)
-        return [
-            Outgoing(
-                "models",
-                snapshot_message(self.trainer, self.worker_id, include_momentum=True, meta=self._view_meta()),
-                to=joiner,
-            )
-            for joiner in joiners
-        ]
+        return [self._snapshot_for(joiner) for joiner in joiners]
+
+    def _on_sync_request(self, msg: UpdateMessage) -> list[Outgoing]:
+        # Only a member of the pending step that never contributed needs the model, and
+        # only one worker (decided by the log prefix) answers.
+        if msg.sender not in self._members or msg.sender in self._veterans or not self._is_coordinator():
+            self.counters["sync_requests_ignored"] += 1
+            return []
+        return [self._snapshot_for(msg.sender)]
+
+    def _is_coordinator(self) -> bool:
+        """True if this worker is the lowest member of the pending step that holds the model."""
+        holders = sorted(set(self._members) & set(self._veterans))
+        return bool(holders) and holders[0] == self.worker_id
+
+    def _snapshot_for(self, joiner: str) -> Outgoing:
+        self.counters["snapshots_sent"] += 1
+        snapshot = snapshot_message(self.trainer, self.worker_id, include_momentum=True, meta=self._view_meta())
+        return Outgoing("models", snapshot, to=joiner)
 
     def _maybe_propose(self) -> list[Outgoing]:
         if self._desired is None or not (self._synced and self._active):
@@ -261,6 +322,7 @@ class BSPStrategy(SyncStrategy):
         next_members = msg.meta.get("next_members")
         self._next_members = tuple(sorted(next_members)) if next_members else None
         self._view_id = int(msg.meta.get("view_id", 0))
+        self._veterans = tuple(sorted(msg.meta.get("veterans", [])))
         self._synced = True
         self._published_step = None
         self.counters["snapshots_adopted"] += 1
@@ -276,6 +338,7 @@ class BSPStrategy(SyncStrategy):
             "view_id": self._view_id,
             "members": list(self._members),
             "next_members": list(self._next_members) if self._next_members else None,
+            "veterans": list(self._veterans),
         }
 
     def _waiting_reason(self) -> str:
@@ -302,8 +365,10 @@ class BSPStrategy(SyncStrategy):
                 "published_step": self._published_step,
                 "pending": [m.to_state() for bucket in self._pending.values() for m in bucket.values()],
                 "prejoin": [m.to_state() for m in self._prejoin],
+                "veterans": list(self._veterans),
                 "desired": list(self._desired) if self._desired is not None else None,
                 "proposed_view": self._proposed_view,
+                "sync_wait_since": self._sync_wait_since,
                 "last_global_batch": self._last_global_batch,
             }
         )
@@ -322,8 +387,10 @@ class BSPStrategy(SyncStrategy):
             msg = UpdateMessage.from_state(item)
             self._pending.setdefault(msg.step, {})[msg.sender] = msg
         self._prejoin = [UpdateMessage.from_state(item) for item in state["prejoin"]]
+        self._veterans = tuple(state["veterans"])
         self._desired = tuple(state["desired"]) if state["desired"] is not None else None
         self._proposed_view = state["proposed_view"]
+        self._sync_wait_since = state["sync_wait_since"]
         self._last_global_batch = int(state["last_global_batch"])
 
     def stats(self) -> dict[str, Any]:

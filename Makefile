@@ -1,0 +1,43 @@
+# The two commands: `make demo` runs the main job, `make test` runs the whole suite.
+# Both build (once) the cached virtualenv keyed by requirements/runtime.txt and
+# resolve (once) the Kafka broker jars from Maven Central; nothing is installed by hand.
+SHELL := /bin/bash
+RUN := scripts/with-venv.sh
+
+.PHONY: demo test unit integration lint bench-ingest broker-start broker-stop venv clean help
+
+help:
+	@echo "make demo   - local Kafka broker + 10 simulated devices + workers, live view, summary"
+	@echo "make test   - the full test suite (unit + integration against the real broker)"
+	@echo "make unit | integration | lint | bench-ingest | broker-start | broker-stop | clean"
+
+venv:
+	@bash scripts/venv.sh >/dev/null
+
+demo: venv
+	@$(RUN) python -m pipeline run --job examples/demo.toml --garbage 3
+
+test: venv
+	@bash scripts/system-deps.sh
+	@$(RUN) python -m pytest -q -p no:cacheprovider tests
+
+unit: venv
+	@$(RUN) python -m pytest -q tests/unit
+
+integration: venv
+	@$(RUN) python -m pytest -q tests/integration
+
+lint: venv
+	@$(RUN) ruff check pipeline streams trainers compression monitoring deploy tests benchmarks
+
+bench-ingest: venv
+	@$(RUN) python benchmarks/ingest.py
+
+broker-start: venv
+	@$(RUN) python -m pipeline broker start
+
+broker-stop: venv
+	@$(RUN) python -m pipeline broker stop
+
+clean:
+	rm -rf .edgestream .pytest_cache

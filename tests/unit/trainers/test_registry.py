@@ -1,0 +1,80 @@
+"""Strategy registry, plus the conformance checks every registered strategy and role must pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.unit.trainers.test_checkpoint import _assert_same_tree
+from trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
+from trainers.errors import StrategyError, UnknownStrategyError
+from trainers.strategies import StrategyContext, SyncStrategy, create, names, register, roles
+
+ALL_ROLES = [(name, role) for name in names() for role in roles(name)]
+
+
+def test_the_issue_strategies_are_registered_with_their_roles():
+    assert {"bsp", "asp"} <= set(names())
+    assert roles("bsp") == ("worker",)
+    assert roles("asp") == ("worker", "server")
+
+
+def test_unknown_strategy_names_list_what_is_available(make_trainer):
+    ctx = StrategyContext(worker_id="w0", trainer=make_trainer())
+
+    with pytest.raises(UnknownStrategyError) as caught:
+        create("nope", ctx)
+
+    assert caught.value.available == names()
+    assert "bsp" in str(caught.value)
+
+
+def test_a_role_the_strategy_does_not_play_is_refused(make_trainer):
+    ctx = StrategyContext(worker_id="server", trainer=make_trainer(), role="server")
+
+    with pytest.raises(UnknownStrategyError, match="role 'server'"):
+        create("bsp", ctx)
+
+
+def test_registering_a_name_twice_is_refused():
+    with pytest.raises(StrategyError, match="already registered"):
+        register("bsp")(lambda ctx: None)
+
+
+def test_unknown_strategy_parameters_are_refused(make_trainer):
+    ctx = StrategyContext(worker_id="w0", trainer=make_trainer())
+
+    with pytest.raises((StrategyError, TypeError)):
+        create("asp", ctx, max_stalenes=3)
+
+
+@pytest.mark.parametrize(("name", "role"), ALL_ROLES)
+def test_conformance_fresh_instance_subscribes_and_reports_json_stats(make_trainer, name, role):
+    strategy = create(name, StrategyContext(worker_id="n0", trainer=make_trainer(), role=role, members=("n0",)))
+
+    assert isinstance(strategy, SyncStrategy)
+    assert strategy.role == role and strategy.name == name
+    assert set(strategy.subscribes) <= {"gradients", "models", "control"}
+    assert strategy.poll(0.0) == [] or all(o.channel in {"gradients", "models", "control"} for o in strategy.poll(0.0))
+    stats = json.loads(json.dumps(strategy.stats()))
+    assert {"strategy", "role", "worker", "version", "staleness", "counters"} <= stats.keys()
+    assert {"count", "mean", "max", "p99"} <= stats["staleness"].keys()
+
+
+@pytest.mark.parametrize(("name", "role"), ALL_ROLES)
+def test_conformance_state_round_trips_through_a_checkpoint(tmp_path, make_trainer, digits, name, role):
+    trainer = make_trainer()
+    strategy = create(name, StrategyContext(worker_id="n0", trainer=trainer, role=role, members=("n0",)))
+    if strategy.can_train():
+        for outgoing in strategy.on_local_step(trainer.compute_gradient(digits.x_train[:8], digits.y_train[:8])):
+            strategy.on_message(outgoing.message)
+    save_training_checkpoint(tmp_path / "s.ckpt", trainer, strategy, offsets={"t:0": 1})
+    fresh_trainer = make_trainer(seed=3)
+    fresh = create(name, StrategyContext(worker_id="n0", trainer=fresh_trainer, role=role, members=("n0",)))
+
+    restore_training_checkpoint(tmp_path / "s.ckpt", fresh_trainer, fresh)
+
+    _assert_same_tree(fresh.state_dict(), strategy.state_dict())
+    assert fresh.stats() == strategy.stats()
+    assert fresh_trainer.parameter_digest() == trainer.parameter_digest()
