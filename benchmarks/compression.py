@@ -31,9 +31,11 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# Run as a script, this file's folder comes first on sys.path and its own name
+# would shadow the ``compression`` package: put the checkout first instead.
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 from compression import registry  # noqa: E402
 from compression.base import Compressor  # noqa: E402
@@ -225,8 +227,12 @@ class RefQSGD(Reference):
         pad = (-flat.numel()) % self.bucket
         buckets = torch.nn.functional.pad(flat, (0, pad)).view(-1, self.bucket)
         norms = buckets.norm(dim=1, keepdim=True)
-        scaled = torch.where(norms > 0, buckets.abs() / norms * self.levels, torch.zeros_like(buckets))
-        level = torch.floor(scaled + torch.rand(scaled.shape, generator=self.gen)).clamp_(max=self.levels)
+        scaled = torch.where(
+            norms > 0, buckets.abs() / norms * self.levels, torch.zeros_like(buckets)
+        )
+        level = torch.floor(scaled + torch.rand(scaled.shape, generator=self.gen)).clamp_(
+            max=self.levels
+        )
         codes = (torch.sign(buckets) * level).to(torch.int8)
         return _raw(norms.flatten(), codes.flatten()[: flat.numel()])
 
@@ -248,7 +254,12 @@ class RefInt8(Reference):
         pad = (-flat.numel()) % self.block
         blocks = torch.nn.functional.pad(flat, (0, pad)).view(-1, self.block)
         scale = blocks.abs().amax(dim=1, keepdim=True) / 127
-        q = torch.where(scale > 0, blocks / scale, torch.zeros_like(blocks)).round().clamp(-127, 127).to(torch.int8)
+        q = (
+            torch.where(scale > 0, blocks / scale, torch.zeros_like(blocks))
+            .round()
+            .clamp(-127, 127)
+            .to(torch.int8)
+        )
         return _raw(scale.flatten(), q.flatten()[: flat.numel()])
 
     def decode_layer(self, name, data, offset, n):
@@ -304,7 +315,9 @@ class RefSign(Reference):
     def encode_layer(self, name, g):
         flat = g.reshape(-1)
         scale = flat.abs().mean().reshape(1)
-        bits = torch.nn.functional.pad((flat >= 0).to(torch.uint8), (0, (-flat.numel()) % 8)).view(-1, 8)
+        bits = torch.nn.functional.pad((flat >= 0).to(torch.uint8), (0, (-flat.numel()) % 8)).view(
+            -1, 8
+        )
         packed = (bits * self.WEIGHTS).sum(dim=1).to(torch.uint8)
         return _raw(scale, packed)
 
@@ -363,11 +376,24 @@ def build_cases(grads: Grads) -> list[Case]:
         stateless_case("dense", create("dense"), RefDense(shapes), shapes),
         stateless_case("fp16", create("fp16"), RefFp16(shapes), shapes),
         stateless_case("topk 1%", create("topk", ratio=0.01), RefTopK(shapes, 0.01), shapes),
-        stateless_case("topk 1% fp16 values", create("topk", ratio=0.01, value_dtype="float16"), RefTopK(shapes, 0.01), shapes),
-        stateless_case("randomk 1%", create("randomk", ratio=0.01, seed=0), RefRandomK(shapes, 0.01, 0), shapes),
-        stateless_case("threshold p99", create("threshold", threshold=tau), RefThreshold(shapes, tau), shapes),
-        stateless_case("qsgd s=7", create("qsgd", levels=7, bucket_size=512), RefQSGD(shapes, 7, 512), shapes),
-        stateless_case("int8_block 256", create("int8_block", block_size=256), RefInt8(shapes, 256), shapes),
+        stateless_case(
+            "topk 1% fp16 values",
+            create("topk", ratio=0.01, value_dtype="float16"),
+            RefTopK(shapes, 0.01),
+            shapes,
+        ),
+        stateless_case(
+            "randomk 1%", create("randomk", ratio=0.01, seed=0), RefRandomK(shapes, 0.01, 0), shapes
+        ),
+        stateless_case(
+            "threshold p99", create("threshold", threshold=tau), RefThreshold(shapes, tau), shapes
+        ),
+        stateless_case(
+            "qsgd s=7", create("qsgd", levels=7, bucket_size=512), RefQSGD(shapes, 7, 512), shapes
+        ),
+        stateless_case(
+            "int8_block 256", create("int8_block", block_size=256), RefInt8(shapes, 256), shapes
+        ),
         stateless_case("powersgd r=4", create("powersgd", rank=4), RefPowerSGD(shapes, 4), shapes),
         stateless_case("sign", create("sign"), RefSign(shapes), shapes),
     ]
@@ -415,13 +441,18 @@ def run_throughput(repeats: int, inner: int) -> dict:
     dense_bytes = 4 * numel
     cases = build_cases(grads)
     raw: dict[str, dict] = {
-        c.label: {"ours": {"encode_ms": [], "decode_ms": [], "mb_per_s": []}, "reference": {"encode_ms": [], "decode_ms": [], "mb_per_s": []}}
+        c.label: {
+            "ours": {"encode_ms": [], "decode_ms": [], "mb_per_s": []},
+            "reference": {"encode_ms": [], "decode_ms": [], "mb_per_s": []},
+        }
         for c in cases
     }
     sizes: dict[str, dict] = {}
     for case in cases:  # warm up both paths once (allocations, lazy init) and record sizes / error
         _, _, data, out = time_round_trip(case.encode, case.decode, grads, 1)
-        _, _, ref_data, ref_out = time_round_trip(case.reference.encode, case.reference.decode, grads, 1)
+        _, _, ref_data, ref_out = time_round_trip(
+            case.reference.encode, case.reference.decode, grads, 1
+        )
         sizes[case.label] = {
             "wire_bytes": len(data),
             "reference_bytes": len(ref_data),
@@ -433,7 +464,10 @@ def run_throughput(repeats: int, inner: int) -> dict:
     for rep in range(repeats):
         for case in cases:
             # Alternate who goes first so drift on a shared machine hits both.
-            order = [("ours", case.encode, case.decode), ("reference", case.reference.encode, case.reference.decode)]
+            order = [
+                ("ours", case.encode, case.decode),
+                ("reference", case.reference.encode, case.reference.decode),
+            ]
             for side, enc, dec in order if rep % 2 == 0 else order[::-1]:
                 e, d, _, _ = time_round_trip(enc, dec, grads, inner)
                 raw[case.label][side]["encode_ms"].append(e * 1e3)
@@ -451,7 +485,9 @@ def run_throughput(repeats: int, inner: int) -> dict:
                 "encode_ms": summarise(figures["encode_ms"]),
                 "decode_ms": summarise(figures["decode_ms"]),
             }
-        entry["speedup_vs_reference"] = entry["ours"]["mb_per_s"]["median"] / entry["reference"]["mb_per_s"]["median"]
+        entry["speedup_vs_reference"] = (
+            entry["ours"]["mb_per_s"]["median"] / entry["reference"]["mb_per_s"]["median"]
+        )
         results[case.label] = entry
     return {
         "gradient": {
@@ -460,7 +496,12 @@ def run_throughput(repeats: int, inner: int) -> dict:
             "numel": numel,
             "dense_fp32_bytes": dense_bytes,
         },
-        "config": {"repeats": repeats, "inner_iterations": inner, "interleaved": "A B / B A alternating per repeat", "mb": "10^6 bytes of dense fp32 gradient"},
+        "config": {
+            "repeats": repeats,
+            "inner_iterations": inner,
+            "interleaved": "A B / B A alternating per repeat",
+            "mb": "10^6 bytes of dense fp32 gradient",
+        },
         "results": results,
     }
 
@@ -486,13 +527,18 @@ def train_once(mode: str, seed: int, cfg: dict) -> dict:
     if mode == "dense":
         codecs = [GradientCodec(registry.create("dense"), NoMemory()) for _ in range(workers)]
     else:
-        codecs = [GradientCodec(registry.create("topk", ratio=cfg["ratio"]), ErrorFeedback()) for _ in range(workers)]
+        codecs = [
+            GradientCodec(registry.create("topk", ratio=cfg["ratio"]), ErrorFeedback())
+            for _ in range(workers)
+        ]
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     rng = np.random.default_rng(seed)
     shards = np.array_split(rng.permutation(x.shape[0]), workers)
     cursors = [rng.permutation(s) for s in shards]
     positions = [0] * workers
     samples = wire_bytes = steps = 0
+    checkpoints = sorted(set(cfg["checkpoints"]) | {cfg["samples"]})
+    curve: dict[int, float] = {}
     while samples < cfg["samples"]:
         summed = {n: torch.zeros(s) for n, s in shapes.items()}
         for w in range(workers):
@@ -512,7 +558,15 @@ def train_once(mode: str, seed: int, cfg: dict) -> dict:
         opt.step()
         samples += workers * batch
         steps += 1
-    return {"accuracy": evaluate(model, x_test, y_test), "steps": steps, "samples": samples, "wire_bytes": wire_bytes}
+        while checkpoints and samples >= checkpoints[0]:
+            curve[checkpoints.pop(0)] = evaluate(model, x_test, y_test)
+    return {
+        "accuracy": curve[cfg["samples"]],
+        "accuracy_at_samples": {str(k): v for k, v in curve.items()},
+        "steps": steps,
+        "samples": samples,
+        "wire_bytes": wire_bytes,
+    }
 
 
 def run_training(seeds: list[int], cfg: dict) -> dict:
@@ -529,15 +583,22 @@ def run_training(seeds: list[int], cfg: dict) -> dict:
         "config": {
             **cfg,
             "model": f"MLP {TRAIN_WIDTHS}",
-            "parameters": sum(a * b + b for a, b in zip(TRAIN_WIDTHS, TRAIN_WIDTHS[1:], strict=False)),
+            "parameters": sum(
+                a * b + b for a, b in zip(TRAIN_WIDTHS, TRAIN_WIDTHS[1:], strict=False)
+            ),
             "data": "sklearn digits, standardised, stratified 80/20 split per seed (held-out 20 % evaluated)",
             "seeds": seeds,
         },
         "runs": runs,
         "dense_accuracy": summarise(dense_acc) | {"mean": statistics.fmean(dense_acc)},
         "topk_ef_accuracy": summarise(topk_acc) | {"mean": statistics.fmean(topk_acc)},
-        "gap_points": {"per_seed": [100 * g for g in gaps], "mean": 100 * statistics.fmean(gaps), "max": 100 * max(gaps)},
-        "bytes_ratio": sum(r["wire_bytes"] for r in runs["dense"]) / sum(r["wire_bytes"] for r in runs["topk_ef"]),
+        "gap_points": {
+            "per_seed": [100 * g for g in gaps],
+            "mean": 100 * statistics.fmean(gaps),
+            "max": 100 * max(gaps),
+        },
+        "bytes_ratio": sum(r["wire_bytes"] for r in runs["dense"])
+        / sum(r["wire_bytes"] for r in runs["topk_ef"]),
     }
 
 
@@ -582,13 +643,41 @@ def throughput_table(section: dict) -> str:
 
 
 def training_table(section: dict) -> str:
-    lines = ["| seed | dense accuracy | top-k 1 % + EF accuracy | gap (points) |", "|---|---:|---:|---:|"]
-    for d, t, gap in zip(section["runs"]["dense"], section["runs"]["topk_ef"], section["gap_points"]["per_seed"], strict=True):
-        lines.append(f"| {d['seed']} | {100 * d['accuracy']:.2f} | {100 * t['accuracy']:.2f} | {gap:+.2f} |")
+    lines = [
+        "| seed | dense accuracy | top-k 1 % + EF accuracy | gap (points) |",
+        "|---|---:|---:|---:|",
+    ]
+    for d, t, gap in zip(
+        section["runs"]["dense"],
+        section["runs"]["topk_ef"],
+        section["gap_points"]["per_seed"],
+        strict=True,
+    ):
+        lines.append(
+            f"| {d['seed']} | {100 * d['accuracy']:.2f} | {100 * t['accuracy']:.2f} | {gap:+.2f} |"
+        )
     lines.append(
         f"| mean | {100 * section['dense_accuracy']['mean']:.2f} | {100 * section['topk_ef_accuracy']['mean']:.2f} | "
         f"{section['gap_points']['mean']:+.2f} |"
     )
+    return "\n".join(lines)
+
+
+def curve_table(section: dict) -> str:
+    points = list(section["runs"]["dense"][0]["accuracy_at_samples"])
+    lines = [
+        "| samples | " + " | ".join(f"{int(p):,}" for p in points) + " |",
+        "|---|" + "---:|" * len(points),
+    ]
+    for mode, label in (
+        ("dense", "dense (mean of seeds)"),
+        ("topk_ef", "top-k 1 % + EF (mean of seeds)"),
+    ):
+        means = [
+            statistics.fmean(r["accuracy_at_samples"][p] for r in section["runs"][mode])
+            for p in points
+        ]
+        lines.append(f"| {label} | " + " | ".join(f"{100 * m:.2f}" for m in means) + " |")
     return "\n".join(lines)
 
 
@@ -597,8 +686,12 @@ def targets(report: dict) -> list[str]:
     if "throughput" in report:
         topk = report["throughput"]["results"]["topk 1%"]
         ratio, speed = topk["ratio_vs_dense_fp32"], topk["ours"]["mb_per_s"]["median"]
-        notes.append(f"- top-k 1 % bytes vs dense fp32: {ratio:.1f}x (target >= 50x): {'met' if ratio >= 50 else 'NOT met'}")
-        notes.append(f"- top-k 1 % encode+decode: {speed:.0f} MB/s on one thread (target >= 200): {'met' if speed >= 200 else 'NOT met'}")
+        notes.append(
+            f"- top-k 1 % bytes vs dense fp32: {ratio:.1f}x (target >= 50x): {'met' if ratio >= 50 else 'NOT met'}"
+        )
+        notes.append(
+            f"- top-k 1 % encode+decode: {speed:.0f} MB/s on one thread (target >= 200): {'met' if speed >= 200 else 'NOT met'}"
+        )
     if "training" in report:
         t = report["training"]
         gap = t["gap_points"]["max"]
@@ -610,7 +703,12 @@ def targets(report: dict) -> list[str]:
 
 
 def write_markdown(report: dict) -> str:
-    parts = ["# Compression benchmark", "", f"Machine: {report['machine']['cpu_model']} ({report['machine']['cpu_count']} CPUs, one torch thread), torch {report['machine']['torch']}, numpy {report['machine']['numpy']}.", ""]
+    parts = [
+        "# Compression benchmark",
+        "",
+        f"Machine: {report['machine']['cpu_model']} ({report['machine']['cpu_count']} CPUs, one torch thread), torch {report['machine']['torch']}, numpy {report['machine']['numpy']}.",
+        "",
+    ]
     if "throughput" in report:
         g = report["throughput"]["gradient"]
         c = report["throughput"]["config"]
@@ -637,6 +735,10 @@ def write_markdown(report: dict) -> str:
             "",
             training_table(t),
             "",
+            "Held-out accuracy (%) along the way:",
+            "",
+            curve_table(t),
+            "",
         ]
     parts += ["## Targets", "", *targets(report), ""]
     return "\n".join(parts)
@@ -649,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--only-train", action="store_true")
     parser.add_argument("--train-seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--train-samples", type=int, default=60_000)
+    parser.add_argument("--train-samples", type=int, default=40_000)
     parser.add_argument("--out", type=Path, default=RESULTS / "compression.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -665,7 +767,15 @@ def main(argv: list[str] | None = None) -> int:
         report["throughput"] = run_throughput(args.repeats, args.inner)
     if not args.skip_train:
         print("training ...", file=sys.stderr)
-        cfg = {"workers": 4, "batch_per_worker": 16, "lr": 0.05, "momentum": 0.9, "ratio": 0.01, "samples": args.train_samples}
+        cfg = {
+            "workers": 4,
+            "batch_per_worker": 16,
+            "lr": 0.05,
+            "momentum": 0.9,
+            "ratio": 0.01,
+            "samples": args.train_samples,
+            "checkpoints": [c for c in (2_500, 5_000, 10_000, 20_000) if c < args.train_samples],
+        }
         report["training"] = run_training(args.train_seeds, cfg)
     report["targets"] = targets(report)
 

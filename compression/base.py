@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from compression import errors, wire
@@ -76,14 +76,17 @@ class Compressor(ABC):
         """Restore the dense tensor; validates the parts and that the result is finite."""
         if compressed.codec_id != self.codec_id:
             raise PayloadDecodeError(
-                errors.CODEC_MISMATCH, f"codec id {compressed.codec_id} given to {self.name!r} ({self.codec_id})"
+                errors.CODEC_MISMATCH,
+                f"codec id {compressed.codec_id} given to {self.name!r} ({self.codec_id})",
             )
         numel = compressed.numel
         if numel <= 0:
             raise PayloadDecodeError(errors.SHAPE_MISMATCH, f"empty shape {compressed.shape}")
         flat = self._decompress(compressed.parts, compressed.shape)
         if flat.dtype != torch.float32 or flat.numel() != numel:
-            raise AssertionError(f"{self.name} produced {flat.dtype} x {flat.numel()}, want float32 x {numel}")
+            raise AssertionError(
+                f"{self.name} produced {flat.dtype} x {flat.numel()}, want float32 x {numel}"
+            )
         out = flat.reshape(compressed.shape).to(compressed.dtype)
         # Finite parts can still overflow (scale * level, P @ Q^T, a cast to fp16).
         if not _is_finite(out):
@@ -91,7 +94,9 @@ class Compressor(ABC):
         return out
 
     @abstractmethod
-    def _compress(self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext) -> Sequence[torch.Tensor]:
+    def _compress(
+        self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext
+    ) -> Sequence[torch.Tensor]:
         """Parts for a finite, non-empty, 1-D float32 CPU tensor."""
 
     @abstractmethod
@@ -103,10 +108,14 @@ class Compressor(ABC):
         """Upper bound on ``||decompress(compress(tensor)) - tensor||_2`` for any draw."""
 
     @abstractmethod
-    def part_sizes(self, shape: Sequence[int], ctx: LayerContext | None = None) -> tuple[int, ...] | None:
+    def part_sizes(
+        self, shape: Sequence[int], ctx: LayerContext | None = None
+    ) -> tuple[int, ...] | None:
         """Exact byte size of each part for a layer of ``shape``; None if it depends on values."""
 
-    def part_sizes_for(self, tensor: torch.Tensor, ctx: LayerContext | None = None) -> tuple[int, ...]:
+    def part_sizes_for(
+        self, tensor: torch.Tensor, ctx: LayerContext | None = None
+    ) -> tuple[int, ...]:
         """Exact byte size of each part for this tensor (value-dependent compressors override)."""
         sizes = self.part_sizes(tuple(tensor.shape), ctx)
         if sizes is None:
@@ -123,7 +132,9 @@ class Compressor(ABC):
         payload = self.payload_nbytes(shape, ctx)
         return None if payload is None else 4 * math.prod(shape) / payload
 
-    def frame_nbytes(self, name: str, shape: Sequence[int], ctx: LayerContext | None = None) -> int | None:
+    def frame_nbytes(
+        self, name: str, shape: Sequence[int], ctx: LayerContext | None = None
+    ) -> int | None:
         """Exact wire bytes of this layer's frame, framing included (None if value-dependent)."""
         sizes = self.part_sizes(shape, ctx)
         return None if sizes is None else wire.frame_size(name, len(shape), sizes)
@@ -146,7 +157,7 @@ class Compressor(ABC):
 
     def encode(self, name: str, tensor: torch.Tensor, ctx: LayerContext | None = None) -> bytes:
         """One layer as a complete wire message."""
-        ctx = ctx if ctx is not None else LayerContext(name=name)
+        ctx = LayerContext(name=name) if ctx is None else dataclasses.replace(ctx, name=name)
         try:
             return wire.encode_layers({name: self.compress(tensor, ctx)})
         except CompressionError as err:
@@ -159,14 +170,23 @@ class Compressor(ABC):
         max_numel: int = wire.DEFAULT_MAX_NUMEL,
         max_bytes: int = wire.DEFAULT_MAX_BYTES,
     ) -> torch.Tensor:
-        """Decode a one-layer message produced by ``encode`` of this codec."""
+        """Decode a one-layer message produced by ``encode`` of this codec.
+
+        ``expected_shape`` also caps the allocation at its own size.
+        """
+        if expected_shape is not None:
+            max_numel = min(max_numel, math.prod(expected_shape))
         layers = wire.decode_layers(data, max_bytes=max_bytes, max_numel=max_numel)
         if len(layers) != 1:
-            raise PayloadDecodeError(errors.LENGTH_MISMATCH, f"expected one layer, message has {len(layers)}")
+            raise PayloadDecodeError(
+                errors.LENGTH_MISMATCH, f"expected one layer, message has {len(layers)}"
+            )
         ((name, comp),) = layers.items()
         if expected_shape is not None and comp.shape != tuple(int(d) for d in expected_shape):
             raise PayloadDecodeError(
-                errors.SHAPE_MISMATCH, f"shape {comp.shape} but expected {tuple(expected_shape)}", layer=name
+                errors.SHAPE_MISMATCH,
+                f"shape {comp.shape} but expected {tuple(expected_shape)}",
+                layer=name,
             )
         try:
             return self.decompress(comp)
@@ -180,33 +200,46 @@ class Compressor(ABC):
 
 def _prepare(tensor: torch.Tensor, name: str) -> tuple[torch.Tensor, tuple[int, ...], torch.dtype]:
     if not isinstance(tensor, torch.Tensor):
-        raise CompressionError(errors.DTYPE, f"expected a torch.Tensor, got {type(tensor).__name__}", layer=name or None)
+        raise CompressionError(
+            errors.DTYPE,
+            f"expected a torch.Tensor, got {type(tensor).__name__}",
+            layer=name or None,
+        )
     if tensor.dtype not in wire.FLOAT_DTYPES:
-        raise CompressionError(errors.DTYPE, f"cannot compress dtype {tensor.dtype}", layer=name or None)
+        raise CompressionError(
+            errors.DTYPE, f"cannot compress dtype {tensor.dtype}", layer=name or None
+        )
     if tensor.numel() == 0:
         raise CompressionError(errors.EMPTY, "cannot compress an empty tensor", layer=name or None)
     if tensor.dim() > wire.MAX_NDIM:
-        raise CompressionError(errors.SHAPE_MISMATCH, f"{tensor.dim()} dims exceed {wire.MAX_NDIM}", layer=name or None)
+        raise CompressionError(
+            errors.SHAPE_MISMATCH, f"{tensor.dim()} dims exceed {wire.MAX_NDIM}", layer=name or None
+        )
     flat = tensor.detach().to(device="cpu", dtype=torch.float32).reshape(-1).contiguous()
-    if not bool(np.isfinite(flat.numpy()).all()):
+    if not wire.all_finite(flat.numpy()):
         raise CompressionError(errors.NON_FINITE, "gradient holds NaN or inf", layer=name or None)
     return flat, tuple(int(d) for d in tensor.shape), tensor.dtype
 
 
 def _is_finite(tensor: torch.Tensor) -> bool:
-    if tensor.dtype in (torch.float32, torch.float64, torch.float16):
-        # numpy's check is several times faster than torch's on one CPU thread.
-        return bool(np.isfinite(tensor.reshape(-1).numpy()).all())
-    return bool(torch.isfinite(tensor).all())
+    flat = tensor.reshape(-1)
+    if flat.dtype == torch.bfloat16:
+        return wire.all_finite(flat.view(torch.int16).numpy(), bfloat16=True)
+    # numpy's checks are several times faster than torch's on one CPU thread.
+    return wire.all_finite(flat.numpy())
 
 
 def expect_parts(parts: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype]) -> None:
     """Raise ``PayloadDecodeError`` unless ``parts`` has exactly these dtypes, in order."""
     if len(parts) != len(dtypes):
-        raise PayloadDecodeError(errors.LENGTH_MISMATCH, f"expected {len(dtypes)} parts, got {len(parts)}")
+        raise PayloadDecodeError(
+            errors.LENGTH_MISMATCH, f"expected {len(dtypes)} parts, got {len(parts)}"
+        )
     for index, (part, dtype) in enumerate(zip(parts, dtypes, strict=True)):
         if part.dtype != dtype:
-            raise PayloadDecodeError(errors.DTYPE, f"part {index} is {part.dtype}, expected {dtype}")
+            raise PayloadDecodeError(
+                errors.DTYPE, f"part {index} is {part.dtype}, expected {dtype}"
+            )
         if part.dim() != 1:
             raise PayloadDecodeError(errors.SHAPE_MISMATCH, f"part {index} is not 1-D")
 
@@ -214,4 +247,6 @@ def expect_parts(parts: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype]) -
 def expect_numel(part: torch.Tensor, numel: int, what: str) -> None:
     """Raise ``PayloadDecodeError`` unless ``part`` has exactly ``numel`` elements."""
     if part.numel() != numel:
-        raise PayloadDecodeError(errors.LENGTH_MISMATCH, f"{what} has {part.numel()} elements, expected {numel}")
+        raise PayloadDecodeError(
+            errors.LENGTH_MISMATCH, f"{what} has {part.numel()} elements, expected {numel}"
+        )

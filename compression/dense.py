@@ -17,7 +17,9 @@ class DenseCompressor(Compressor):
 
     codec_id = 1
 
-    def _compress(self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext) -> Sequence[torch.Tensor]:
+    def _compress(
+        self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext
+    ) -> Sequence[torch.Tensor]:
         # Copy: ``flat`` may alias the caller's gradient, which optimisers reuse in place.
         return (flat.clone(),)
 

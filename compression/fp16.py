@@ -43,7 +43,9 @@ class Fp16Compressor(Compressor):
 
     codec_id = 2
 
-    def _compress(self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext) -> Sequence[torch.Tensor]:
+    def _compress(
+        self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext
+    ) -> Sequence[torch.Tensor]:
         return (to_fp16_saturating(flat),)
 
     def _decompress(self, parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:

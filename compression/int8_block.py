@@ -47,7 +47,9 @@ class Int8BlockCompressor(Compressor):
     def params(self) -> dict[str, Any]:
         return {"block_size": self.block_size}
 
-    def _compress(self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext) -> Sequence[torch.Tensor]:
+    def _compress(
+        self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext
+    ) -> Sequence[torch.Tensor]:
         x = flat.numpy()
         scales = block_absmax(x, self.block_size) / np.float32(_QMAX)
         inv = np.zeros_like(scales)
@@ -72,7 +74,9 @@ class Int8BlockCompressor(Compressor):
             raise PayloadDecodeError(errors.VALUE_OUT_OF_RANGE, "negative block scale")
         q_arr = q.numpy()
         if bool((q_arr == -128).any()):
-            raise PayloadDecodeError(errors.VALUE_OUT_OF_RANGE, "int8 value -128 is not a valid code")
+            raise PayloadDecodeError(
+                errors.VALUE_OUT_OF_RANGE, "int8 value -128 is not a valid code"
+            )
         return torch.from_numpy(scale_per_block(q_arr.astype(np.float32), scale_arr, block_size))
 
     def error_bound(self, tensor: torch.Tensor, ctx: LayerContext | None = None) -> float:

@@ -72,14 +72,18 @@ class ErrorFeedback(Memory):
             return grad32
         if owed.shape != grad32.shape:
             raise CompressionError(
-                errors.SHAPE_MISMATCH, f"gradient {tuple(grad32.shape)} vs residual {tuple(owed.shape)}", layer=name
+                errors.SHAPE_MISMATCH,
+                f"gradient {tuple(grad32.shape)} vs residual {tuple(owed.shape)}",
+                layer=name,
             )
         return grad32 + owed
 
     def update(self, name: str, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         if compensated.shape != sent.shape:
             raise CompressionError(
-                errors.SHAPE_MISMATCH, f"sent {tuple(sent.shape)} vs compensated {tuple(compensated.shape)}", layer=name
+                errors.SHAPE_MISMATCH,
+                f"sent {tuple(sent.shape)} vs compensated {tuple(compensated.shape)}",
+                layer=name,
             )
         self._residuals[name] = compensated.detach().float() - sent.detach().float()
 
@@ -93,4 +97,6 @@ class ErrorFeedback(Memory):
         return {name: owed.clone() for name, owed in self._residuals.items()}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._residuals = {name: owed.detach().to(torch.float32).clone() for name, owed in state.items()}
+        self._residuals = {
+            name: owed.detach().to(torch.float32).clone() for name, owed in state.items()
+        }

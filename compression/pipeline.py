@@ -82,7 +82,9 @@ def decode_tensors(
     """
     if max_numel is None:
         max_numel = (
-            sum(math.prod(shape) for shape in expected.values()) if expected is not None else wire.DEFAULT_MAX_NUMEL
+            sum(math.prod(shape) for shape in expected.values())
+            if expected is not None
+            else wire.DEFAULT_MAX_NUMEL
         )
     layers = wire.decode_layers(data, expected, max_bytes=max_bytes, max_numel=max_numel)
     out: dict[str, torch.Tensor] = {}
@@ -90,7 +92,9 @@ def decode_tensors(
         try:
             decoder = registry.decoder_for(comp.codec_id)
             if allowed_codecs is not None and decoder.name not in allowed_codecs:
-                raise PayloadDecodeError(errors.CODEC_NOT_ALLOWED, f"codec {decoder.name!r} is not accepted here")
+                raise PayloadDecodeError(
+                    errors.CODEC_NOT_ALLOWED, f"codec {decoder.name!r} is not accepted here"
+                )
             out[name] = decoder.decompress(comp)
         except CompressionError as err:
             raise err.with_layer(name) from None
@@ -210,7 +214,9 @@ class GradientCodec:
         )
 
     def predicted_nbytes(
-        self, shapes: Mapping[str, Sequence[int]], contexts: Mapping[str, LayerContext] | None = None
+        self,
+        shapes: Mapping[str, Sequence[int]],
+        contexts: Mapping[str, LayerContext] | None = None,
     ) -> int | None:
         """Exact message length for layers of these shapes, or None if the codec's size depends on values."""
         total = wire.MESSAGE_HEADER_SIZE
@@ -235,7 +241,9 @@ class GradientCodec:
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Restore what ``state_dict`` returned."""
         self.memory.load_state_dict({k[7:]: v for k, v in state.items() if k.startswith("memory/")})
-        self.compressor.load_state_dict({k[11:]: v for k, v in state.items() if k.startswith("compressor/")})
+        self.compressor.load_state_dict(
+            {k[11:]: v for k, v in state.items() if k.startswith("compressor/")}
+        )
 
 
 @dataclass(frozen=True)
@@ -257,7 +265,9 @@ class CompressionConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise CompressorConfigError(f"unknown compression config keys {unknown}; known: {sorted(known)}")
+            raise CompressorConfigError(
+                f"unknown compression config keys {unknown}; known: {sorted(known)}"
+            )
         config = cls(**dict(raw))
         if not isinstance(config.params, Mapping):
             raise CompressorConfigError("compression params must be a table")

@@ -53,14 +53,26 @@ def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 
 def bucket_norms(flat: np.ndarray, bucket_size: int) -> np.ndarray:
-    """L2 norm of each bucket of ``bucket_size`` consecutive elements (last may be short), as float64."""
+    """L2 norm of each bucket of ``bucket_size`` consecutive elements (last may be short).
+
+    float32 unless a sum of squares overflows, then recomputed in float64
+    (the caller decides whether the norm itself still fits in fp32).
+    """
     full = flat.size // bucket_size
-    head = flat[: full * bucket_size].reshape(full, bucket_size).astype(np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", head, head))
-    if full * bucket_size < flat.size:
-        tail = flat[full * bucket_size :].astype(np.float64)
-        norms = np.append(norms, math.sqrt(float(tail @ tail)))
-    return norms
+    norms = _sum_squares(flat, full, bucket_size)
+    if not bool(np.isfinite(norms).all()):
+        norms = _sum_squares(flat.astype(np.float64), full, bucket_size)
+    return np.sqrt(norms)
+
+
+def _sum_squares(flat: np.ndarray, full: int, bucket_size: int) -> np.ndarray:
+    head = flat[: full * bucket_size].reshape(full, bucket_size)
+    with np.errstate(over="ignore"):
+        sums = np.einsum("ij,ij->i", head, head)
+        if full * bucket_size < flat.size:
+            tail = flat[full * bucket_size :]
+            sums = np.append(sums, tail @ tail)
+    return sums
 
 
 @register("qsgd")
@@ -83,7 +95,9 @@ class QSGDCompressor(Compressor):
         if not 1 <= self.levels <= MAX_LEVELS:
             raise CompressorConfigError(f"levels must be in 1..{MAX_LEVELS}, got {levels}")
         if not 1 <= self.bucket_size <= MAX_BUCKET:
-            raise CompressorConfigError(f"bucket_size must be in 1..{MAX_BUCKET}, got {bucket_size}")
+            raise CompressorConfigError(
+                f"bucket_size must be in 1..{MAX_BUCKET}, got {bucket_size}"
+            )
         self.bits = code_bits(self.levels)
         self._rng = np.random.default_rng(self.seed)
 
@@ -97,21 +111,27 @@ class QSGDCompressor(Compressor):
     def reset(self) -> None:
         self._rng = np.random.default_rng(self.seed)
 
-    def _compress(self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext) -> Sequence[torch.Tensor]:
+    def _compress(
+        self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext
+    ) -> Sequence[torch.Tensor]:
         x = flat.numpy()
         norms = bucket_norms(x, self.bucket_size)
-        if float(norms.max()) > _FP32_MAX:
-            raise CompressionError(errors.NON_FINITE, "a bucket norm overflows fp32", layer=ctx.name or None)
+        if float(norms.max(initial=0.0)) > _FP32_MAX:
+            raise CompressionError(
+                errors.NON_FINITE, "a bucket norm overflows fp32", layer=ctx.name or None
+            )
         norms32 = norms.astype(np.float32)
         inv = np.zeros_like(norms32)
         np.divide(np.float32(self.levels), norms32, out=inv, where=norms32 > 0)
         scaled = scale_per_block(np.abs(x), inv, self.bucket_size)
         scaled += self._rng.random(x.size, dtype=np.float32)
-        level = np.floor(scaled, out=scaled)
+        # In place from here on: this codec is bound by passes over memory.
+        np.floor(scaled, out=scaled)
         # |x_i| <= ||x_b||, but rounding may nudge a level to s + 1.
-        np.minimum(level, np.float32(self.levels), out=level)
-        signed = np.where(x < 0, -level, level) + np.float32(self.levels)
-        codes = signed.astype(np.uint8)
+        np.minimum(scaled, np.float32(self.levels), out=scaled)
+        np.copysign(scaled, x, out=scaled)
+        scaled += np.float32(self.levels)
+        codes = scaled.astype(np.uint8)
         meta = torch.tensor([self.levels, self.bucket_size], dtype=torch.int32)
         return meta, torch.from_numpy(norms32), torch.from_numpy(pack_codes(codes, self.bits))
 
@@ -121,7 +141,9 @@ class QSGDCompressor(Compressor):
         expect_numel(meta, 2, "qsgd header")
         levels, bucket_size = (int(v) for v in meta.tolist())
         if not 1 <= levels <= MAX_LEVELS or not 1 <= bucket_size <= MAX_BUCKET:
-            raise PayloadDecodeError(errors.VALUE_OUT_OF_RANGE, f"levels={levels} bucket_size={bucket_size}")
+            raise PayloadDecodeError(
+                errors.VALUE_OUT_OF_RANGE, f"levels={levels} bucket_size={bucket_size}"
+            )
         numel = math.prod(shape)
         bits = code_bits(levels)
         expect_numel(norms, -(-numel // bucket_size), "bucket norms")
@@ -131,7 +153,9 @@ class QSGDCompressor(Compressor):
             raise PayloadDecodeError(errors.VALUE_OUT_OF_RANGE, "negative bucket norm")
         codes = unpack_codes(packed.numpy(), bits, numel)
         if bool((codes > 2 * levels).any()):
-            raise PayloadDecodeError(errors.VALUE_OUT_OF_RANGE, f"code above 2 * levels = {2 * levels}")
+            raise PayloadDecodeError(
+                errors.VALUE_OUT_OF_RANGE, f"code above 2 * levels = {2 * levels}"
+            )
         signed = codes.astype(np.float32) - np.float32(levels)
         return torch.from_numpy(scale_per_block(signed, norm_arr / np.float32(levels), bucket_size))
 

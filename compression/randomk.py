@@ -36,7 +36,11 @@ class RandomKCompressor(SparseCompressor):
     budget_knob = "ratio"
 
     def __init__(
-        self, ratio: float = 0.01, seed: int = 0, unbiased: bool = False, value_dtype: str = "float32"
+        self,
+        ratio: float = 0.01,
+        seed: int = 0,
+        unbiased: bool = False,
+        value_dtype: str = "float32",
     ) -> None:
         super().__init__(value_dtype)
         self.ratio = check_ratio(ratio)

@@ -32,7 +32,9 @@ def register(name: str) -> Callable[[C], C]:
         if name in _BY_NAME and _BY_NAME[name] is not cls:
             raise CompressorConfigError(f"compressor name {name!r} registered twice")
         if codec_id in _BY_CODEC and _BY_CODEC[codec_id] is not cls:
-            raise CompressorConfigError(f"codec id {codec_id} used by {_BY_CODEC[codec_id].__name__} and {cls.__name__}")
+            raise CompressorConfigError(
+                f"codec id {codec_id} used by {_BY_CODEC[codec_id].__name__} and {cls.__name__}"
+            )
         cls.name = name
         _BY_NAME[name] = cls
         _BY_CODEC[codec_id] = cls
@@ -52,7 +54,8 @@ def compressor_class(name: str) -> type[Compressor]:
         return _BY_NAME[name]
     except KeyError:
         raise CompressorConfigError(
-            f"unknown compressor {name!r}; known: {', '.join(names())}", reason=errors.UNKNOWN_COMPRESSOR
+            f"unknown compressor {name!r}; known: {', '.join(names())}",
+            reason=errors.UNKNOWN_COMPRESSOR,
         ) from None
 
 
@@ -76,6 +79,8 @@ def decoder_for(codec_id: int) -> Compressor:
     if decoder is None:
         cls = _BY_CODEC.get(codec_id)
         if cls is None:
-            raise PayloadDecodeError(errors.UNKNOWN_CODEC, f"no compressor registered for codec id {codec_id}")
+            raise PayloadDecodeError(
+                errors.UNKNOWN_CODEC, f"no compressor registered for codec id {codec_id}"
+            )
         decoder = _DECODERS[codec_id] = cls()
     return decoder

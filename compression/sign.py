@@ -26,7 +26,9 @@ class SignCompressor(Compressor):
 
     codec_id = 9
 
-    def _compress(self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext) -> Sequence[torch.Tensor]:
+    def _compress(
+        self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext
+    ) -> Sequence[torch.Tensor]:
         x = flat.numpy()
         scale = np.float32(np.abs(x).mean(dtype=np.float64))
         bits = np.packbits(x >= 0, bitorder="little")

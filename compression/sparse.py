@@ -68,7 +68,9 @@ def value_dtype_of(name: str) -> torch.dtype:
     try:
         return VALUE_DTYPES[name]
     except KeyError:
-        raise CompressorConfigError(f"value_dtype must be one of {sorted(VALUE_DTYPES)}, got {name!r}") from None
+        raise CompressorConfigError(
+            f"value_dtype must be one of {sorted(VALUE_DTYPES)}, got {name!r}"
+        ) from None
 
 
 def cast_values(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -116,7 +118,9 @@ def select_topk(magnitude: np.ndarray, k: int) -> np.ndarray:
         candidates = np.flatnonzero(magnitude >= threshold)
         if candidates.size >= k:
             if candidates.size > k:
-                keep = np.argpartition(magnitude[candidates], candidates.size - k)[candidates.size - k :]
+                keep = np.argpartition(magnitude[candidates], candidates.size - k)[
+                    candidates.size - k :
+                ]
                 keep.sort()  # candidates are ascending, so sorted positions keep indices sorted
                 candidates = candidates[keep]
             return candidates.astype(np.int64, copy=False)
@@ -137,11 +141,18 @@ def encode_sparse(
 def decode_sparse(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
     """Dense float32 vector from sparse parts; rejects bad counts, ranges and orders."""
     if len(parts) != 3:
-        raise PayloadDecodeError(errors.LENGTH_MISMATCH, f"sparse payload needs 3 parts, got {len(parts)}")
-    counts, low, values = parts
-    if counts.dtype != torch.int32 or low.dtype != torch.uint16 or values.dtype not in VALUE_DTYPES.values():
         raise PayloadDecodeError(
-            errors.DTYPE, f"sparse parts are {counts.dtype}/{low.dtype}/{values.dtype}, want int32/uint16/float"
+            errors.LENGTH_MISMATCH, f"sparse payload needs 3 parts, got {len(parts)}"
+        )
+    counts, low, values = parts
+    if (
+        counts.dtype != torch.int32
+        or low.dtype != torch.uint16
+        or values.dtype not in VALUE_DTYPES.values()
+    ):
+        raise PayloadDecodeError(
+            errors.DTYPE,
+            f"sparse parts are {counts.dtype}/{low.dtype}/{values.dtype}, want int32/uint16/float",
         )
     numel = math.prod(shape)
     nblocks = num_blocks(numel)
@@ -149,13 +160,17 @@ def decode_sparse(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torc
     kept = low.numel()
     expect_numel(values, kept, "values")
     if kept > numel:
-        raise PayloadDecodeError(errors.LENGTH_MISMATCH, f"{kept} kept elements in a tensor of {numel}")
+        raise PayloadDecodeError(
+            errors.LENGTH_MISMATCH, f"{kept} kept elements in a tensor of {numel}"
+        )
     count_arr = counts.numpy()
     if bool((count_arr < 0).any()):
         raise PayloadDecodeError(errors.LENGTH_MISMATCH, "negative block count")
     # Checked before np.repeat so hostile counts cannot size an allocation.
     if int(count_arr.sum(dtype=np.int64)) != kept:
-        raise PayloadDecodeError(errors.LENGTH_MISMATCH, f"block counts sum to {count_arr.sum()}, {kept} indices sent")
+        raise PayloadDecodeError(
+            errors.LENGTH_MISMATCH, f"block counts sum to {count_arr.sum()}, {kept} indices sent"
+        )
     out = np.zeros(numel, dtype=np.float32)
     if kept:
         bases = np.repeat(np.arange(nblocks, dtype=np.int64) << BLOCK_BITS, count_arr)
@@ -163,7 +178,9 @@ def decode_sparse(parts: Sequence[torch.Tensor], shape: tuple[int, ...]) -> torc
         if kept > 1 and not bool((indices[1:] > indices[:-1]).all()):
             raise PayloadDecodeError(errors.INDEX_ORDER, "indices are not strictly increasing")
         if indices[-1] >= numel:
-            raise PayloadDecodeError(errors.INDEX_OUT_OF_RANGE, f"index {indices[-1]} >= numel {numel}")
+            raise PayloadDecodeError(
+                errors.INDEX_OUT_OF_RANGE, f"index {indices[-1]} >= numel {numel}"
+            )
         out[indices] = values.to(torch.float32).numpy()
     return torch.from_numpy(out)
 
@@ -190,7 +207,9 @@ class SparseCompressor(Compressor):
     def params(self) -> dict[str, Any]:
         return {"value_dtype": self.value_dtype_name}
 
-    def _compress(self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext) -> Sequence[torch.Tensor]:
+    def _compress(
+        self, flat: torch.Tensor, shape: tuple[int, ...], ctx: LayerContext
+    ) -> Sequence[torch.Tensor]:
         arr = flat.numpy()
         indices = self.select(arr, ctx)
         values = torch.from_numpy(arr[indices])

@@ -30,7 +30,9 @@ class ThresholdCompressor(SparseCompressor):
         super().__init__(value_dtype)
         threshold = float(threshold)
         if not (math.isfinite(threshold) and threshold > 0.0):
-            raise CompressorConfigError(f"threshold must be a positive finite number, got {threshold}")
+            raise CompressorConfigError(
+                f"threshold must be a positive finite number, got {threshold}"
+            )
         self.threshold = threshold
 
     def params(self) -> dict[str, Any]:
@@ -46,6 +48,8 @@ class ThresholdCompressor(SparseCompressor):
     def part_sizes(self, shape: Sequence[int], ctx: LayerContext | None = None) -> None:
         return None
 
-    def part_sizes_for(self, tensor: torch.Tensor, ctx: LayerContext | None = None) -> tuple[int, ...]:
+    def part_sizes_for(
+        self, tensor: torch.Tensor, ctx: LayerContext | None = None
+    ) -> tuple[int, ...]:
         kept = int((tensor.detach().float().abs() >= self.threshold).sum())
         return sparse_part_sizes(tensor.numel(), kept, self.value_dtype)

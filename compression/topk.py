@@ -51,7 +51,9 @@ class TopKCompressor(SparseCompressor):
         kept = self.k_for(numel, ctx)
         # The dropped entries are the numel - k smallest, so their energy is at
         # most (numel - k) / numel of the total.
-        drop = math.sqrt(max(0.0, 1.0 - kept / numel)) * float(torch.linalg.vector_norm(tensor.double()))
+        drop = math.sqrt(max(0.0, 1.0 - kept / numel)) * float(
+            torch.linalg.vector_norm(tensor.double())
+        )
         return drop + rounding_bound(tensor, self.value_dtype)
 
     def part_sizes(self, shape: Sequence[int], ctx: LayerContext | None = None) -> tuple[int, ...]:

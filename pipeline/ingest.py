@@ -66,6 +66,21 @@ class DeviceLedger:
     dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
 
 
+class _DeviceSeries:
+    """The labelled metric children of one device, looked up once."""
+
+    def __init__(self, metrics: Metrics, device: str) -> None:
+        self.messages_in = metrics.messages_in.labels(device)
+        self.bytes_in = metrics.bytes_in.labels(device)
+        self.records_in = metrics.records_in.labels(device)
+        self.event_time_lag = metrics.event_time_lag.labels(device)
+        self.buffer_depth = metrics.buffer_depth.labels(device)
+        self.arrival_rate = metrics.arrival_rate.labels(device)
+        self.batches = metrics.batches.labels(device)
+        self.batched_records = metrics.batched_records.labels(device)
+        self.batch_size = metrics.batch_size.labels(device)
+
+
 class IngestCore:
     """Buffers and batchers for the devices one worker consumes.
 
@@ -95,6 +110,7 @@ class IngestCore:
         self.batchers: dict[str, AdaptiveBatcher] = {}
         self.rates: dict[str, RateEstimator] = {}
         self.ledgers: dict[str, DeviceLedger] = {}
+        self._series: dict[str, _DeviceSeries] = {}  # labelled children, bound once (hot path)
         for device in self.devices:
             buf = StreamBuffer(
                 device, cfg.buffer.capacity, cfg.buffer.policy, cfg.buffer.hard_limit_factor
@@ -111,6 +127,7 @@ class IngestCore:
             )
             self.rates[device] = RateEstimator(tau_s=max(2.0, 2 * cfg.batcher.window_s), start=start)
             self.ledgers[device] = DeviceLedger()
+            self._series[device] = _DeviceSeries(self.metrics, device)
             self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
             self.metrics.buffer_depth.labels(device).set(0)
             self.metrics.arrival_rate.labels(device).set(0)
@@ -148,10 +165,11 @@ class IngestCore:
             )
             return actions
         ledger = self.ledgers[device]
+        series = self._series[device]
         ledger.messages_in += 1
-        self.metrics.messages_in.labels(device).inc()
+        series.messages_in.inc()
         data = value or b""
-        self.metrics.bytes_in.labels(device).inc(len(data))
+        series.bytes_in.inc(len(data))
         try:
             batch = codec.decode(
                 data, self.limits, expected_device=device, expected_shape=self.expected_shape
@@ -164,9 +182,9 @@ class IngestCore:
         if self.expected_shape is None:
             self.expected_shape = batch.feature_shape  # the first good message fixes it
         ledger.records_in += batch.count
-        self.metrics.records_in.labels(device).inc(batch.count)
+        series.records_in.inc(batch.count)
         self.rates[device].observe(batch.count, now)
-        self.metrics.event_time_lag.labels(device).set(max(0.0, wall_now - float(batch.event_time[-1])))
+        series.event_time_lag.set(max(0.0, wall_now - float(batch.event_time[-1])))
         buf = self.buffers[device]
         pushed = buf.push(batch, token)
         if pushed.dropped:
@@ -212,9 +230,10 @@ class IngestCore:
 
     # --- bookkeeping --------------------------------------------------------------
     def _emitted(self, batch: Batch, actions: IngestActions) -> None:
-        self.metrics.batches.labels(batch.device).inc()
-        self.metrics.batched_records.labels(batch.device).inc(batch.size)
-        self.metrics.batch_size.labels(batch.device).observe(batch.size)
+        series = self._series[batch.device]
+        series.batches.inc()
+        series.batched_records.inc(batch.size)
+        series.batch_size.observe(batch.size)
         actions.batches.append(batch)
 
     def _dead_letter(
@@ -229,8 +248,9 @@ class IngestCore:
         return DeadLetter(device, topic, partition, offset, key, value or b"", reason, detail, token)
 
     def _update_gauges(self, device: str, now: float) -> None:
-        self.metrics.buffer_depth.labels(device).set(self.buffers[device].depth)
-        self.metrics.arrival_rate.labels(device).set(self.rates[device].rate_hz(now))
+        series = self._series[device]
+        series.buffer_depth.set(self.buffers[device].depth)
+        series.arrival_rate.set(self.rates[device].rate_hz(now))
 
     def accounting(self) -> dict[str, dict[str, int]]:
         """Per-device counts: decoded, batched, dropped, buffered, dead-lettered."""

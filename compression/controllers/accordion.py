@@ -36,7 +36,9 @@ class AccordionSwitch:
             raise CompressorConfigError(f"eta must be positive, got {eta}")
         if knob == "ratio" and not 0 < aggressive <= gentle <= 1:
             raise CompressorConfigError("ratios need 0 < aggressive <= gentle <= 1")
-        if knob == "rank" and not (int(aggressive) == aggressive and int(gentle) == gentle and 1 <= aggressive <= gentle):
+        if knob == "rank" and not (
+            int(aggressive) == aggressive and int(gentle) == gentle and 1 <= aggressive <= gentle
+        ):
             raise CompressorConfigError("ranks need integers 1 <= aggressive <= gentle")
         self.eta = float(eta)
         self.knob = knob
@@ -61,7 +63,9 @@ class AccordionSwitch:
         ``accumulate`` are used and cleared.
         """
         if norms is None:
-            norms = {name: float(torch.linalg.vector_norm(total)) for name, total in self._sums.items()}
+            norms = {
+                name: float(torch.linalg.vector_norm(total)) for name, total in self._sums.items()
+            }
         self._sums = {}
         decisions: dict[str, bool] = {}
         for name, current in norms.items():

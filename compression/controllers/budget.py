@@ -23,9 +23,15 @@ class BandwidthEstimator:
     def observe(self, nbytes: int, seconds: float) -> float:
         """Fold in one transfer of ``nbytes`` that took ``seconds``; returns the new estimate."""
         if nbytes < 0 or not seconds > 0:
-            raise CompressorConfigError(f"need nbytes >= 0 and seconds > 0, got {nbytes}, {seconds}")
+            raise CompressorConfigError(
+                f"need nbytes >= 0 and seconds > 0, got {nbytes}, {seconds}"
+            )
         rate = nbytes / seconds
-        self._estimate = rate if self._estimate is None else self.alpha * rate + (1 - self.alpha) * self._estimate
+        self._estimate = (
+            rate
+            if self._estimate is None
+            else self.alpha * rate + (1 - self.alpha) * self._estimate
+        )
         return self._estimate
 
     @property
@@ -89,18 +95,28 @@ class ByteBudgetController:
             if not 1 <= self.min_value <= self.max_value:
                 raise CompressorConfigError("ranks need 1 <= min_value <= max_value")
 
-    def budget_bytes(self, bandwidth_bytes_per_s: float, interval_s: float, backlog_bytes: int = 0) -> int:
+    def budget_bytes(
+        self, bandwidth_bytes_per_s: float, interval_s: float, backlog_bytes: int = 0
+    ) -> int:
         """Bytes one message may take: what the link carries in ``interval_s`` at ``safety``,
         minus the backlog already queued for the consumer (consumer lag, in bytes)."""
-        if not (math.isfinite(bandwidth_bytes_per_s) and bandwidth_bytes_per_s >= 0 and interval_s >= 0):
+        if not (
+            math.isfinite(bandwidth_bytes_per_s) and bandwidth_bytes_per_s >= 0 and interval_s >= 0
+        ):
             raise CompressorConfigError("bandwidth and interval must be finite and >= 0")
-        return max(0, math.floor(self.safety * bandwidth_bytes_per_s * interval_s - max(0, backlog_bytes)))
+        return max(
+            0, math.floor(self.safety * bandwidth_bytes_per_s * interval_s - max(0, backlog_bytes))
+        )
 
     def predicted_bytes(self, shapes: Mapping[str, Sequence[int]], value: float | int) -> int:
         """Exact message length at setting ``value``."""
         total = wire.MESSAGE_HEADER_SIZE
         for name, shape in shapes.items():
-            ctx = LayerContext(name=name, ratio=float(value)) if self.knob == "ratio" else LayerContext(name=name, rank=int(value))
+            ctx = (
+                LayerContext(name=name, ratio=float(value))
+                if self.knob == "ratio"
+                else LayerContext(name=name, rank=int(value))
+            )
             frame = self.compressor.frame_nbytes(name, shape, ctx)
             if frame is None:
                 raise CompressorConfigError(f"{self.compressor.name!r} cannot predict its size")
@@ -111,7 +127,9 @@ class ByteBudgetController:
         """Largest setting in [min_value, max_value] whose message is <= ``budget_bytes``."""
 
         def decision(value: float | int, fits: bool) -> BudgetDecision:
-            return BudgetDecision(self.knob, value, budget_bytes, self.predicted_bytes(shapes, value), fits)
+            return BudgetDecision(
+                self.knob, value, budget_bytes, self.predicted_bytes(shapes, value), fits
+            )
 
         if self.predicted_bytes(shapes, self.max_value) <= budget_bytes:
             return decision(self.max_value, True)
@@ -122,11 +140,15 @@ class ByteBudgetController:
         if self.knob == "rank":
             while hi - lo > 1:
                 mid = (int(lo) + int(hi)) // 2
-                lo, hi = (mid, hi) if self.predicted_bytes(shapes, mid) <= budget_bytes else (lo, mid)
+                lo, hi = (
+                    (mid, hi) if self.predicted_bytes(shapes, mid) <= budget_bytes else (lo, mid)
+                )
         else:
             for _ in range(60):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if self.predicted_bytes(shapes, mid) <= budget_bytes else (lo, mid)
+                lo, hi = (
+                    (mid, hi) if self.predicted_bytes(shapes, mid) <= budget_bytes else (lo, mid)
+                )
         return decision(lo, True)
 
     def choose_for_link(
@@ -137,4 +159,6 @@ class ByteBudgetController:
         backlog_bytes: int = 0,
     ) -> BudgetDecision:
         """``choose`` with the budget derived from the link's bandwidth estimate and backlog."""
-        return self.choose(shapes, self.budget_bytes(bandwidth_bytes_per_s, interval_s, backlog_bytes))
+        return self.choose(
+            shapes, self.budget_bytes(bandwidth_bytes_per_s, interval_s, backlog_bytes)
+        )

@@ -225,8 +225,11 @@ class BSPStrategy(SyncStrategy):
             batch_sizes = [c.batch_size for c in contributions]
             gradients = weighted_mean([c.tensors for c in contributions], batch_sizes)
             buffer_deltas = None
-            if all(c.buffers for c in contributions):
+            buffer_names = {frozenset(c.buffers) for c in contributions}
+            if len(buffer_names) == 1 and contributions[0].buffers:
                 buffer_deltas = weighted_mean([c.buffers for c in contributions], batch_sizes)
+            elif len(buffer_names) > 1:
+                self.counters["buffer_sync_skipped"] += 1  # same decision on every replica
             global_batch = sum(batch_sizes)
             lr_scale = global_batch / self.reference_batch if self.reference_batch else 1.0
             for contribution in contributions:
@@ -247,9 +250,9 @@ class BSPStrategy(SyncStrategy):
     # -- membership -----------------------------------------------------------------
 
     def _on_view(self, msg: UpdateMessage) -> list[Outgoing]:
-        view_id = int(msg.meta.get("view_id", -1))
-        proposed = tuple(sorted(set(msg.meta.get("members", []))))
-        if view_id != self._view_id + 1 or not proposed:
+        view_id = msg.meta.get("view_id")
+        proposed = _worker_list(msg.meta.get("members"))
+        if isinstance(view_id, bool) or view_id != self._view_id + 1 or not proposed:
             self.counters["views_ignored"] += 1  # duplicate, superseded or malformed proposal
             return []
         self._view_id = view_id
@@ -313,16 +316,24 @@ class BSPStrategy(SyncStrategy):
         return [Outgoing("gradients", proposal)]
 
     def _adopt_snapshot(self, msg: UpdateMessage) -> list[Outgoing]:
-        members = tuple(sorted(msg.meta.get("members", [])))
-        if self.worker_id not in members:
+        members = _worker_list(msg.meta.get("members"))
+        view_id = msg.meta.get("view_id")
+        veterans = _worker_list(msg.meta.get("veterans"))
+        next_members = _worker_list(msg.meta.get("next_members"))
+        if (
+            members is None
+            or self.worker_id not in members
+            or not isinstance(view_id, int)
+            or isinstance(view_id, bool)
+            or veterans is None
+        ):
             self.counters["snapshots_ignored"] += 1
             return []
         self.trainer.load_snapshot(msg.tensors, msg.buffers, msg.base_version, momentum=msg.optimizer)
         self._members = members
-        next_members = msg.meta.get("next_members")
-        self._next_members = tuple(sorted(next_members)) if next_members else None
-        self._view_id = int(msg.meta.get("view_id", 0))
-        self._veterans = tuple(sorted(msg.meta.get("veterans", [])))
+        self._next_members = next_members or None
+        self._view_id = view_id
+        self._veterans = veterans
         self._synced = True
         self._published_step = None
         self.counters["snapshots_adopted"] += 1
@@ -407,3 +418,10 @@ class BSPStrategy(SyncStrategy):
             }
         )
         return stats
+
+
+def _worker_list(value: object) -> tuple[str, ...] | None:
+    """Sorted, de-duplicated worker ids from a meta field; None if it is not a list of strings."""
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        return None
+    return tuple(sorted(set(value)))

@@ -23,7 +23,10 @@ def gradients() -> Callable[..., dict[str, torch.Tensor]]:
     """``gradients(shapes, seed=0)``: one seeded tensor per named shape."""
 
     def build(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, torch.Tensor]:
-        return {name: make_gradient(shape, seed=seed * 1000 + i) for i, (name, shape) in enumerate(shapes.items())}
+        return {
+            name: make_gradient(shape, seed=seed * 1000 + i)
+            for i, (name, shape) in enumerate(shapes.items())
+        }
 
     return build
 

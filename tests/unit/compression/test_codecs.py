@@ -16,7 +16,9 @@ from compression.sparse import select_topk
 from tests.unit.compression.helpers import make_gradient
 
 
-def _forged(name: str, shape: tuple[int, ...], *parts: torch.Tensor, dtype=torch.float32) -> wire.Compressed:
+def _forged(
+    name: str, shape: tuple[int, ...], *parts: torch.Tensor, dtype=torch.float32
+) -> wire.Compressed:
     return wire.Compressed(registry.compressor_class(name).codec_id, shape, dtype, tuple(parts))
 
 
@@ -58,7 +60,11 @@ def test_select_topk_is_exact(magnitudes, fraction):
     assert np.all(np.diff(chosen) > 0)
     kth_largest = np.partition(magnitudes, magnitudes.size - k)[magnitudes.size - k]
     assert magnitudes[chosen].min() >= kth_largest
-    assert math.isclose(float(np.sort(magnitudes[chosen]).sum()), float(np.sort(magnitudes)[-k:].sum()), rel_tol=1e-6)
+    assert math.isclose(
+        float(np.sort(magnitudes[chosen]).sum()),
+        float(np.sort(magnitudes)[-k:].sum()),
+        rel_tol=1e-6,
+    )
 
 
 def test_topk_keeps_the_largest_magnitudes_and_zeroes_the_rest():
@@ -79,7 +85,9 @@ def test_topk_context_ratio_overrides_configured_ratio():
     assert comp.part_sizes((1000,), LayerContext("w", ratio=0.2)) == (4, 400, 800)
 
 
-@pytest.mark.parametrize(("value_dtype", "value_bytes"), [("float32", 4), ("float16", 2), ("bfloat16", 2)])
+@pytest.mark.parametrize(
+    ("value_dtype", "value_bytes"), [("float32", 4), ("float16", 2), ("bfloat16", 2)]
+)
 def test_topk_value_dtype_sets_value_bytes(value_dtype, value_bytes):
     comp = registry.create("topk", ratio=0.01, value_dtype=value_dtype)
     assert comp.part_sizes((1_000_000,)) == (4 * 16, 2 * 10_000, value_bytes * 10_000)
@@ -90,18 +98,30 @@ def test_topk_at_one_percent_is_over_fifty_times_smaller_than_dense():
     shapes = {"a": (1024, 768), "b": (768,), "c": (256, 256)}
     topk, dense = registry.create("topk", ratio=0.01), registry.create("dense")
     topk_bytes = wire.MESSAGE_HEADER_SIZE + sum(topk.frame_nbytes(n, s) for n, s in shapes.items())
-    dense_bytes = wire.MESSAGE_HEADER_SIZE + sum(dense.frame_nbytes(n, s) for n, s in shapes.items())
+    dense_bytes = wire.MESSAGE_HEADER_SIZE + sum(
+        dense.frame_nbytes(n, s) for n, s in shapes.items()
+    )
     assert dense_bytes / topk_bytes >= 50
 
 
 def test_sparse_rejects_out_of_range_index():
-    counts, low, values = torch.tensor([2], dtype=torch.int32), torch.tensor([1, 9], dtype=torch.uint16), torch.ones(2)
+    counts, low, values = (
+        torch.tensor([2], dtype=torch.int32),
+        torch.tensor([1, 9], dtype=torch.uint16),
+        torch.ones(2),
+    )
     assert _rejects("topk", _forged("topk", (9,), counts, low, values)) == "index_out_of_range"
 
 
 @pytest.mark.parametrize("low", [[3, 3], [4, 2]], ids=["duplicate", "descending"])
 def test_sparse_rejects_indices_out_of_order(low):
-    forged = _forged("topk", (9,), torch.tensor([2], dtype=torch.int32), torch.tensor(low, dtype=torch.uint16), torch.ones(2))
+    forged = _forged(
+        "topk",
+        (9,),
+        torch.tensor([2], dtype=torch.int32),
+        torch.tensor(low, dtype=torch.uint16),
+        torch.ones(2),
+    )
     assert _rejects("topk", forged) == "index_order"
 
 
@@ -140,7 +160,12 @@ def test_sparse_indices_in_a_later_block_decode_to_their_position():
 
 def test_sparse_rejects_a_value_overflowing_the_layer_dtype():
     forged = _forged(
-        "topk", (4,), torch.tensor([1], dtype=torch.int32), torch.tensor([0], dtype=torch.uint16), torch.tensor([1e6]), dtype=torch.float16
+        "topk",
+        (4,),
+        torch.tensor([1], dtype=torch.int32),
+        torch.tensor([0], dtype=torch.uint16),
+        torch.tensor([1e6]),
+        dtype=torch.float16,
     )
     assert _rejects("topk", forged) == "non_finite"
 
@@ -225,7 +250,11 @@ def test_qsgd_zero_bucket_decodes_to_zero():
 
 
 def _qsgd_parts(levels=7, bucket=4, norms=(1.0, 1.0), codes=None, numel=6):
-    codes = np.full(numel, levels, dtype=np.uint8) if codes is None else np.asarray(codes, dtype=np.uint8)
+    codes = (
+        np.full(numel, levels, dtype=np.uint8)
+        if codes is None
+        else np.asarray(codes, dtype=np.uint8)
+    )
     packed = torch.from_numpy(pack_codes(codes, code_bits(levels)))
     return (torch.tensor([levels, bucket], dtype=torch.int32), torch.tensor(norms), packed)
 
@@ -246,7 +275,12 @@ def test_qsgd_rejects_bad_payloads(parts, reason):
 @pytest.mark.parametrize("header", [[0, 4], [128, 4], [7, 0], [7, 1 << 30]])
 def test_qsgd_rejects_bad_header(header):
     _, norms, packed = _qsgd_parts()
-    assert _rejects("qsgd", _forged("qsgd", (6,), torch.tensor(header, dtype=torch.int32), norms, packed)) == "value_out_of_range"
+    assert (
+        _rejects(
+            "qsgd", _forged("qsgd", (6,), torch.tensor(header, dtype=torch.int32), norms, packed)
+        )
+        == "value_out_of_range"
+    )
 
 
 # ---- int8 blocks ------------------------------------------------------------------
@@ -263,12 +297,32 @@ def test_int8_error_is_at_most_half_a_step_per_element():
 def test_int8_rejects_minus_128_negative_scale_and_overflow():
     header = torch.tensor([4], dtype=torch.int32)
     q = torch.tensor([1, 2, 3, -128], dtype=torch.int8)
-    assert _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([1.0]), q)) == "value_out_of_range"
+    assert (
+        _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([1.0]), q))
+        == "value_out_of_range"
+    )
     ok_q = torch.tensor([1, 2, 3, 127], dtype=torch.int8)
-    assert _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([-1.0]), ok_q)) == "value_out_of_range"
-    assert _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([3e38]), ok_q)) == "non_finite"
-    assert _rejects("int8_block", _forged("int8_block", (4,), torch.tensor([0], dtype=torch.int32), torch.tensor([1.0]), ok_q)) == "value_out_of_range"
-    assert _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([1.0, 1.0]), ok_q)) == "length_mismatch"
+    assert (
+        _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([-1.0]), ok_q))
+        == "value_out_of_range"
+    )
+    assert (
+        _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([3e38]), ok_q))
+        == "non_finite"
+    )
+    assert (
+        _rejects(
+            "int8_block",
+            _forged(
+                "int8_block", (4,), torch.tensor([0], dtype=torch.int32), torch.tensor([1.0]), ok_q
+            ),
+        )
+        == "value_out_of_range"
+    )
+    assert (
+        _rejects("int8_block", _forged("int8_block", (4,), header, torch.tensor([1.0, 1.0]), ok_q))
+        == "length_mismatch"
+    )
 
 
 # ---- PowerSGD -----------------------------------------------------------------------
@@ -284,10 +338,17 @@ def test_powersgd_reconstructs_a_rank_one_matrix_exactly():
 
 def test_powersgd_warm_start_converges_on_a_fixed_matrix():
     matrix = make_gradient((80, 60), seed=10)
-    warm, cold = registry.create("powersgd", rank=2), registry.create("powersgd", rank=2, warm_start=False)
+    warm, cold = (
+        registry.create("powersgd", rank=2),
+        registry.create("powersgd", rank=2, warm_start=False),
+    )
     ctx = LayerContext("w")
-    warm_errors = [float((warm.decompress(warm.compress(matrix, ctx)) - matrix).norm()) for _ in range(8)]
-    cold_errors = [float((cold.decompress(cold.compress(matrix, ctx)) - matrix).norm()) for _ in range(8)]
+    warm_errors = [
+        float((warm.decompress(warm.compress(matrix, ctx)) - matrix).norm()) for _ in range(8)
+    ]
+    cold_errors = [
+        float((cold.decompress(cold.compress(matrix, ctx)) - matrix).norm()) for _ in range(8)
+    ]
     # Power iteration approaches the best rank-2 error (Eckart-Young) only with warm starts.
     singular = torch.linalg.svdvals(matrix.double())
     best = float(singular[2:].norm())
@@ -322,11 +383,29 @@ def test_powersgd_sends_vectors_and_unprofitable_ranks_dense():
 
 def test_powersgd_rejects_bad_rank_and_lengths():
     rank = lambda r: torch.tensor([r], dtype=torch.int32)  # noqa: E731
-    assert _rejects("powersgd", _forged("powersgd", (10, 8), rank(9), torch.ones(90), torch.ones(72))) == "value_out_of_range"
-    assert _rejects("powersgd", _forged("powersgd", (10,), rank(1), torch.ones(10), torch.ones(1))) == "value_out_of_range"
-    assert _rejects("powersgd", _forged("powersgd", (10, 8), rank(2), torch.ones(19), torch.ones(16))) == "length_mismatch"
-    assert _rejects("powersgd", _forged("powersgd", (10, 8), rank(0), torch.ones(79))) == "length_mismatch"
-    assert _rejects("powersgd", _forged("powersgd", (10, 8), rank(1), torch.full((10,), 1e30), torch.full((8,), 1e30))) == "non_finite"
+    assert (
+        _rejects("powersgd", _forged("powersgd", (10, 8), rank(9), torch.ones(90), torch.ones(72)))
+        == "value_out_of_range"
+    )
+    assert (
+        _rejects("powersgd", _forged("powersgd", (10,), rank(1), torch.ones(10), torch.ones(1)))
+        == "value_out_of_range"
+    )
+    assert (
+        _rejects("powersgd", _forged("powersgd", (10, 8), rank(2), torch.ones(19), torch.ones(16)))
+        == "length_mismatch"
+    )
+    assert (
+        _rejects("powersgd", _forged("powersgd", (10, 8), rank(0), torch.ones(79)))
+        == "length_mismatch"
+    )
+    assert (
+        _rejects(
+            "powersgd",
+            _forged("powersgd", (10, 8), rank(1), torch.full((10,), 1e30), torch.full((8,), 1e30)),
+        )
+        == "non_finite"
+    )
 
 
 # ---- sign, fp16, dense ------------------------------------------------------------
@@ -341,7 +420,9 @@ def test_sign_sends_mean_magnitude_times_sign():
 
 def test_sign_rejects_negative_scale_and_short_bits():
     bits = torch.tensor([0xFF], dtype=torch.uint8)
-    assert _rejects("sign", _forged("sign", (8,), torch.tensor([-1.0]), bits)) == "value_out_of_range"
+    assert (
+        _rejects("sign", _forged("sign", (8,), torch.tensor([-1.0]), bits)) == "value_out_of_range"
+    )
     assert _rejects("sign", _forged("sign", (9,), torch.tensor([1.0]), bits)) == "length_mismatch"
 
 

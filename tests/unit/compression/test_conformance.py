@@ -29,7 +29,17 @@ def _encode(name: str, x: torch.Tensor, layer: str = "layer.weight") -> bytes:
 
 
 def test_every_expected_compressor_is_registered():
-    assert set(NAMES) >= {"dense", "fp16", "topk", "randomk", "threshold", "qsgd", "int8_block", "powersgd", "sign"}
+    assert set(NAMES) >= {
+        "dense",
+        "fp16",
+        "topk",
+        "randomk",
+        "threshold",
+        "qsgd",
+        "int8_block",
+        "powersgd",
+        "sign",
+    }
 
 
 def test_codec_ids_are_unique_and_map_back_to_names():
@@ -67,8 +77,12 @@ def test_encoded_size_matches_declaration(name, shape):
     declared = comp.part_sizes(shape, ctx)
     if declared is not None:
         assert actual_parts == declared
-        assert comp.nominal_ratio(shape, ctx) == pytest.approx(4 * math.prod(shape) / sum(actual_parts))
-        assert len(comp.encode("w", x)) == wire.MESSAGE_HEADER_SIZE + comp.frame_nbytes("w", shape, ctx)
+        assert comp.nominal_ratio(shape, ctx) == pytest.approx(
+            4 * math.prod(shape) / sum(actual_parts)
+        )
+        assert len(comp.encode("w", x)) == wire.MESSAGE_HEADER_SIZE + comp.frame_nbytes(
+            "w", shape, ctx
+        )
     assert len(wire.encode_layers({"w": compressed})) == wire.encoded_size({"w": compressed})
 
 
@@ -111,7 +125,9 @@ def test_error_feedback_conserves_the_sum_of_gradients(name):
     for n in shapes:
         residual = sender.memory.residual(n)
         assert residual is not None
-        torch.testing.assert_close(sent_total[n] + residual.double(), true_total[n], atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            sent_total[n] + residual.double(), true_total[n], atol=1e-4, rtol=1e-5
+        )
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if registry.create(n).unbiased])
@@ -144,7 +160,10 @@ def test_compress_rejects_unusable_input(name, bad):
     }[bad]
     with pytest.raises(CompressionError) as err:
         registry.create(name).encode("w", x)
-    assert err.value.reason == {"nan": "non_finite", "inf": "non_finite", "empty": "empty", "integer": "dtype"}[bad]
+    assert (
+        err.value.reason
+        == {"nan": "non_finite", "inf": "non_finite", "empty": "empty", "integer": "dtype"}[bad]
+    )
     assert err.value.layer == "w"
 
 
@@ -160,7 +179,11 @@ def _reason(data: bytes, expected=None, **limits) -> str:
 @pytest.mark.parametrize("name", NAMES)
 def test_every_truncation_is_rejected(name):
     data = _encode(name, make_gradient(SMALL, seed=6))
-    cuts = range(len(data)) if len(data) <= 1024 else sorted(set(np.linspace(0, len(data) - 1, 400, dtype=int)))
+    cuts = (
+        range(len(data))
+        if len(data) <= 1024
+        else sorted(set(np.linspace(0, len(data) - 1, 400, dtype=int)))
+    )
     for cut in cuts:
         assert _reason(data[:cut]) == "truncated", cut
 
@@ -203,7 +226,12 @@ def test_non_finite_float_parts_are_rejected(name, poison):
     table = NAN_BYTES if poison == "nan" else INF_BYTES
     float_parts = [p for p in wire.parse_layout(data)[0].parts if p.dtype in table and p.numel]
     for part in float_parts:
-        assert _reason(patch(data, part.offset + part.nbytes - len(table[part.dtype]), table[part.dtype])) == "non_finite"
+        assert (
+            _reason(
+                patch(data, part.offset + part.nbytes - len(table[part.dtype]), table[part.dtype])
+            )
+            == "non_finite"
+        )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -226,7 +254,9 @@ def test_random_corruption_is_rejected_or_decodes_to_a_finite_tensor(name):
 def test_wrong_part_dtype_is_rejected(name):
     comp = registry.create(name)
     compressed = comp.compress(make_gradient(SMALL, seed=11))
-    wrong = tuple(p.to(torch.float64) if p.dtype != torch.float64 else p.float() for p in compressed.parts)
+    wrong = tuple(
+        p.to(torch.float64) if p.dtype != torch.float64 else p.float() for p in compressed.parts
+    )
     forged = wire.Compressed(compressed.codec_id, compressed.shape, compressed.dtype, wrong)
     with pytest.raises(PayloadDecodeError) as err:
         comp.decompress(forged)

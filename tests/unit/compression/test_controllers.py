@@ -40,7 +40,9 @@ def test_signal_is_small_for_concentrated_and_large_for_spread_gradients():
     spiky[::100] = 10.0  # 10 entries carry everything; top-1% keeps them all
     flat = torch.ones(1000)
     assert scadles_signal({"w": spiky}, None, 0.01) == pytest.approx(0.0, abs=1e-6)
-    assert scadles_signal({"w": flat}, None, 0.01) == pytest.approx(1 - math.sqrt(10) / math.sqrt(1000))
+    assert scadles_signal({"w": flat}, None, 0.01) == pytest.approx(
+        1 - math.sqrt(10) / math.sqrt(1000)
+    )
 
 
 def test_signal_uses_the_compensated_gradient():
@@ -61,7 +63,9 @@ def test_worker_votes_on_the_running_mean_of_the_epoch():
 
     signal.new_epoch()
     assert signal.epoch_steps == 0
-    assert signal.epoch_mean == pytest.approx(0.3) and signal.vote() is False  # falls back to last epoch
+    assert (
+        signal.epoch_mean == pytest.approx(0.3) and signal.vote() is False
+    )  # falls back to last epoch
     signal.observe(0.05)
     assert signal.vote() is True  # the new epoch's mean alone decides
     assert signal.history() == [0.1, 0.2, 0.6, 0.05]
@@ -75,7 +79,13 @@ def test_mean_exactly_at_delta_votes_compress():
 
 @pytest.mark.parametrize(
     ("ballots", "compress"),
-    [([True, False], True), ([True, False, False], False), ([True, True, False], True), ([], False), ([False], False)],
+    [
+        ([True, False], True),
+        ([True, False, False], False),
+        ([True, True, False], True),
+        ([], False),
+        ([False], False),
+    ],
 )
 def test_majority_of_at_least_half_decides(ballots, compress):
     assert ScadlesVote().decide(ballots) is compress
@@ -195,7 +205,12 @@ def test_accordion_rank_knob_yields_rank_contexts():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"eta": 0}, {"knob": "bits"}, {"gentle": 0.01, "aggressive": 0.1}, {"knob": "rank", "gentle": 2.5, "aggressive": 1}],
+    [
+        {"eta": 0},
+        {"knob": "bits"},
+        {"gentle": 0.01, "aggressive": 0.1},
+        {"knob": "rank", "gentle": 2.5, "aggressive": 1},
+    ],
 )
 def test_accordion_rejects_bad_configuration(kwargs):
     with pytest.raises(CompressorConfigError):
@@ -240,7 +255,9 @@ def test_rank_is_chosen_for_powersgd():
     controller = ByteBudgetController(registry.create("powersgd"), max_value=32)
     decision = controller.choose(SHAPES, 12_000)
     assert decision.knob == "rank" and isinstance(decision.value, int)
-    assert decision.predicted_bytes <= 12_000 < controller.predicted_bytes(SHAPES, decision.value + 1)
+    assert (
+        decision.predicted_bytes <= 12_000 < controller.predicted_bytes(SHAPES, decision.value + 1)
+    )
     assert decision.contexts(["fc1.weight"])["fc1.weight"].rank == decision.value
 
 

@@ -23,7 +23,10 @@ def test_receiver_decodes_dense_and_compressed_steps_alike(gradients):
     sparse = receiver.decode(sender.encode(grads), SHAPES)
 
     assert set(dense) == set(sparse) == set(SHAPES)
-    assert all(torch.count_nonzero(sparse[n]) < torch.count_nonzero(dense[n]) for n in ("conv.weight", "fc.weight"))
+    assert all(
+        torch.count_nonzero(sparse[n]) < torch.count_nonzero(dense[n])
+        for n in ("conv.weight", "fc.weight")
+    )
 
 
 def test_stats_report_sizes_and_norms(gradients):
@@ -35,7 +38,9 @@ def test_stats_report_sizes_and_norms(gradients):
     assert stats.compressed and stats.codec == "topk"
     assert (stats.dense_bytes, stats.wire_bytes) == (4 * numel, len(data))
     assert stats.ratio == pytest.approx(4 * numel / len(data))
-    assert stats.grad_norm_sum == pytest.approx(sum(float(g.norm()) for g in grads.values()), rel=1e-6)
+    assert stats.grad_norm_sum == pytest.approx(
+        sum(float(g.norm()) for g in grads.values()), rel=1e-6
+    )
     assert 0 < stats.sent_norm_sum < stats.grad_norm_sum
     _, dense_stats = codec.encode_with_stats(grads, compress=False)
     assert not dense_stats.compressed and dense_stats.codec == "dense"
@@ -45,13 +50,17 @@ def test_stats_report_sizes_and_norms(gradients):
 def test_predicted_size_is_exact(gradients):
     codec = GradientCodec(registry.create("topk", ratio=0.02))
     contexts = {"fc.weight": LayerContext(ratio=0.3)}
-    assert codec.predicted_nbytes(SHAPES, contexts) == len(codec.encode(gradients(SHAPES), contexts=contexts))
+    assert codec.predicted_nbytes(SHAPES, contexts) == len(
+        codec.encode(gradients(SHAPES), contexts=contexts)
+    )
     assert GradientCodec(registry.create("threshold")).predicted_nbytes(SHAPES) is None
 
 
 def test_contexts_steer_each_layer(gradients):
     codec = GradientCodec(registry.create("topk", ratio=0.01))
-    out = decode_tensors(codec.encode(gradients(SHAPES), contexts={"fc.weight": LayerContext(ratio=0.5)}), SHAPES)
+    out = decode_tensors(
+        codec.encode(gradients(SHAPES), contexts={"fc.weight": LayerContext(ratio=0.5)}), SHAPES
+    )
     assert torch.count_nonzero(out["fc.weight"]) == 64 * 48 // 2
     assert torch.count_nonzero(out["fc.bias"]) == 1
 
@@ -97,7 +106,11 @@ def test_state_dict_can_travel_in_the_wire_format(gradients):
 
 def test_config_builds_a_codec_by_name():
     codec = CompressionConfig.from_mapping(
-        {"compressor": "topk", "params": {"ratio": 0.1, "value_dtype": "float16"}, "error_feedback": True}
+        {
+            "compressor": "topk",
+            "params": {"ratio": 0.1, "value_dtype": "float16"},
+            "error_feedback": True,
+        }
     ).build()
     assert codec.compressor.name == "topk" and codec.compressor.ratio == 0.1
     assert isinstance(codec.memory, ErrorFeedback)

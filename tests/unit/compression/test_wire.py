@@ -42,7 +42,21 @@ def test_header_fields_are_little_endian_at_documented_offsets():
     magic, version, flags, n_layers, body_len = struct.unpack_from("<4sBBHI", data)
     assert (magic, version, flags, n_layers, body_len) == (b"ESTW", 1, 0, 1, len(data) - 12)
     # name_len, name, codec, dtype, ndim, n_parts, reserved, dim0, part dtype, part numel, 3 x f32
-    assert struct.unpack_from("<H1sHBBBBIBI3f", data, 12) == (1, b"w", 1, 1, 1, 1, 0, 3, 1, 3, 1.0, 1.0, 1.0)
+    assert struct.unpack_from("<H1sHBBBBIBI3f", data, 12) == (
+        1,
+        b"w",
+        1,
+        1,
+        1,
+        1,
+        0,
+        3,
+        1,
+        3,
+        1.0,
+        1.0,
+        1.0,
+    )
 
 
 def test_decoded_tensors_do_not_alias_the_buffer():
@@ -94,7 +108,9 @@ def test_zero_length_name_is_rejected():
 def test_unknown_dtype_codes_are_rejected():
     data = encode_tensors({"w": torch.ones(2)})
     dense_dtype_at = 12 + 2 + 1 + 2
-    assert _reason(patch(data, dense_dtype_at, b"\x09")) == "dtype"  # int32 is not a dense float dtype
+    assert (
+        _reason(patch(data, dense_dtype_at, b"\x09")) == "dtype"
+    )  # int32 is not a dense float dtype
     assert _reason(patch(data, dense_dtype_at, b"\xee")) == "dtype"
     part_dtype_at = wire.parse_layout(data)[0].parts[0].offset - 5
     assert _reason(patch(data, part_dtype_at, b"\xee")) == "dtype"
@@ -133,7 +149,9 @@ def test_bfloat16_parts_round_trip_and_are_checked_by_bit_pattern():
         wire.encode_layers({"w": wire.Compressed(1, (2,), torch.float32, (nan,))})
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    "dtype", [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64]
+)
 def test_integer_parts_round_trip(dtype):
     values = torch.tensor([0, 1, 2, 100], dtype=dtype)
     data = wire.encode_layers({"w": wire.Compressed(1, (4,), torch.float32, (values,))})
@@ -147,11 +165,15 @@ def test_encoder_refuses_what_the_decoder_would_reject():
     with pytest.raises(CompressionError, match="dtype"):
         wire.encode_layers({"w": wire.Compressed(1, (2,), torch.int32, ok)})
     with pytest.raises(CompressionError, match="dtype"):
-        wire.encode_layers({"w": wire.Compressed(1, (2,), torch.float32, (torch.ones(2, dtype=torch.complex64),))})
+        wire.encode_layers(
+            {"w": wire.Compressed(1, (2,), torch.float32, (torch.ones(2, dtype=torch.complex64),))}
+        )
     with pytest.raises(CompressionError, match="shape_mismatch"):
         wire.encode_layers({"w": wire.Compressed(1, (0,), torch.float32, ok)})
     with pytest.raises(CompressionError, match="non_finite"):
-        wire.encode_layers({"w": wire.Compressed(1, (2,), torch.float32, (torch.tensor([1.0, float("inf")]),))})
+        wire.encode_layers(
+            {"w": wire.Compressed(1, (2,), torch.float32, (torch.tensor([1.0, float("inf")]),))}
+        )
 
 
 def test_parse_layout_reports_part_offsets_that_hold_the_values():

@@ -14,6 +14,7 @@ from trainers.aggregation import weighted_mean
 from trainers.errors import StrategyError
 from trainers.evaluation import evaluate
 from trainers.messages import Outgoing, UpdateMessage
+from trainers.strategies.base import snapshot_message
 
 NAMES = ("w0", "w1", "w2")
 
@@ -264,3 +265,38 @@ def test_a_joiner_whose_coordinator_died_asks_again_and_gets_the_model(bus, make
     assert joiner.strategy.synced and joiner.strategy.stats()["counters"]["sync_requests"] >= 1
     assert survivors[0].strategy.stats()["counters"]["snapshots_sent"] == 1
     assert len(_digests([*survivors, joiner])) == 1
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"op": "view", "view_id": "1", "members": ["w0", "w1"]},
+        {"op": "view", "view_id": True, "members": ["w0", "w1"]},
+        {"op": "view", "view_id": 1, "members": "w0,w1"},
+        {"op": "view", "view_id": 1, "members": []},
+        {"op": "view", "view_id": 1, "members": ["w0", 7]},
+    ],
+)
+def test_malformed_view_proposals_are_ignored(make_cluster, meta):
+    node = make_cluster()[0]
+
+    out = node.strategy.on_message(UpdateMessage(kind="control", sender="w1", step=0, base_version=0, meta=meta))
+
+    assert out == []
+    assert node.strategy.view_id == 0 and node.strategy.members == NAMES
+    assert node.strategy.stats()["counters"]["views_ignored"] == 1
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{}, {"members": ["w3"], "view_id": 1}, {"members": ["w0", "w3"], "view_id": "1", "veterans": ["w0"]}],
+)
+def test_a_joiner_ignores_snapshots_without_a_usable_view(make_cluster, make_node, meta):
+    source = make_cluster()[0]
+    joiner = make_node("w3", "bsp", joining=True, seed=4)
+    snapshot = dataclasses.replace(snapshot_message(source.trainer, "w0", include_momentum=True), meta=meta)
+
+    joiner.strategy.on_message(snapshot)
+
+    assert not joiner.strategy.synced
+    assert joiner.strategy.stats()["counters"]["snapshots_ignored"] == 1

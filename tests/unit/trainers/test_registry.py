@@ -56,7 +56,7 @@ def test_conformance_fresh_instance_subscribes_and_reports_json_stats(make_train
     assert isinstance(strategy, SyncStrategy)
     assert strategy.role == role and strategy.name == name
     assert set(strategy.subscribes) <= {"gradients", "models", "control"}
-    assert strategy.poll(0.0) == [] or all(o.channel in {"gradients", "models", "control"} for o in strategy.poll(0.0))
+    assert strategy.poll(0.0) == []  # a fresh, synced instance has no timer due
     stats = json.loads(json.dumps(strategy.stats()))
     assert {"strategy", "role", "worker", "version", "staleness", "counters"} <= stats.keys()
     assert {"count", "mean", "max", "p99"} <= stats["staleness"].keys()

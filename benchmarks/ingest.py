@@ -1,0 +1,207 @@
+"""Ingest throughput: decode + buffer + batch in a Faust worker vs a plain aiokafka consumer.
+
+One device topic is pre-filled with N messages of 32 records each (digits-shaped,
+64 float32 features). Then, A B A B ..., a fresh consumer group reads the whole topic:
+  A = an edgestream worker process (Faust agent -> IngestCore -> counting sink),
+      timed from its first decoded record to the last record batched (read from its
+      /metrics, polled every 20 ms);
+  B = a plain aiokafka consumer in a subprocess that only reads and counts messages,
+      timed from its first message to the last.
+Prints a markdown table and writes benchmarks/results/ingest.json. Never asserts.
+
+    python benchmarks/ingest.py [--messages 20000] [--repeats 3] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from monitoring.scrape import scrape  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
+from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for  # noqa: E402
+from pipeline.run import start_worker_process, stop_process  # noqa: E402
+from streams import codec, topics  # noqa: E402
+from streams.records import RecordBatch  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+RECORDS_PER_MESSAGE = 32
+
+PLAIN_CONSUMER = r"""
+import asyncio, json, sys, time
+from aiokafka import AIOKafkaConsumer
+
+async def main(bootstrap, topic, expected):
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=sys.argv[4],
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                max_partition_fetch_bytes=16 * 1024 * 1024)
+    await consumer.start()
+    seen, first = 0, None
+    try:
+        while seen < expected:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=10000)
+            for records in batch.values():
+                if records and first is None:
+                    first = time.monotonic()
+                seen += len(records)
+        last = time.monotonic()
+    finally:
+        await consumer.stop()
+    print(json.dumps({"messages": seen, "seconds": last - first}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+def prefill(bootstrap: str, device: str, messages: int) -> int:
+    ensure_topics(bootstrap, sensor_topics_for([device]))
+    rng = np.random.default_rng(0)
+    prod = producer(bootstrap, linger_ms=20, batch_size=1 << 20, acks=1, enable_idempotence=False)
+    payloads = []
+    for i in range(64):  # a pool of distinct messages, reused round-robin
+        payloads.append(codec.encode(RecordBatch(
+            device=device,
+            seq=np.arange(i * RECORDS_PER_MESSAGE, (i + 1) * RECORDS_PER_MESSAGE, dtype=np.uint64),
+            event_time=np.full(RECORDS_PER_MESSAGE, time.time()),
+            features=rng.random((RECORDS_PER_MESSAGE, 64), dtype=np.float32),
+            labels=rng.integers(0, 10, RECORDS_PER_MESSAGE).astype(np.int32),
+        )))
+    for i in range(messages):
+        prod.send(topics.sensor_topic(device), value=payloads[i % len(payloads)], key=device.encode())
+    prod.flush()
+    prod.close()
+    return len(payloads[0])
+
+
+def run_edgestream(bootstrap: str, device: str, messages: int, work: Path) -> dict:
+    job = f"bench{uuid.uuid4().hex[:6]}"
+    cfg = load_config(overrides=[
+        f"job.name={job}", f"run.state_dir={work / job}", "devices.count=1", f"devices.ids={device}",
+        "batcher.mode=window", "batcher.window_s=0.05", "batcher.max_batch=100000",
+        "buffer.policy=persist", "buffer.capacity=1000000",
+    ], env={})
+    cfg_path = work / f"{job}.json"
+    cfg_path.write_text(json.dumps(cfg.to_dict()))
+    log = work / f"{job}.log"
+    proc = start_worker_process(cfg_path, "w0", bootstrap, 0, log)
+    expected = messages * RECORDS_PER_MESSAGE
+    try:
+        endpoint = cfg.state_path() / "workers" / "w0" / "endpoint.json"
+        deadline = time.monotonic() + 120
+        while not endpoint.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker failed to start; see {log}")
+            time.sleep(0.05)
+        url = json.loads(endpoint.read_text())["metrics"]
+        first = None
+        while True:
+            s = scrape(url)
+            now = time.monotonic()
+            if s is not None:
+                got = s.get("edgestream_records_in_total", device=device)
+                done = s.get("edgestream_batched_records_total", device=device)
+                if got > 0 and first is None:
+                    # the first poll that sees records: back-date by what was already read
+                    first = now - 0.02
+                if done >= expected:
+                    return {"records": int(done), "seconds": now - first}
+            if proc.poll() is not None or now > deadline + 600:
+                raise RuntimeError(f"worker stopped or stalled; see {log}")
+            time.sleep(0.02)  # metrics poll interval
+    finally:
+        stop_process(proc)
+
+
+def run_plain(bootstrap: str, device: str, messages: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", PLAIN_CONSUMER, bootstrap, topics.sensor_topic(device), str(messages),
+         f"plain-{uuid.uuid4().hex[:6]}"],
+        capture_output=True, text=True, check=True, timeout=900,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"records": result["messages"] * RECORDS_PER_MESSAGE, "seconds": result["seconds"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
+    args = parser.parse_args()
+
+    from deploy.kafka.broker import LocalBroker, kafka_version
+
+    work = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    broker = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        broker = LocalBroker(work / "kafka").start()
+        bootstrap = broker.bootstrap
+    try:
+        device = f"bench{uuid.uuid4().hex[:6]}"
+        print(f"pre-filling {args.messages} messages x {RECORDS_PER_MESSAGE} records ...", flush=True)
+        message_bytes = prefill(bootstrap, device, args.messages)
+        runs = {"edgestream": [], "plain_aiokafka": []}
+        for r in range(args.repeats):
+            for name, fn in (("edgestream", lambda: run_edgestream(bootstrap, device, args.messages, work)),
+                             ("plain_aiokafka", lambda: run_plain(bootstrap, device, args.messages))):
+                res = fn()
+                res["records_per_s"] = res["records"] / res["seconds"]
+                runs[name].append(res)
+                print(f"repeat {r + 1}/{args.repeats} {name}: {res['records_per_s']:,.0f} records/s", flush=True)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+    def summary(name: str) -> dict:
+        rates = [x["records_per_s"] for x in runs[name]]
+        return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+    es, plain = summary("edgestream"), summary("plain_aiokafka")
+    ratios = [a["records_per_s"] / b["records_per_s"] for a, b in zip(runs["edgestream"], runs["plain_aiokafka"], strict=True)]
+    import aiokafka
+    import faust
+
+    result = {
+        "benchmark": "ingest",
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": __import__("os").cpu_count()},
+        "versions": {"kafka": kafka_version(), "faust": faust.__version__, "aiokafka": aiokafka.__version__},
+        "config": {"messages": args.messages, "records_per_message": RECORDS_PER_MESSAGE,
+                   "message_bytes": message_bytes, "repeats": args.repeats, "features": 64,
+                   "batcher": "window 0.05 s, max_batch 100000", "buffer": "persist"},
+        "runs": runs,
+        "median_records_per_s": {"edgestream": es["median"], "plain_aiokafka": plain["median"]},
+        "spread": {"edgestream": es, "plain_aiokafka": plain},
+        "ratio_per_repeat": ratios,
+        "ratio_median": statistics.median(ratios),
+        "targets": {"ratio": 0.8, "records_per_s": 100_000},
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "ingest.json").write_text(json.dumps(result, indent=2))
+    table = "\n".join([
+        "| consumer | median records/s | min | max |",
+        "|---|---:|---:|---:|",
+        f"| edgestream (decode + buffer + batch) | {es['median']:,.0f} | {es['min']:,.0f} | {es['max']:,.0f} |",
+        f"| plain aiokafka (read + count) | {plain['median']:,.0f} | {plain['min']:,.0f} | {plain['max']:,.0f} |",
+        f"| ratio (median of per-repeat ratios) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | {max(ratios):.2f}x |",
+    ])
+    (RESULTS / "ingest.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
