@@ -105,7 +105,11 @@ class Compressor(ABC):
 
     @abstractmethod
     def error_bound(self, tensor: torch.Tensor, ctx: LayerContext | None = None) -> float:
-        """Upper bound on ``||decompress(compress(tensor)) - tensor||_2`` for any draw."""
+        """Upper bound on ``||decompress(compress(tensor)) - tensor||_2`` for any draw.
+
+        Stated for float32 input; restoring into a narrower dense dtype (fp16,
+        bf16) adds that dtype's own rounding.
+        """
 
     @abstractmethod
     def part_sizes(

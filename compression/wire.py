@@ -172,7 +172,9 @@ def all_finite(arr: np.ndarray, bfloat16: bool = False) -> bool:
         # Exponent bits all ones means inf or NaN; numpy's isfinite on float16 is
         # several times slower than this integer test.
         limit = 0x7F80 if bfloat16 else 0x7C00
-        return int((arr.view(np.uint16) & np.uint16(0x7FFF)).max()) < limit
+        # Keep the array's byte order ("<" from the wire, native from torch).
+        bits = arr.view(np.dtype(arr.dtype.str[0] + "u2"))
+        return int((bits & np.uint16(0x7FFF)).max()) < limit
     return bool(np.isfinite(arr).all())
 
 

@@ -257,10 +257,16 @@ class LocalBroker:
         return self
 
     def _cluster_id(self) -> str:
-        # A base64url-encoded random UUID, as `kafka-storage random-uuid` prints.
+        """The cluster id of this work dir: made once (as `kafka-storage random-uuid` does,
+        a base64url UUID) and kept, so a restart on existing storage formats nothing."""
         import base64
 
-        return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        id_file = self.work_dir / "cluster.id"
+        if id_file.exists():
+            return id_file.read_text().strip()
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        id_file.write_text(cluster_id)
+        return cluster_id
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
