@@ -6,7 +6,8 @@ One device topic is pre-filled with N messages of 32 records each (digits-shaped
       timed from its first decoded record to the last record batched (read from its
       /metrics, polled every 20 ms);
   B = a plain aiokafka consumer in a subprocess that only reads and counts messages,
-      timed from its first message to the last.
+      timed from its first message to the last;
+  C = a bare Faust agent that only iterates and counts events (the framework's ceiling).
 Prints a markdown table and writes benchmarks/results/ingest.json. Never asserts.
 
     python benchmarks/ingest.py [--messages 20000] [--repeats 3] [--bootstrap HOST:PORT]
@@ -63,6 +64,31 @@ async def main(bootstrap, topic, expected):
     print(json.dumps({"messages": seen, "seconds": last - first}))
 
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+BARE_FAUST = r"""
+import os, sys, time, uuid
+import faust
+
+bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
+app = faust.App("bare-" + uuid.uuid4().hex[:6], broker="kafka://" + bootstrap, store="memory://",
+                web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
+                autodiscover=False, consumer_max_fetch_size=16 * 1024 * 1024)
+source = app.topic(topic, key_serializer="raw", value_serializer="raw")
+state = {"n": 0, "first": None}
+
+@app.agent(source)
+async def count(stream):
+    async for _event in stream.events():
+        if state["first"] is None:
+            state["first"] = time.monotonic()
+        state["n"] += 1
+        if state["n"] >= expected:
+            os.write(3, ("%d %.6f\n" % (state["n"], time.monotonic() - state["first"])).encode())
+            os._exit(0)
+
+faust.Worker(app, loglevel="error", quiet=True).execute_from_commandline()
 """
 
 
@@ -135,6 +161,24 @@ def run_plain(bootstrap: str, device: str, messages: int) -> dict:
     return {"records": result["messages"] * RECORDS_PER_MESSAGE, "seconds": result["seconds"]}
 
 
+def run_bare_faust(bootstrap: str, device: str, messages: int) -> dict:
+    """A Faust agent that only iterates and counts events: the framework's own ceiling."""
+    import os
+
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BARE_FAUST, bootstrap, topics.sensor_topic(device), str(messages)],
+        pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: os.dup2(write_fd, 3),
+    )
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        line = pipe.readline()
+    proc.wait(timeout=60)
+    count, seconds = line.split()
+    return {"records": int(count) * RECORDS_PER_MESSAGE, "seconds": float(seconds)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=20000)
@@ -154,10 +198,11 @@ def main() -> None:
         device = f"bench{uuid.uuid4().hex[:6]}"
         print(f"pre-filling {args.messages} messages x {RECORDS_PER_MESSAGE} records ...", flush=True)
         message_bytes = prefill(bootstrap, device, args.messages)
-        runs = {"edgestream": [], "plain_aiokafka": []}
+        runs = {"edgestream": [], "plain_aiokafka": [], "bare_faust": []}
         for r in range(args.repeats):
             for name, fn in (("edgestream", lambda: run_edgestream(bootstrap, device, args.messages, work)),
-                             ("plain_aiokafka", lambda: run_plain(bootstrap, device, args.messages))):
+                             ("plain_aiokafka", lambda: run_plain(bootstrap, device, args.messages)),
+                             ("bare_faust", lambda: run_bare_faust(bootstrap, device, args.messages))):
                 res = fn()
                 res["records_per_s"] = res["records"] / res["seconds"]
                 runs[name].append(res)
@@ -170,8 +215,9 @@ def main() -> None:
         rates = [x["records_per_s"] for x in runs[name]]
         return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
 
-    es, plain = summary("edgestream"), summary("plain_aiokafka")
+    es, plain, bare = summary("edgestream"), summary("plain_aiokafka"), summary("bare_faust")
     ratios = [a["records_per_s"] / b["records_per_s"] for a, b in zip(runs["edgestream"], runs["plain_aiokafka"], strict=True)]
+    ratios_faust = [a["records_per_s"] / b["records_per_s"] for a, b in zip(runs["edgestream"], runs["bare_faust"], strict=True)]
     import aiokafka
     import faust
 
@@ -184,10 +230,13 @@ def main() -> None:
                    "message_bytes": message_bytes, "repeats": args.repeats, "features": 64,
                    "batcher": "window 0.05 s, max_batch 100000", "buffer": "persist"},
         "runs": runs,
-        "median_records_per_s": {"edgestream": es["median"], "plain_aiokafka": plain["median"]},
-        "spread": {"edgestream": es, "plain_aiokafka": plain},
+        "median_records_per_s": {"edgestream": es["median"], "plain_aiokafka": plain["median"],
+                                 "bare_faust": bare["median"]},
+        "spread": {"edgestream": es, "plain_aiokafka": plain, "bare_faust": bare},
         "ratio_per_repeat": ratios,
         "ratio_median": statistics.median(ratios),
+        "ratio_vs_bare_faust_per_repeat": ratios_faust,
+        "ratio_vs_bare_faust_median": statistics.median(ratios_faust),
         "targets": {"ratio": 0.8, "records_per_s": 100_000},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -197,7 +246,9 @@ def main() -> None:
         "|---|---:|---:|---:|",
         f"| edgestream (decode + buffer + batch) | {es['median']:,.0f} | {es['min']:,.0f} | {es['max']:,.0f} |",
         f"| plain aiokafka (read + count) | {plain['median']:,.0f} | {plain['min']:,.0f} | {plain['max']:,.0f} |",
-        f"| ratio (median of per-repeat ratios) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | {max(ratios):.2f}x |",
+        f"| bare Faust agent (iterate + count) | {bare['median']:,.0f} | {bare['min']:,.0f} | {bare['max']:,.0f} |",
+        f"| edgestream / plain aiokafka | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | {max(ratios):.2f}x |",
+        f"| edgestream / bare Faust | {statistics.median(ratios_faust):.2f}x | {min(ratios_faust):.2f}x | {max(ratios_faust):.2f}x |",
     ])
     (RESULTS / "ingest.md").write_text(table + "\n")
     print(table)

@@ -59,7 +59,14 @@ def _need_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str:
 
 # --- broker ---------------------------------------------------------------------------
 def cmd_broker(args: argparse.Namespace) -> int:
-    from deploy.kafka.broker import BrokerInfo, LocalBroker, kafka_version, metadata_ok, pid_alive, stop_pid
+    from deploy.kafka.broker import (
+        BrokerInfo,
+        LocalBroker,
+        kafka_version,
+        metadata_ok,
+        pid_alive,
+        stop_pid,
+    )
 
     console = Console()
     state: Path = args.state_dir

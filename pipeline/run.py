@@ -22,10 +22,10 @@ from rich.live import Live
 from rich.table import Table
 
 from monitoring.scrape import Scrape, scrape
+from pipeline.app import app_id
 from pipeline.config import JobConfig
 from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, simulate
-from pipeline.app import app_id
 from streams import topics
 
 
