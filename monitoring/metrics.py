@@ -2,7 +2,11 @@
 
 Names follow ``edgestream_<noun>_<unit>`` with base units (seconds, bytes, ``_total``
 for counters). Labels are bounded: ``device`` (configured streams), ``worker``
-(configured workers), ``reason`` (fixed slug sets), ``policy``.
+(configured workers), ``reason`` (fixed slug sets), ``codec`` and ``strategy``
+(registry names), ``split`` (``train`` | ``heldout``).
+
+Dashboards (``monitoring.dashboards``) and alert rules refer to these objects or are
+checked against them, so a rename here shows up in the generated JSON and in tests.
 
 A ``Metrics`` instance owns its own ``CollectorRegistry`` so several can live in one
 process (tests); each process creates one and serves it with ``serve``.
@@ -10,10 +14,15 @@ process (tests); each process creates one and serves it with ``serve``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+STALENESS_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+STALENESS_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
 class Metrics:
@@ -98,6 +107,171 @@ class Metrics:
             "edgestream_worker_ready", "1 once the worker's consumer has its partitions assigned",
             ["worker"], registry=r,
         )
+        self.last_checkpoint = Gauge(
+            "edgestream_last_checkpoint_timestamp_seconds",
+            "Unix time of the worker's last completed checkpoint", ["worker"], registry=r,
+        )
+        # --- consumer position --------------------------------------------------------
+        self.consumer_lag = Gauge(
+            "edgestream_consumer_lag_records",
+            "End offset minus consumer position, summed over the device topic's partitions",
+            ["device"], registry=r,
+        )
+        # --- training -------------------------------------------------------------------
+        self.steps = Counter(
+            "edgestream_steps_total", "Local training steps taken", ["worker"], registry=r
+        )
+        self.step_seconds = Histogram(
+            "edgestream_step_seconds", "Wall time of one local training step (forward+backward+update)",
+            ["worker"], buckets=SECONDS_BUCKETS, registry=r,
+        )
+        self.wait_for_data_seconds = Histogram(
+            "edgestream_wait_for_data_seconds", "Time the trainer waited for its next batch",
+            ["worker"], buckets=SECONDS_BUCKETS, registry=r,
+        )
+        self.trained_records = Counter(
+            "edgestream_trained_records_total", "Records the trainer consumed in steps",
+            ["worker"], registry=r,
+        )
+        self.loss = Gauge(
+            "edgestream_loss", "Latest loss (train: last step; heldout: last evaluation)",
+            ["worker", "split"], registry=r,
+        )
+        self.accuracy = Gauge(
+            "edgestream_accuracy_ratio", "Latest accuracy in [0, 1] (train: last step; heldout: last evaluation)",
+            ["worker", "split"], registry=r,
+        )
+        # --- synchronisation --------------------------------------------------------------
+        self.strategy_info = Gauge(
+            "edgestream_sync_strategy_info", "1 for the sync strategy the worker runs",
+            ["worker", "strategy"], registry=r,
+        )
+        self.model_version = Gauge(
+            "edgestream_model_version", "Model version the worker currently trains on",
+            ["worker"], registry=r,
+        )
+        self.staleness_versions = Histogram(
+            "edgestream_staleness_versions",
+            "Versions between the model a gradient was computed on and the one it is applied to",
+            ["worker"], buckets=STALENESS_VERSION_BUCKETS, registry=r,
+        )
+        self.staleness_seconds = Histogram(
+            "edgestream_staleness_seconds", "Age of a gradient when it is applied",
+            ["worker"], buckets=STALENESS_SECONDS_BUCKETS, registry=r,
+        )
+        self.commits = Counter(
+            "edgestream_commits_total", "Updates committed to the shared model (ADSP commits)",
+            ["worker"], registry=r,
+        )
+        self.updates_rejected = Counter(
+            "edgestream_updates_rejected_total", "Gradient / model messages rejected before use",
+            ["worker", "reason"], registry=r,
+        )
+        # --- compression ------------------------------------------------------------------
+        self.gradient_bytes_sent = Counter(
+            "edgestream_gradient_bytes_sent_total", "Gradient message bytes put on the wire",
+            ["worker", "codec"], registry=r,
+        )
+        self.gradient_bytes_received = Counter(
+            "edgestream_gradient_bytes_received_total", "Gradient message bytes read from the wire",
+            ["worker", "codec"], registry=r,
+        )
+        self.compression_ratio = Gauge(
+            "edgestream_compression_ratio", "Dense bytes / wire bytes of the last gradient sent",
+            ["worker"], registry=r,
+        )
+        self.compressed_steps = Counter(
+            "edgestream_compressed_steps_total", "Steps whose gradient was sent compressed",
+            ["worker"], registry=r,
+        )
+        self.compression_vote = Gauge(
+            "edgestream_compression_vote", "The worker's current vote for compressing (1) or not (0)",
+            ["worker"], registry=r,
+        )
+
+    # --- small recording helpers (the hot path binds ``.labels(...)`` children itself) -----
+    def record_step(
+        self, worker: str, *, step_s: float, wait_s: float, records: int, loss: float,
+        accuracy: float | None = None, compressed: bool = False,
+    ) -> None:
+        """One local training step of ``worker``."""
+        self.steps.labels(worker).inc()
+        self.step_seconds.labels(worker).observe(step_s)
+        self.wait_for_data_seconds.labels(worker).observe(wait_s)
+        self.trained_records.labels(worker).inc(records)
+        self.loss.labels(worker, "train").set(loss)
+        if accuracy is not None:
+            self.accuracy.labels(worker, "train").set(accuracy)
+        if compressed:
+            self.compressed_steps.labels(worker).inc()
+
+    def record_applied(self, worker: str, *, staleness_versions: int, staleness_s: float) -> None:
+        """A gradient (or model delta) applied by ``worker`` with its staleness."""
+        self.staleness_versions.labels(worker).observe(staleness_versions)
+        self.staleness_seconds.labels(worker).observe(staleness_s)
+
+    def record_sent(self, worker: str, codec: str, wire_bytes: int, dense_bytes: int) -> None:
+        """A gradient message put on the wire; updates bytes and the compression ratio."""
+        self.gradient_bytes_sent.labels(worker, codec).inc(wire_bytes)
+        if wire_bytes > 0:
+            self.compression_ratio.labels(worker).set(dense_bytes / wire_bytes)
+
+    def record_evaluation(self, worker: str, loss: float, accuracy: float) -> None:
+        self.loss.labels(worker, "heldout").set(loss)
+        self.accuracy.labels(worker, "heldout").set(accuracy)
+
+    def record_consumer_lag(self, lag_by_device: Mapping[str, int]) -> None:
+        for device, lag in lag_by_device.items():
+            self.consumer_lag.labels(device).set(lag)
+
+    def exposition_names(self) -> set[str]:
+        """Every sample name this registry can expose (``_total``, ``_bucket``... included)."""
+        return {name for metric in self.metric_objects() for name in sample_names(metric)}
+
+    def metric_objects(self) -> list[MetricWrapperBase]:
+        return [v for v in vars(self).values() if isinstance(v, MetricWrapperBase)]
+
+
+def sample_names(metric: MetricWrapperBase) -> list[str]:
+    """The sample names ``metric`` exposes, e.g. ``x_total`` for a counter ``x``."""
+    base = metric._name  # prometheus_client strips ``_total`` from counter names
+    kind = metric._type
+    if kind == "counter":
+        return [f"{base}_total", f"{base}_created"]
+    if kind == "histogram":
+        return [f"{base}_bucket", f"{base}_count", f"{base}_sum", f"{base}_created"]
+    return [base]
+
+
+def name_of(metric: MetricWrapperBase, suffix: str = "") -> str:
+    """Exposition name of ``metric`` (counters get ``_total``), plus ``suffix`` (``_bucket``...)."""
+    if metric._type == "counter":
+        return f"{metric._name}_total"
+    return metric._name + suffix
+
+
+def consumer_lag(
+    end_offsets: Mapping[tuple[str, int], int], positions: Mapping[tuple[str, int], int | None]
+) -> dict[str, int]:
+    """Records not yet read, per device: sum over partitions of end offset - position.
+
+    Keys are ``(topic, partition)`` pairs (``TP`` namedtuples of aiokafka/kafka-python
+    qualify). A partition without a position yet counts its whole end offset; only
+    device topics (``sensors.<device>``, not the DLQ) are counted.
+    """
+    from streams import topics
+
+    out: dict[str, int] = {}
+    for tp, end in end_offsets.items():
+        topic, _partition = tp
+        if not topic.startswith(topics.SENSOR_PREFIX) or topic == topics.SENSOR_DLQ:
+            continue
+        device = topics.device_of(topic)
+        position = positions.get(tp)
+        lag = max(0, int(end) - int(position or 0))
+        out[device] = out.get(device, 0) + lag
+    return out
+
 
 
 def serve(metrics: Metrics, port: int, host: str = "127.0.0.1") -> int:

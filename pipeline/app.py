@@ -22,6 +22,7 @@ from monitoring.metrics import Metrics
 from pipeline.batching import Batch
 from pipeline.config import JobConfig
 from pipeline.ingest import DeadLetter, IngestActions, IngestCore
+from pipeline.offsets import OffsetTracker
 from streams import topics
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,20 @@ def create_app(
     num_classes: int | None = None,
     clock: Callable[[], float] = time.monotonic,
     on_ready: Callable[[], None] | None = None,
+    tracker: OffsetTracker | None = None,
+    seek_to: dict[str, int] | None = None,
+    extend: Callable[[faust.App], None] | None = None,
 ) -> tuple[faust.App, IngestCore]:
-    """Build the worker's Faust app; returns it with the ``IngestCore`` it drives."""
+    """Build the worker's Faust app; returns it with the ``IngestCore`` it drives.
+
+    ``tracker`` learns which sensor offsets are fully handled (a checkpoint's resume
+    point); ``seek_to`` (``"topic:partition" -> offset``) overrides the committed
+    offsets on assignment (restore from a checkpoint); ``extend(app)`` registers more
+    agents and tasks (training). A sink with ``defer_acks = True`` gets an async
+    ``ack_tokens(tokens)`` attribute and must call it once a batch is fully handled.
+    """
+    tracker = tracker if tracker is not None else OffsetTracker()
+    seek_to = dict(seek_to or {})
     devices = devices if devices is not None else cfg.devices_of(worker)
     max_bytes = cfg.kafka.max_message_bytes
     app = faust.App(
@@ -95,16 +108,27 @@ def create_app(
     last_offset: dict[TP, int] = {}  # highest offset the agent has handled, per partition
     state: dict[str, Any] = {"stream": None}
 
+    async def ack(token: Any) -> None:
+        await state["stream"].ack(token)
+        tracker.resolved(OffsetTracker.key(token.message.topic, token.message.partition), token.message.offset)
+
+    async def ack_tokens(tokens: list[Any]) -> None:
+        for token in tokens:
+            await ack(token)
+
+    defer_acks = bool(getattr(sink, "defer_acks", False))
+    if defer_acks:
+        sink.ack_tokens = ack_tokens  # type: ignore[attr-defined]
+
     async def perform(actions: IngestActions) -> None:
         for letter in actions.dead_letters:
             await send_dead_letter(letter)
         for batch in actions.batches:
             await sink.submit(batch)
-            for token in batch.released:
-                await state["stream"].ack(token)
+            if not defer_acks:
+                await ack_tokens(batch.released)
             actions.resume += core.after_sink(batch.device).resume
-        for token in actions.ack:
-            await state["stream"].ack(token)
+        await ack_tokens(actions.ack)
         if actions.pause:
             app.consumer.pause_partitions([partitions[d] for d in actions.pause if d in partitions])
         for device in actions.resume:
@@ -135,7 +159,7 @@ def create_app(
         value = letter.value if len(letter.value) <= max_bytes // 2 else letter.value[:1024]
         fut = await dlq.send(key=letter.key, value=value, headers=headers)
         await fut  # the ack below must not run before the dead letter is durable
-        await state["stream"].ack(letter.token)
+        await ack(letter.token)
 
     @app.agent(source, concurrency=1)
     async def ingest(stream: faust.Stream) -> None:
@@ -155,6 +179,7 @@ def create_app(
                     metrics.duplicates_skipped.labels(topics.device_of(msg.topic)).inc()
                     continue
                 last_offset[msg.tp] = msg.offset
+                tracker.seen(OffsetTracker.key(msg.topic, msg.partition), msg.offset)
                 partitions.setdefault(topics.device_of(msg.topic), msg.tp)
                 actions.extend(core.on_message(
                     msg.topic, msg.partition, msg.offset, msg.key, event.value, event,
@@ -175,8 +200,14 @@ def create_app(
         for tp in assigned:
             if tp.topic.startswith(topics.SENSOR_PREFIX) and tp.topic != topics.SENSOR_DLQ:
                 partitions[topics.device_of(tp.topic)] = tp
+            resume_at = seek_to.pop(OffsetTracker.key(tp.topic, tp.partition), None)
+            if resume_at is not None:
+                log.info("resuming %s at checkpoint offset %d", tp, resume_at)
+                await app_.consumer.seek(tp, resume_at)
         if on_ready is not None and assigned:
             on_ready()
 
+    if extend is not None:
+        extend(app)
     _ = (ingest, tick, assigned)  # registered with the app by their decorators
     return app, core

@@ -15,8 +15,12 @@ from pipeline.config import ConfigError, JobConfig, load_config
 
 DEFAULT_BROKER_STATE = Path(".edgestream/broker")
 
+#: Modules that add subcommands: each has ``register(subparsers, add_job_args)``, which
+#: adds its parsers with ``set_defaults(func=...)``; ``func(args) -> int``.
+EXTENSIONS: tuple[str, ...] = ("monitoring.cli", "pipeline.record_cli")
 
-def _config(args: argparse.Namespace) -> JobConfig:
+
+def job_config(args: argparse.Namespace) -> JobConfig:
     return load_config(getattr(args, "job", None), getattr(args, "set", None) or [])
 
 
@@ -47,7 +51,7 @@ def _bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str | None:
     )
 
 
-def _need_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str:
+def need_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str:
     bootstrap = _bootstrap(args, cfg)
     if not bootstrap:
         raise SystemExit(
@@ -119,8 +123,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from pipeline.simulate import simulate
 
-    cfg = _config(args)
-    bootstrap = _need_bootstrap(args, cfg)
+    cfg = job_config(args)
+    bootstrap = need_bootstrap(args, cfg)
     duration = args.duration or cfg.run.duration_s
     with Progress(TextColumn("simulating {task.fields[devices]} devices"), BarColumn(),
                   TextColumn("{task.fields[records]} records"), TimeElapsedColumn()) as progress:
@@ -140,11 +144,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline.worker import run_worker
 
-    cfg = _config(args)
-    bootstrap = _need_bootstrap(args, cfg)
+    cfg = job_config(args)
+    bootstrap = need_bootstrap(args, cfg)
     logging.basicConfig(level=getattr(logging, args.loglevel.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_worker(cfg, args.worker, bootstrap, args.metrics_port, loglevel=args.loglevel)
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from pipeline.worker import run_server
+
+    cfg = job_config(args)
+    bootstrap = need_bootstrap(args, cfg)
+    logging.basicConfig(level=getattr(logging, args.loglevel.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_server(cfg, bootstrap, args.metrics_port, loglevel=args.loglevel)
     return 0
 
 
@@ -153,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.run import RunError, run_job
 
-    cfg = _config(args)
+    cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
     console = Console()
@@ -234,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(func=cmd_worker)
 
+    p = sub.add_parser("server", help="run the parameter server of a strategy that has one (asp)")
+    _add_job_args(p)
+    p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: a free one)")
+    p.add_argument("--loglevel", default="warning")
+    p.set_defaults(func=cmd_server)
+
     p = sub.add_parser("run", help="broker + simulated devices + workers, with a live view")
     _add_job_args(p)
     p.add_argument("--duration", type=float, help="seconds of streaming (default: run.duration_s)")
@@ -245,6 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="benchmark name, e.g. ingest")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     p.set_defaults(func=cmd_bench)
+
+    import importlib
+
+    for module in EXTENSIONS:
+        importlib.import_module(module).register(sub, _add_job_args)
     return parser
 
 

@@ -96,6 +96,31 @@ class WorkersSection:
 
 
 @dataclass
+class TrainSection:
+    #: false: ingest only (batches are counted); true: workers train online.
+    enabled: bool = False
+    model: str = "mlp"  # mlp | cnn1d | digits_cnn
+    strategy: str = "bsp"  # a registered strategy (trainers.strategies.names())
+    lr: float = 0.1
+    momentum: float = 0.9
+    #: One local step trains on the batches waiting, concatenated, up to this many records.
+    max_step_batch: int = 256
+    #: Gradient compressor for gradient/delta messages (compression.registry.names()).
+    codec: str = "dense"
+    #: Compressor parameters, e.g. ["ratio=0.01"].
+    codec_params: list[str] = field(default_factory=list)
+    error_feedback: bool = True
+    #: Strategy parameters, e.g. ["max_staleness=4"] for ASP's server.
+    strategy_params: list[str] = field(default_factory=list)
+    eval_every_s: float = 2.0
+    checkpoint_every_steps: int = 20
+    #: `run` stops streaming early once every worker's held-out accuracy reached this (0: off).
+    target_accuracy: float = 0.0
+    #: torch threads per training process (the machine's cores are shared).
+    torch_threads: int = 1
+
+
+@dataclass
 class RunSection:
     duration_s: float = 20.0
     #: After the simulators stop, how long to wait for every record to be accounted for.
@@ -121,6 +146,7 @@ class JobConfig:
     workers: WorkersSection = field(default_factory=WorkersSection)
     run: RunSection = field(default_factory=RunSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
+    train: TrainSection = field(default_factory=TrainSection)
 
     def validate(self) -> JobConfig:
         _choice("data.source", self.data.source, ("digits", "synthetic"))
@@ -147,6 +173,14 @@ class JobConfig:
                 f"workers.count={self.workers.count} exceeds devices.count={self.devices.count}: "
                 "every worker needs at least one device stream"
             )
+        _positive("train.max_step_batch", self.train.max_step_batch)
+        _positive("train.lr", self.train.lr)
+        _positive("train.eval_every_s", self.train.eval_every_s)
+        _positive("train.checkpoint_every_steps", self.train.checkpoint_every_steps)
+        for key in ("codec_params", "strategy_params"):
+            for item in getattr(self.train, key):
+                if "=" not in item:
+                    raise ConfigError(f"train.{key} entries look like name=value (got {item!r})")
         from streams.topics import sensor_topic
 
         for device in self.devices.device_ids():

@@ -6,6 +6,7 @@ error and on Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,15 +15,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id
+from pipeline.worker import SERVER_NAME
 from pipeline.config import JobConfig
 from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, simulate
@@ -50,6 +53,8 @@ class RunResult:
     balanced: bool
     duration_s: float
     workers: dict[str, str] = field(default_factory=dict)
+    training: dict[str, dict] = field(default_factory=dict)
+    restarted: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return self.__dict__
@@ -63,9 +68,10 @@ def start_worker_process(
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent.parent)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
+    role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "worker", "--job", str(cfg_path), "--worker", worker,
+            [sys.executable, "-m", "pipeline.cli", *role_args, "--job", str(cfg_path),
              "--bootstrap", bootstrap, "--metrics-port", str(metrics_port)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
@@ -146,7 +152,7 @@ def render(cfg: JobConfig, rows: dict, title: str) -> Table:
     return table
 
 
-def drained(cfg: JobConfig, rows: dict, report: SimulationReport) -> bool:
+def drained(cfg: JobConfig, rows: dict, report: SimulationReport, scrapes: dict | None = None) -> bool:
     """Every produced record consumed and out of the buffers (or, in fixed mode, left as a
     remainder smaller than one batch), and every garbage message dead-lettered."""
     for device, r in rows.items():
@@ -167,8 +173,13 @@ def run_job(
     garbage_per_device: int = 0,
     console: Console | None = None,
     live: bool = True,
+    on_streaming: Callable[[RunContext], None] | None = None,
 ) -> RunResult:
-    """Run workers + simulators against ``bootstrap`` for ``cfg.run.duration_s``."""
+    """Run workers (+ server) + simulators against ``bootstrap`` for ``cfg.run.duration_s``.
+
+    ``on_streaming(ctx)`` is called once from a helper thread while the simulators run
+    (tests use it to kill and restart a worker mid-run).
+    """
     console = console or Console()
     state = cfg.state_path()
     if (state / "workers").exists():
@@ -177,32 +188,34 @@ def run_job(
     cfg_path = state / "job.json"
     cfg_path.write_text(json.dumps(cfg.to_dict(), indent=2))
     devices = cfg.devices.device_ids()
-    ensure_topics(bootstrap, sensor_topics_for(devices))
+    training = cfg.train.enabled
+    wanted = sensor_topics_for(devices)
+    if training:
+        from pipeline.training import training_topics
+
+        wanted.update(training_topics(cfg.job.name))
+    ensure_topics(bootstrap, wanted)
+    names = list(cfg.worker_names())
+    if training and "server" in strategy_roles(cfg.train.strategy):
+        names.insert(0, SERVER_NAME)
+    groups = {}
+    for name in names:
+        own = [topics.sensor_topic(d) for d in cfg.devices_of(name)] if name != SERVER_NAME else []
+        if training:
+            own += [t for t in training_topics(cfg.job.name) if not t.endswith(".dlq")]
+        groups[app_id(cfg, name)] = own
     # A run consumes what is produced during it, even on a long-lived cluster.
-    start_groups_at_end(
-        bootstrap,
-        {app_id(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},
-    )
-    workers: list[WorkerProc] = []
+    start_groups_at_end(bootstrap, groups)
+    ctx = RunContext(cfg, bootstrap, state, cfg_path, [])
     stop = threading.Event()
     t_start = time.monotonic()
+    report: SimulationReport | None = None
     try:
-        for i, name in enumerate(cfg.worker_names()):
-            port = cfg.workers.metrics_port_base + i if cfg.workers.metrics_port_base else 0
-            log_path = state / "logs" / f"{name}.log"
-            proc = start_worker_process(cfg_path, name, bootstrap, port, log_path)
-            workers.append(WorkerProc(name, proc, cfg.devices_of(name), log_path=log_path))
-        for w in workers:
-            w.metrics_url = wait_for(
-                lambda w=w: _endpoint(state, w), 60, f"worker {w.name} to start",
-                on_fail=lambda w=w: _log_hint(w),
-            )
-            wait_for(
-                lambda w=w: (s := scrape(w.metrics_url)) is not None
-                and s.get("edgestream_worker_ready", worker=w.name) == 1,
-                90, f"worker {w.name} to join its device topics", on_fail=lambda w=w: _log_hint(w),
-            )
-        console.print("[bold]metrics endpoints:[/bold] " + ", ".join(f"{w.name} {w.metrics_url}" for w in workers))
+        for name in names:
+            ctx.start(name)
+        for w in ctx.workers:
+            ctx.wait_ready(w)
+        console.print("[bold]metrics endpoints:[/bold] " + ", ".join(f"{w.name} {w.metrics_url}" for w in ctx.workers))
         report_box: dict[str, SimulationReport] = {}
         errors: list[BaseException] = []
 
@@ -218,50 +231,201 @@ def run_job(
 
         sim = threading.Thread(target=produce, name="simulators", daemon=True)
         sim.start()
-        title = f"edgestream run '{cfg.job.name}' - {len(devices)} devices, {len(workers)} worker(s)"
+        hook = None
+        if on_streaming is not None:
+            hook = threading.Thread(target=lambda: _guard(on_streaming, ctx, errors), name="run-hook", daemon=True)
+            hook.start()
+        title = f"edgestream run '{cfg.job.name}' - {len(devices)} devices, {len(cfg.worker_names())} worker(s)"
         with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as view:
             while sim.is_alive():
-                _check_alive(workers)
-                rows = device_view(cfg, scrape_all(workers), report_box.get("live"))
+                if not ctx.restarting:
+                    _check_alive(ctx.workers)
+                scrapes = scrape_all(ctx.workers)
+                rows = device_view(cfg, scrapes, report_box.get("live"))
                 elapsed = time.monotonic() - t_start
                 if live:
-                    view.update(render(cfg, rows, f"{title} - streaming {elapsed:.0f}/{cfg.run.duration_s:.0f}s"),
+                    view.update(render_all(cfg, rows, scrapes, f"{title} - streaming {elapsed:.0f}/{cfg.run.duration_s:.0f}s"),
                                 refresh=True)
+                if training and cfg.train.target_accuracy > 0 and _reached(cfg, scrapes):
+                    stop.set()
                 sim.join(timeout=0.5)
+            if hook is not None:
+                hook.join(timeout=120)
             if errors:
                 raise errors[0]
             report = report_box["final"]
 
             def check() -> bool:
-                _check_alive(workers)
-                rows = device_view(cfg, scrape_all(workers), report)
+                _check_alive(ctx.workers)
+                scrapes = scrape_all(ctx.workers)
+                rows = device_view(cfg, scrapes, report)
                 if live:
-                    view.update(render(cfg, rows, f"{title} - draining"), refresh=True)
-                return drained(cfg, rows, report)
+                    view.update(render_all(cfg, rows, scrapes, f"{title} - draining"), refresh=True)
+                return drained(cfg, rows, report, scrapes)
 
             wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered",
                      on_fail=lambda: "; per device: " + json.dumps(
-                         device_view(cfg, scrape_all(workers), report)))
+                         device_view(cfg, scrape_all(ctx.workers), report)))
+            if training:
+                # Replicas that read the whole update log agree on the version.
+                with contextlib.suppress(RunError):
+                    wait_for(lambda: _versions_settled(cfg, scrape_all(ctx.workers)), 30,
+                             "workers to apply every published update")
     finally:
         stop.set()
-        codes = {w.name: stop_process(w.proc) for w in workers}
+        codes = {w.name: stop_process(w.proc) for w in reversed(ctx.workers)}
     accounting: dict[str, dict[str, int]] = {}
-    for w in workers:
-        path = state / "workers" / w.name / "accounting.json"
-        if not path.exists():
-            raise RunError(f"worker {w.name} exited ({codes.get(w.name)}) without writing {path}{_log_hint(w)}")
-        accounting.update(json.loads(path.read_text())["devices"])
+    train_summary: dict[str, dict] = {}
+    for w in ctx.workers:
+        wdir = state / "workers" / w.name
+        if w.name != SERVER_NAME:
+            path = wdir / "accounting.json"
+            if not path.exists():
+                raise RunError(f"worker {w.name} exited ({codes.get(w.name)}) without writing {path}{_log_hint(w)}")
+            accounting.update(json.loads(path.read_text())["devices"])
+        if training:
+            path = wdir / "training.json"
+            if not path.exists():
+                raise RunError(f"{w.name} exited ({codes.get(w.name)}) without writing {path}{_log_hint(w)}")
+            train_summary[w.name] = json.loads(path.read_text())
+    assert report is not None
     produced = dict(report.records)
     garbage = {d: sum(v.values()) for d, v in report.garbage.items()}
+    restarted = set(ctx.restarts)
     balanced = all(
-        produced[d] == a["batched"] + a["dropped"] + a["buffered"] and a["dead_letter_messages"] == garbage[d]
+        (produced[d] == a["batched"] + a["dropped"] + a["buffered"] or _owner(cfg, d) in restarted)
+        and a["dead_letter_messages"] == garbage[d]
         for d, a in accounting.items()
     )
     result = RunResult(produced, garbage, accounting, balanced, time.monotonic() - t_start,
-                       {w.name: w.metrics_url or "" for w in workers})
+                       {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
+                       sorted(restarted))
     (state / "summary.json").write_text(json.dumps(result.to_dict(), indent=2))
     console.print(summary_table(result))
+    if training:
+        console.print(training_table(result))
     return result
+
+
+def _owner(cfg: JobConfig, device: str) -> str:
+    return next(w for w in cfg.worker_names() if device in cfg.devices_of(w))
+
+
+def _guard(fn, ctx, errors) -> None:
+    try:
+        fn(ctx)
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def strategy_roles(name: str) -> tuple[str, ...]:
+    from trainers.strategies import roles
+
+    return roles(name)
+
+
+def _reached(cfg: JobConfig, scrapes: dict[str, Scrape]) -> bool:
+    accs = [s.get("edgestream_accuracy_ratio", -1.0, worker=w, split="heldout")
+            for w in cfg.worker_names() for s in [scrapes.get(w)] if s is not None]
+    return len(accs) == cfg.workers.count and min(accs) >= cfg.train.target_accuracy
+
+
+def _versions_settled(cfg: JobConfig, scrapes: dict[str, Scrape]) -> bool:
+    versions = {s.get("edgestream_model_version", -1.0, worker=w) for w, s in scrapes.items() if w != SERVER_NAME}
+    return len(versions) == 1
+
+
+@dataclass
+class RunContext:
+    """The processes of a run, for the orchestrator and for hooks (fault tests)."""
+
+    cfg: JobConfig
+    bootstrap: str
+    state: Path
+    cfg_path: Path
+    workers: list[WorkerProc]
+    restarts: list[str] = field(default_factory=list)
+    restarting: bool = False
+
+    def start(self, name: str) -> WorkerProc:
+        base = self.cfg.workers.metrics_port_base
+        port = base + len(self.workers) if base else 0
+        log_path = self.state / "logs" / f"{name}.log"
+        endpoint = self.state / "workers" / name / "endpoint.json"
+        if endpoint.exists():
+            endpoint.unlink()
+        proc = start_worker_process(self.cfg_path, name, self.bootstrap, port, log_path)
+        devices = self.cfg.devices_of(name) if name != SERVER_NAME else []
+        w = WorkerProc(name, proc, devices, log_path=log_path)
+        self.workers = [x for x in self.workers if x.name != name] + [w]
+        return w
+
+    def wait_ready(self, w: WorkerProc) -> None:
+        w.metrics_url = wait_for(
+            lambda: _endpoint(self.state, w), 90, f"{w.name} to start", on_fail=lambda: _log_hint(w),
+        )
+        wait_for(
+            lambda: (s := scrape(w.metrics_url)) is not None
+            and s.get("edgestream_worker_ready", worker=w.name) == 1,
+            90, f"{w.name} to join its topics", on_fail=lambda: _log_hint(w),
+        )
+
+    def worker(self, name: str) -> WorkerProc:
+        return next(w for w in self.workers if w.name == name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a worker's process group (a crash), as ``kill -9`` would."""
+        self.restarting = True
+        w = self.worker(name)
+        os.killpg(w.proc.pid, signal.SIGKILL)
+        w.proc.wait(timeout=10)
+
+    def restart(self, name: str) -> WorkerProc:
+        w = self.start(name)
+        self.wait_ready(w)
+        self.restarts.append(name)
+        self.restarting = False
+        return w
+
+
+def render_all(cfg: JobConfig, rows: dict, scrapes: dict[str, Scrape], title: str):
+    table = render(cfg, rows, title)
+    if not cfg.train.enabled:
+        return table
+    return Group(table, training_view(cfg, scrapes))
+
+
+def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
+    table = Table(title=f"training: {cfg.train.strategy}, model {cfg.train.model}, codec {cfg.train.codec}")
+    for col in ("process", "steps", "trained", "version", "held-out acc", "loss", "staleness (mean)",
+                "rejected"):
+        table.add_column(col, justify="right")
+    for name, s in sorted(scrapes.items()):
+        count = s.get("edgestream_staleness_versions_count", worker=name)
+        total = s.get("edgestream_staleness_versions_sum", worker=name)
+        table.add_row(
+            name, str(int(s.get("edgestream_steps_total", worker=name))),
+            str(int(s.get("edgestream_trained_records_total", worker=name))),
+            str(int(s.get("edgestream_model_version", worker=name))),
+            f"{s.get('edgestream_accuracy_ratio', worker=name, split='heldout'):.3f}",
+            f"{s.get('edgestream_loss', worker=name, split='train'):.3f}",
+            f"{total / count:.2f}" if count else "-",
+            str(int(s.get("edgestream_updates_rejected_total", worker=name))),
+        )
+    return table
+
+
+def training_table(result: RunResult) -> Table:
+    table = Table(title="training summary")
+    for col in ("process", "steps", "trained records", "version", "held-out acc", "staleness mean/max",
+                "rejected updates", "digest"):
+        table.add_column(col, justify="right")
+    for name, t in sorted(result.training.items()):
+        st = t.get("staleness") or {}
+        table.add_row(name, str(t["steps"]), str(t["trained_records"]), str(t["version"]),
+                      f"{t['accuracy']:.3f}", f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
+                      str(t["updates_rejected"]), t["digest"][:12])
+    return table
 
 
 def summary_table(result: RunResult) -> Table:

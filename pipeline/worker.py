@@ -1,7 +1,8 @@
-"""One worker process: serves /metrics and runs the Faust ingest app until stopped."""
+"""One worker (or server) process: serves /metrics and runs its Faust app until stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -10,11 +11,13 @@ from pathlib import Path
 import faust
 
 from monitoring.metrics import Metrics, serve
-from pipeline.app import CountingSink, create_app
+from pipeline.app import CountingSink, app_id, create_app
 from pipeline.config import JobConfig
 from pipeline.simulate import job_fleet_data
 
 log = logging.getLogger(__name__)
+
+SERVER_NAME = "server"
 
 
 def worker_state_dir(cfg: JobConfig, worker: str) -> Path:
@@ -28,35 +31,111 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
-def run_worker(
-    cfg: JobConfig, worker: str, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning"
-) -> None:
-    """Run the worker until SIGINT/SIGTERM; writes its endpoint and final accounting."""
-    state = worker_state_dir(cfg, worker)
+def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str]) -> tuple[Path, Metrics]:
+    state = worker_state_dir(cfg, name)
     state.mkdir(parents=True, exist_ok=True)
     metrics = Metrics()
     port = serve(metrics, metrics_port, cfg.workers.metrics_host)
-    metrics.worker_up.labels(worker).set(1)
-    metrics.worker_ready.labels(worker).set(0)
-    devices = cfg.devices_of(worker)
+    metrics.worker_up.labels(name).set(1)
+    metrics.worker_ready.labels(name).set(0)
     write_json_atomic(
         state / "endpoint.json",
-        {"worker": worker, "pid": os.getpid(), "metrics": f"http://{cfg.workers.metrics_host}:{port}/metrics",
+        {"worker": name, "pid": os.getpid(), "metrics": f"http://{cfg.workers.metrics_host}:{port}/metrics",
          "devices": devices},
     )
-    data = job_fleet_data(cfg)
-    sink = CountingSink(metrics)
-    app, core = create_app(
-        cfg, worker, bootstrap, sink, metrics,
-        datadir=state / "faust", devices=devices,
-        expected_shape=data.feature_shape, num_classes=data.num_classes,
-        on_ready=lambda: metrics.worker_ready.labels(worker).set(1),
-    )
+    return state, metrics
+
+
+def _execute(app: faust.App, loglevel: str) -> None:
     runner = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     try:
         runner.execute_from_commandline()
     except SystemExit:
         pass
+
+
+def run_worker(
+    cfg: JobConfig, worker: str, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning"
+) -> None:
+    """Run the worker until SIGINT/SIGTERM; writes its endpoint, accounting and training summary."""
+    devices = cfg.devices_of(worker)
+    state, metrics = _start(cfg, worker, metrics_port, devices)
+    data = job_fleet_data(cfg)
+    runtime = None
+    if cfg.train.enabled:
+        from pipeline.training import TrainingRuntime
+
+        runtime = TrainingRuntime(cfg, worker, data, metrics, state)
+        sink = runtime
+        metrics.strategy_info.labels(worker, cfg.train.strategy).set(1)
+    else:
+        sink = CountingSink(metrics)
+    app, core = create_app(
+        cfg, worker, bootstrap, sink, metrics,
+        datadir=state / "faust", devices=devices,
+        expected_shape=data.feature_shape, num_classes=data.num_classes,
+        on_ready=lambda: metrics.worker_ready.labels(worker).set(1),
+        tracker=runtime.sensor_offsets if runtime else None,
+        seek_to=runtime.resume_offsets if runtime else None,
+        extend=runtime.attach if runtime else None,
+    )
+    summary: dict = {}
+    if runtime is not None:
+        @app.on_before_shutdown.connect
+        async def final(app_: faust.App, **kwargs) -> None:
+            summary.update(await runtime.shutdown())
+
+    try:
+        _execute(app, loglevel)
     finally:
         metrics.worker_up.labels(worker).set(0)
         write_json_atomic(state / "accounting.json", {"worker": worker, "devices": core.accounting()})
+        if summary:
+            write_json_atomic(state / "training.json", summary)
+
+
+def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning") -> None:
+    """The parameter server of strategies with a server role (ASP, SSP, ADSP)."""
+    from pipeline.training import TrainingRuntime
+
+    state, metrics = _start(cfg, SERVER_NAME, metrics_port, [])
+    data = job_fleet_data(cfg)
+    runtime = TrainingRuntime(cfg, SERVER_NAME, data, metrics, state, role="server")
+    app = faust.App(
+        app_id(cfg, SERVER_NAME), broker=f"kafka://{bootstrap}", store="memory://",
+        datadir=str(state / "faust"), web_enabled=False, topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest", autodiscover=False,
+        producer_max_request_size=cfg.kafka.max_message_bytes,
+        consumer_max_fetch_size=cfg.kafka.max_message_bytes,
+    )
+    seek_to = dict(runtime.resume_offsets)
+
+    @app.on_partitions_assigned.connect
+    async def assigned(app_: faust.App, assigned, **kwargs) -> None:
+        from pipeline.offsets import OffsetTracker
+
+        for tp in assigned:
+            offset = seek_to.pop(OffsetTracker.key(tp.topic, tp.partition), None)
+            if offset is not None:
+                await app_.consumer.seek(tp, offset)
+        metrics.worker_ready.labels(SERVER_NAME).set(1)
+
+    runtime.attach(app)
+
+    async def noop_ack(tokens) -> None:
+        return None
+
+    runtime.ack_tokens = noop_ack
+    summary: dict = {}
+
+    @app.on_before_shutdown.connect
+    async def final(app_: faust.App, **kwargs) -> None:
+        summary.update(await runtime.shutdown())
+
+    _ = (assigned, asyncio)
+    try:
+        _execute(app, loglevel)
+    finally:
+        metrics.worker_up.labels(SERVER_NAME).set(0)
+        if summary:
+            write_json_atomic(state / "training.json", summary)

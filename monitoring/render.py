@@ -1,0 +1,67 @@
+"""The fleet dashboard's key panels as a PNG, from the Prometheus HTTP API (no Grafana needed)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from monitoring.dashboards import Panel, expand, fleet, panels_of
+from monitoring.prometheus import PrometheusAPI
+
+#: The fleet panels drawn, in reading order (2 x 2).
+KEY_PANELS = ("Records in per device", "Buffer fill", "Buffer drops by reason", "Dead letters by reason")
+
+
+def _legend(template: str, labels: dict[str, str]) -> str:
+    out = template
+    for key, value in labels.items():
+        out = out.replace("{{" + key + "}}", value)
+    return out if template and template != "__auto" else ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def render_fleet(
+    api: PrometheusAPI, out: Path, *, start: float | None = None, end: float | None = None,
+    step_s: float = 1.0, rate_interval: str = "15s",
+) -> dict[str, int]:
+    """Draw ``KEY_PANELS`` of the fleet dashboard over [start, end] into ``out``.
+
+    Returns the number of series drawn per panel (0 means the panel had no data).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = end if end is not None else time.time()
+    start = start if start is not None else end - 15 * 60
+    panels: list[Panel] = panels_of(fleet(), KEY_PANELS)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
+    drawn: dict[str, int] = {}
+    for ax, panel in zip(axes.flat, panels, strict=True):
+        count = 0
+        for query in panel.queries:
+            for series in api.query_range(expand(query.expr, rate_interval), start, end, step_s):
+                xs = [float(t) - start for t, _ in series["values"]]
+                ys = [float(v) for _, v in series["values"]]
+                ax.plot(xs, ys, linewidth=1.2, label=_legend(query.legend, series["metric"]))
+                count += 1
+        drawn[panel.title] = count
+        unit = {"rps": "per second", "percentunit": "fraction of capacity"}.get(panel.unit, panel.unit)
+        ax.set_title(panel.title, fontsize=11)
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+        if count:
+            ax.legend(fontsize=7, loc="upper left", ncol=2)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds since start")
+    when = datetime.fromtimestamp(start, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    fig.suptitle(f"edgestream / fleet overview (from Prometheus, {when}, rate window {rate_interval})")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return drawn

@@ -1,0 +1,60 @@
+"""Which offsets of each partition are fully handled: the resume point of a checkpoint.
+
+Pure bookkeeping. A message is *seen* when the agent reads it and *resolved* once
+nothing more will happen to it (its records trained, dropped by a counted policy, or
+the message dead-lettered). The watermark of a partition is the first offset that is
+seen but not resolved (or one past the highest resolved): restarting there loses
+nothing and repeats at most the messages resolved above a still-open one.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+
+class OffsetTracker:
+    """Low watermark of resolved offsets, per ``"topic:partition"`` key.
+
+    Invariant: every offset below ``watermark(key)`` that was seen is resolved.
+    """
+
+    def __init__(self, start: dict[str, int] | None = None) -> None:
+        self._open: dict[str, list[int]] = {}
+        self._open_set: dict[str, set[int]] = {}
+        self._next: dict[str, int] = dict(start or {})
+
+    @staticmethod
+    def key(topic: str, partition: int) -> str:
+        return f"{topic}:{partition}"
+
+    def seen(self, key: str, offset: int) -> None:
+        if offset not in self._open_set.setdefault(key, set()):
+            self._open_set[key].add(offset)
+            heapq.heappush(self._open.setdefault(key, []), offset)
+
+    def resolved(self, key: str, offset: int) -> None:
+        opened = self._open_set.get(key)
+        if opened is not None:
+            opened.discard(offset)
+        self._next[key] = max(self._next.get(key, 0), offset + 1)
+
+    def watermark(self, key: str) -> int | None:
+        heap = self._open.get(key, [])
+        opened = self._open_set.get(key, set())
+        while heap and heap[0] not in opened:
+            heapq.heappop(heap)
+        if heap:
+            return heap[0]
+        return self._next.get(key)
+
+    def open_count(self, key: str) -> int:
+        """Messages of ``key`` seen but not yet resolved."""
+        return len(self._open_set.get(key, ()))
+
+    def watermarks(self) -> dict[str, int]:
+        out = {}
+        for key in set(self._open) | set(self._next):
+            mark = self.watermark(key)
+            if mark is not None:
+                out[key] = mark
+        return out

@@ -1,0 +1,229 @@
+"""Subcommands `record`, `replay` and `import` of the `edgestream` CLI (issue 7)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+def _bootstrap(args: argparse.Namespace) -> tuple[str, int]:
+    from pipeline.cli import job_config, need_bootstrap
+
+    cfg = job_config(args)
+    return need_bootstrap(args, cfg), cfg.kafka.max_message_bytes
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.2f} MB"
+
+
+# --- record -----------------------------------------------------------------------------
+def cmd_record(args: argparse.Namespace) -> int:
+    from pipeline.record import RecordError, record
+
+    console = Console(stderr=True)
+    bootstrap, max_bytes = _bootstrap(args)
+    with Progress(TextColumn("recording"), BarColumn(bar_width=None if args.max_records else 20),
+                  TextColumn("{task.fields[messages]:,} msgs  {task.fields[rate]:,.0f} msgs/s  "
+                             "{task.fields[mb]}  ({task.fields[mbps]:.2f} MB/s)"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("record", total=args.max_records or args.duration, messages=0,
+                                 rate=0.0, mb=_mb(0), mbps=0.0)
+
+        def on_progress(p) -> None:
+            el = max(p.elapsed_s, 1e-9)
+            done = p.messages if args.max_records else (p.elapsed_s if args.duration else None)
+            progress.update(task, completed=done, messages=p.messages, rate=p.messages / el,
+                            mb=_mb(p.bytes), mbps=p.bytes / 1e6 / el)
+
+        try:
+            report = record(bootstrap, args.topics, args.out, duration_s=args.duration,
+                            max_records=args.max_records, until_end=args.until_end,
+                            from_now=args.from_now, max_message_bytes=max_bytes, progress=on_progress)
+        except RecordError as exc:
+            console.print(f"[red]edgestream record:[/red] {exc}")
+            return 2
+        except FileExistsError as exc:
+            console.print(f"[red]edgestream record:[/red] {exc}; choose a new --out directory")
+            return 2
+    table = Table(title=f"recorded {report.directory} (stopped by {report.stopped_by})")
+    table.add_column("topic")
+    table.add_column("messages", justify="right")
+    for t, n in sorted(report.per_topic.items()):
+        table.add_row(t, f"{n:,}")
+    Console().print(table)
+    line = f"{report.messages:,} messages, {_mb(report.bytes)} in {report.duration_s:.1f}s"
+    if report.skipped_tombstones:
+        line += f"; [yellow]skipped {report.skipped_tombstones} tombstone(s)[/yellow] (not representable)"
+    Console().print(line)
+    return 0
+
+
+# --- replay -----------------------------------------------------------------------------
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pipeline.replay import ReplayError, parse_speed, replay
+    from streams.recording import RecordingError, RecordingReader
+
+    console = Console(stderr=True)
+    try:
+        speed = parse_speed(args.speed)
+        total = RecordingReader(args.directory, allow_truncated=args.allow_truncated).summary()["messages"]
+    except RecordingError as exc:
+        console.print(f"[red]edgestream replay:[/red] {exc}")
+        if "corrupt" in str(exc) or "manifest missing" in str(exc):
+            console.print("hint: use --allow-truncated to replay the intact prefix")
+        return 2
+    except ReplayError as exc:
+        console.print(f"[red]edgestream replay:[/red] {exc}")
+        return 2
+    bootstrap, max_bytes = _bootstrap(args)
+    looping = args.loop
+    with Progress(TextColumn("replaying" + (" (loop)" if looping else "")),
+                  BarColumn(), TextColumn("{task.fields[messages]:,} msgs  {task.fields[rate]:,.0f} msgs/s  "
+                                          "{task.fields[mb]}  ({task.fields[mbps]:.2f} MB/s)  pass {task.fields[passes]}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("replay", total=None if looping else total, messages=0, rate=0.0,
+                                 mb=_mb(0), mbps=0.0, passes=1)
+
+        def on_progress(p) -> None:
+            el = max(p.elapsed_s, 1e-9)
+            progress.update(task, completed=p.messages if not looping else None, messages=p.messages,
+                            rate=p.messages / el, mb=_mb(p.bytes), mbps=p.bytes / 1e6 / el,
+                            passes=p.passes + (0 if not looping else 1))
+
+        try:
+            report = replay(args.directory, bootstrap, speed=speed, loop=looping, max_passes=args.max_passes,
+                            rename=args.rename or [], rewrite_timestamps=args.rewrite_timestamps,
+                            rewrite_devices=args.rewrite_device_ids, allow_truncated=args.allow_truncated,
+                            max_message_bytes=max_bytes, progress=on_progress)
+        except KeyboardInterrupt:
+            console.print("interrupted")
+            return 130
+        except RecordingError as exc:
+            console.print(f"[red]edgestream replay:[/red] {exc}")
+            console.print("hint: use --allow-truncated to replay the intact prefix")
+            return 2
+        except ReplayError as exc:
+            console.print(f"[red]edgestream replay:[/red] {exc}")
+            return 2
+    out = Console()
+    for t in report.truncated:
+        out.print(f"[yellow]replayed the intact prefix only:[/yellow] {t['path']} damaged at byte "
+                  f"{t['position']}: {t['reason']}")
+    table = Table(title=f"replay of {args.directory} at {'max' if math.isinf(speed) else f'{speed:g}x'}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("messages", f"{report.messages:,} ({report.passes} pass(es))")
+    table.add_row("throughput", f"{report.messages_per_s:,.0f} msgs/s, {report.mb_per_s:,.2f} MB/s")
+    if report.timing:
+        t = report.timing
+        table.add_row("requested / achieved span", f"{t['requested_s']:.3f} s / {t['achieved_s']:.3f} s")
+        if t["inter_arrival_error_p50_ms"] is not None:
+            table.add_row("inter-arrival error p50 / p99 / max",
+                          f"{t['inter_arrival_error_p50_ms']:.2f} / {t['inter_arrival_error_p99_ms']:.2f} / "
+                          f"{t['inter_arrival_error_max_ms']:.2f} ms")
+            table.add_row("lateness p50 / p99", f"{t['lateness_p50_ms']:.2f} / {t['lateness_p99_ms']:.2f} ms")
+    for src, dst in sorted(report.destination.items()):
+        if src != dst:
+            table.add_row(f"{src} ->", dst)
+    out.print(table)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0
+
+
+# --- import -----------------------------------------------------------------------------
+def cmd_import(args: argparse.Namespace) -> int:
+    from pipeline.importer import ImportSpec, TableImportError, import_table
+
+    console = Console()
+    try:
+        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    except ValueError:
+        console.print(f"[red]edgestream import:[/red] --rates {args.rates!r} must be numbers, e.g. 92,38,62")
+        return 2
+    spec = ImportSpec(devices=args.devices, rates_hz=rates, partition=args.partition,
+                      dirichlet_alpha=args.alpha, classes_per_device=args.classes_per_device,
+                      duration_s=args.duration, records_per_device=args.records_per_device,
+                      message_interval_s=args.message_interval, profile=args.profile,
+                      device_prefix=args.device_prefix, seed=args.seed)
+    try:
+        with console.status(f"importing {args.file}"):
+            report = import_table(args.file, args.label_column, args.out, spec)
+    except TableImportError as exc:
+        console.print(f"[red]edgestream import:[/red] {exc}")
+        return 2
+    except FileExistsError as exc:
+        console.print(f"[red]edgestream import:[/red] {exc}; choose a new --out directory")
+        return 2
+    table = Table(title=f"{report.directory}: {report.records:,} records in {report.messages:,} messages, "
+                        f"{report.duration_s:.1f}s of streams")
+    for col in ("device", "rate/s", "records", "share rows", "labels per class"):
+        table.add_column(col, justify="right")
+    for d, info in report.devices.items():
+        table.add_row(d, f"{info['rate_hz']:g}", f"{info['records']:,}", f"{info['share_rows']:,}",
+                      " ".join(map(str, info["label_histogram"])))
+    console.print(table)
+    console.print(f"replay it with: edgestream replay {report.directory}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add the `record`, `replay` and `import` subcommands."""
+    p = sub.add_parser("record", help="record Kafka topics to a recording directory")
+    add_job_args(p)
+    p.add_argument("--topics", action="append", required=True, metavar="PATTERN",
+                   help="topic names or fnmatch patterns, e.g. 'sensors.*' (repeatable; "
+                        "sensors.dlq only when named exactly)")
+    p.add_argument("--out", type=Path, required=True, help="new directory for the recording")
+    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument("--max-records", type=int, help="stop after this many messages")
+    p.add_argument("--until-end", action="store_true",
+                   help="stop when every partition reaches the end offset it had at start")
+    p.add_argument("--from-now", action="store_true", help="start at the current end instead of the beginning")
+    p.set_defaults(func=cmd_record)
+
+    p = sub.add_parser("replay", help="produce a recording back to Kafka with its timing")
+    add_job_args(p)
+    p.add_argument("directory", type=Path, help="recording directory")
+    p.add_argument("--speed", default="1", help="1 (recorded timing), k (k times faster) or max")
+    p.add_argument("--loop", action="store_true", help="repeat the recording until stopped (Ctrl-C)")
+    p.add_argument("--max-passes", type=int, help="with --loop: stop after this many passes")
+    p.add_argument("--rename", action="append", metavar="OLD:NEW",
+                   help="send topic OLD to NEW (repeatable); prefix form 'sensors.*:sensors.r1-*'")
+    p.add_argument("--rewrite-device-ids", action="store_true",
+                   help="when a rename maps sensors.<a> to sensors.<b>, rewrite device a to b inside "
+                        "sensor messages and keys (workers check that they match the topic)")
+    p.add_argument("--rewrite-timestamps", action="store_true",
+                   help="set Kafka timestamps to the send time (event times inside the records are kept)")
+    p.add_argument("--allow-truncated", action="store_true",
+                   help="replay the intact prefix of a truncated or corrupt recording")
+    p.add_argument("--report", type=Path, help="write the replay summary as JSON here")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("import", help="turn a labelled CSV / NumPy / Parquet table into a recording")
+    p.add_argument("--file", type=Path, required=True, help=".csv, .tsv, .npy, .npz or .parquet (needs pyarrow)")
+    p.add_argument("--label-column", required=True,
+                   help="label column name (CSV, Parquet), array name (.npz) or column index (.npy)")
+    p.add_argument("--out", type=Path, required=True, help="new directory for the recording")
+    p.add_argument("--devices", type=int, default=10)
+    p.add_argument("--rates", default="92,38,62,42,48,88,90,22,44,28",
+                   help="records/s per device, cycled (default: the ScaDLES rates)")
+    p.add_argument("--partition", choices=("iid", "dirichlet", "classes"), default="iid")
+    p.add_argument("--alpha", type=float, default=0.3, help="Dirichlet concentration")
+    p.add_argument("--classes-per-device", type=int, default=2)
+    length = p.add_mutually_exclusive_group(required=True)
+    length.add_argument("--duration", type=float, help="seconds of streams")
+    length.add_argument("--records-per-device", type=int)
+    p.add_argument("--message-interval", type=float, default=0.1, help="seconds per micro-batch message")
+    p.add_argument("--profile", default="constant", help="rate profile, e.g. poisson or bursty:on=2,off=1")
+    p.add_argument("--device-prefix", default="dev", help="device ids are <prefix>00, <prefix>01, ...")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_import)

@@ -1,0 +1,375 @@
+"""Online training inside a worker (or the server): where Kafka meets torch.
+
+``TrainingRuntime`` owns a ``LocalTrainer`` and a ``SyncStrategy`` and runs every
+torch and strategy call on one single-thread executor, so the Faust event loop stays
+responsive. It is the batch sink of the ingest agent (``defer_acks``: a batch's
+messages are acknowledged only after it was trained), consumes the job's update
+topics (``gradients.<job>``, ``models.<job>``, ``control.<job>``), publishes what the
+strategy returns, evaluates on the held-out set, and checkpoints model + optimizer +
+strategy state + resume offsets atomically.
+
+Delivery guarantee: on restart the worker restores its checkpoint and seeks every
+topic to the checkpoint's offsets, so the sensor records trained after the last
+checkpoint are trained again (at most ``train.checkpoint_every_steps`` steps' worth
+per worker), and the update log is replayed from the same point, which brings the
+strategy back to where its peers are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faust
+import numpy as np
+
+from compression import registry as compressors
+from compression.memory import ErrorFeedback, NoMemory
+from compression.pipeline import GradientCodec
+from monitoring.metrics import Metrics
+from pipeline.batching import Batch
+from pipeline.buffering import concat
+from pipeline.config import ConfigError, JobConfig
+from pipeline.messages import HEADER_CODEC, HEADER_TO, MessageRejected, decode_update, encode_update
+from pipeline.offsets import OffsetTracker
+from streams import topics
+from streams.simulator import FleetData
+from trainers import LocalTrainer, build_model, evaluate, limit_torch_threads
+from trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
+from trainers.errors import CheckpointNotFound
+from trainers.messages import Outgoing, UpdateMessage
+from trainers.strategies import StrategyContext, create
+from trainers.validation import TensorSpec
+
+log = logging.getLogger(__name__)
+
+def channel_topic(job: str, channel: str) -> str:
+    """The Kafka topic of a strategy channel: ``gradients.<job>``, ``models.<job>``, ``control.<job>``."""
+    if channel == "gradients":
+        return topics.gradients_topic(job)
+    if channel == "models":
+        return topics.models_topic(job)
+    if channel == "control":
+        return "control." + job
+    raise ValueError(f"unknown channel {channel!r}")
+
+
+def training_topics(job: str) -> dict[str, str]:
+    """Topics a training job needs, name -> kind (for ``ensure_topics``)."""
+    return {
+        channel_topic(job, "gradients"): "gradients",
+        channel_topic(job, "models"): "models",
+        channel_topic(job, "control"): "gradients",
+        topics.gradients_dlq_topic(job): "dlq",
+    }
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``["ratio=0.01", "rank=4"]`` -> ``{"ratio": 0.01, "rank": 4}`` (JSON values, else strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw.strip()
+    return out
+
+
+@dataclass
+class TrainingStats:
+    steps: int = 0
+    trained_records: int = 0
+    updates_in: int = 0
+    updates_rejected: int = 0
+    accuracy: float = 0.0
+    loss: float = 0.0
+    last_checkpoint_step: int = -1
+
+
+class TrainingRuntime:
+    """Trainer + strategy of one process, driven from asyncio through one executor thread.
+
+    Invariant: the trainer and the strategy are only touched on ``self.executor``'s
+    single thread, one call at a time, in the order the train loop issues them.
+    """
+
+    defer_acks = True
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        name: str,
+        data: FleetData,
+        metrics: Metrics,
+        state_dir: Path,
+        *,
+        role: str = "worker",
+    ) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.role = role
+        self.data = data
+        self.metrics = metrics
+        self.state_dir = state_dir
+        self.checkpoint_path = state_dir / "checkpoint.bin"
+        self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"train-{name}")
+        self.executor.submit(limit_torch_threads, cfg.train.torch_threads).result()
+        model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed)
+        self.trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
+        self.spec = TensorSpec.from_trainer(self.trainer)
+        try:
+            self.strategy = create(
+                cfg.train.strategy,
+                StrategyContext(name, self.trainer, role=role, members=tuple(cfg.worker_names())),  # type: ignore[arg-type]
+                **parse_params(cfg.train.strategy_params),
+            )
+        except Exception as exc:
+            raise ConfigError(f"train.strategy={cfg.train.strategy!r}: {exc}") from exc
+        try:
+            compressor = compressors.create(cfg.train.codec, **parse_params(cfg.train.codec_params))
+        except Exception as exc:
+            raise ConfigError(f"train.codec={cfg.train.codec!r}: {exc}") from exc
+        memory = ErrorFeedback() if cfg.train.error_feedback and cfg.train.codec != "dense" else NoMemory()
+        self.codec = GradientCodec(compressor, memory, max_bytes=cfg.kafka.max_message_bytes)
+        self.sensor_offsets = OffsetTracker()
+        self.update_offsets: dict[str, int] = {}  # "topic:partition" -> next offset to handle
+        self.resume_offsets: dict[str, int] = {}
+        self.batches: asyncio.Queue[Batch] | None = None
+        self.inbox: asyncio.Queue[tuple[str, int, int, bytes, dict[str, bytes]]] | None = None
+        self.wakeup: asyncio.Event | None = None
+        self.publish: Callable[[str, bytes, dict[str, bytes], bytes], Awaitable[None]] | None = None
+        self.dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
+        self.ack_tokens: Callable[[list[Any]], Awaitable[None]] | None = None
+        self.stats = TrainingStats()
+        self._last_eval = 0.0
+        self._steps_since_checkpoint = 0
+        self.heldout_x = data.heldout.features
+        self.heldout_y = data.heldout.labels
+        self.restored_from: int | None = None
+        self._restore()
+
+    # --- checkpoint --------------------------------------------------------------------
+    def _restore(self) -> None:
+        def load():
+            return restore_training_checkpoint(self.checkpoint_path, self.trainer, self.strategy)
+
+        try:
+            checkpoint = self.executor.submit(load).result()
+        except CheckpointNotFound:
+            return
+        offsets = checkpoint.offsets
+        self.resume_offsets = {k: int(v) for k, v in offsets.get("sensors", {}).items()}
+        self.update_offsets = {k: int(v) for k, v in offsets.get("updates", {}).items()}
+        self.resume_offsets.update(self.update_offsets)
+        self.stats.steps = int(checkpoint.meta.get("steps", 0))
+        self.stats.trained_records = int(checkpoint.meta.get("trained_records", 0))
+        self.restored_from = self.trainer.version
+        log.warning("%s restored checkpoint at model version %d (step %d)", self.name,
+                    self.trainer.version, self.stats.steps)
+
+    def _checkpoint(self) -> None:
+        offsets = {"sensors": self.sensor_offsets.watermarks(), "updates": dict(self.update_offsets)}
+        meta = {"steps": self.stats.steps, "trained_records": self.stats.trained_records,
+                "worker": self.name, "saved_at": time.time()}
+        save_training_checkpoint(self.checkpoint_path, self.trainer, self.strategy, offsets, meta)
+        self.stats.last_checkpoint_step = self.stats.steps
+        self.metrics.last_checkpoint.labels(self.name).set(time.time())
+
+    # --- sink protocol (ingest -> training) ---------------------------------------------
+    async def submit(self, batch: Batch) -> None:
+        assert self.batches is not None and self.wakeup is not None
+        await self.batches.put(batch)  # bounded: a slow trainer backpressures ingest
+        self.wakeup.set()
+
+    # --- wiring into a Faust app ---------------------------------------------------------
+    def attach(self, app: faust.App) -> None:
+        """Register the update-topic agent and the train loop on ``app``."""
+        job = self.cfg.job.name
+        subscribed = [channel_topic(job, ch) for ch in self.strategy.subscribes]
+        publish_topics = {ch: app.topic(channel_topic(job, ch), key_serializer="raw", value_serializer="raw")
+                          for ch in ("gradients", "models", "control")}
+        dlq = app.topic(topics.gradients_dlq_topic(job), key_serializer="raw", value_serializer="raw")
+        source = app.topic(*subscribed, key_serializer="raw", value_serializer="raw")
+
+        async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes) -> None:
+            fut = await publish_topics[channel].send(key=key, value=value, headers=headers)
+            await fut
+
+        async def dead_letter(value: bytes, headers: dict[str, bytes]) -> None:
+            fut = await dlq.send(value=value[:1 << 20], headers=headers)
+            await fut
+
+        self.publish = publish
+        self.dead_letter = dead_letter
+
+        @app.agent(source, concurrency=1)
+        async def updates(stream: faust.Stream) -> None:
+            async for event in stream.events():
+                msg = event.message
+                headers = {k: (v if isinstance(v, bytes) else bytes(v)) for k, v in (event.headers or {}).items()}
+                assert self.inbox is not None and self.wakeup is not None
+                await self.inbox.put((msg.topic, msg.partition, msg.offset, event.value or b"", headers))
+                self.wakeup.set()
+
+        @app.task
+        async def train_loop() -> None:
+            await self.run()
+
+        @app.timer(interval=1.0)
+        async def gauges() -> None:
+            self.metrics.model_version.labels(self.name).set(self.trainer.version)
+
+        _ = (updates, train_loop, gauges)
+
+    # --- the loop ------------------------------------------------------------------------
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def run(self) -> None:
+        self.batches = asyncio.Queue(maxsize=16)
+        self.inbox = asyncio.Queue()
+        self.wakeup = asyncio.Event()
+        try:
+            while True:
+                await self._drain_inbox()
+                await self._send(await self._call(self.strategy.poll, time.monotonic()))
+                trained = False
+                if self.role == "worker" and not self.batches.empty() and await self._call(self.strategy.can_train):
+                    await self._step()
+                    trained = True
+                now = time.monotonic()
+                if now - self._last_eval >= self.cfg.train.eval_every_s:
+                    self._last_eval = now
+                    await self._evaluate()
+                if not trained and self.inbox.empty():
+                    self.wakeup.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wakeup.wait(), timeout=0.05)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: training loop failed", self.name)
+            raise
+
+    async def _drain_inbox(self) -> None:
+        assert self.inbox is not None
+        while not self.inbox.empty():
+            topic, partition, offset, value, headers = self.inbox.get_nowait()
+            key = OffsetTracker.key(topic, partition)
+            if offset < self.update_offsets.get(key, 0):
+                continue  # already handled before the checkpoint we restored
+            self.update_offsets[key] = offset + 1
+            to = headers.get(HEADER_TO)
+            if to and to.decode() != self.name:
+                continue
+            self.stats.updates_in += 1
+            try:
+                msg: UpdateMessage = await self._call(self._decode, value)
+            except MessageRejected as exc:
+                self.stats.updates_rejected += 1
+                self.metrics.updates_rejected.labels(self.name, exc.reason).inc()
+                log.warning("%s: rejected update at %s[%d]@%d: %s", self.name, topic, partition, offset, exc)
+                assert self.dead_letter is not None
+                await self.dead_letter(value, {
+                    topics.DLQ_HEADER_REASON: exc.reason.encode(),
+                    topics.DLQ_HEADER_DETAIL: str(exc.detail).encode()[:1024],
+                    topics.DLQ_HEADER_TOPIC: topic.encode(),
+                    topics.DLQ_HEADER_PARTITION: str(partition).encode(),
+                    topics.DLQ_HEADER_OFFSET: str(offset).encode(),
+                    topics.DLQ_HEADER_WORKER: self.name.encode(),
+                })
+                continue
+            codec = headers.get(HEADER_CODEC, b"dense").decode(errors="replace")[:32]
+            self.metrics.gradient_bytes_received.labels(self.name, codec).inc(len(value))
+            version_before = self.trainer.version
+            out = await self._call(self.strategy.on_message, msg)
+            if msg.kind in ("gradient", "delta") and self.trainer.version > version_before:
+                self.metrics.staleness_versions.labels(self.name).observe(max(0, version_before - msg.base_version))
+            await self._send(out)
+
+    def _decode(self, value: bytes) -> UpdateMessage:
+        return decode_update(value, expected_shapes=self.spec, max_bytes=self.cfg.kafka.max_message_bytes,
+                             job=self.cfg.job.name)
+
+    async def _step(self) -> None:
+        assert self.batches is not None
+        parts: list[Batch] = []
+        size = 0
+        while not self.batches.empty() and size < self.cfg.train.max_step_batch:
+            batch = self.batches.get_nowait()
+            parts.append(batch)
+            size += batch.size
+        records = concat([b.records for b in parts]) if len(parts) > 1 else parts[0].records
+        if records.labels is None:
+            raise RuntimeError("training needs labelled records; this stream has no labels")
+        x = np.ascontiguousarray(records.features, dtype=np.float32)
+        y = np.asarray(records.labels, dtype=np.int64)
+        started = time.monotonic()
+        result = await self._call(self.trainer.compute_gradient, x, y)
+        out = await self._call(self.strategy.on_local_step, result)
+        self.metrics.step_seconds.labels(self.name).observe(time.monotonic() - started)
+        self.stats.steps += 1
+        self.stats.trained_records += size
+        self.stats.loss = float(result.loss)
+        self.metrics.loss.labels(self.name, "train").set(self.stats.loss)
+        self.metrics.trained_records.labels(self.name).inc(size)
+        self.metrics.steps.labels(self.name).inc()
+        await self._send(out)
+        # The batch is trained (its gradient is published): now its messages are handled.
+        assert self.ack_tokens is not None
+        for batch in parts:
+            await self.ack_tokens(batch.released)
+        self._steps_since_checkpoint += 1
+        if self._steps_since_checkpoint >= self.cfg.train.checkpoint_every_steps:
+            self._steps_since_checkpoint = 0
+            await self._call(self._checkpoint)
+
+    async def _send(self, outgoing: list[Outgoing]) -> None:
+        assert self.publish is not None
+        for item in outgoing:
+            value, headers = await self._call(self._encode, item)
+            await self.publish(item.channel, value, headers, self.name.encode())
+            self.metrics.gradient_bytes_sent.labels(self.name, self.codec_name(item)).inc(len(value))
+
+    def codec_name(self, item: Outgoing) -> str:
+        return self.cfg.train.codec if item.message.kind in ("gradient", "delta") else "dense"
+
+    def _encode(self, item: Outgoing) -> tuple[bytes, dict[str, bytes]]:
+        codec = self.codec if item.message.kind in ("gradient", "delta") else None
+        return encode_update(item.message, job=self.cfg.job.name, codec=codec, to=item.to)
+
+    async def _evaluate(self) -> None:
+        if self.role == "server" and self.strategy.name != "asp":
+            return
+        result = await self._call(evaluate, self.trainer.model, self.heldout_x, self.heldout_y)
+        self.stats.accuracy = float(result.accuracy)
+        self.metrics.accuracy.labels(self.name, "heldout").set(self.stats.accuracy)
+        self.metrics.loss.labels(self.name, "heldout").set(float(result.loss))
+        self.metrics.model_version.labels(self.name).set(self.trainer.version)
+
+    async def shutdown(self) -> dict[str, Any]:
+        """Final evaluation and checkpoint; the summary a run prints."""
+        await self._evaluate()
+        await self._call(self._checkpoint)
+        stats = await self._call(self.strategy.stats)
+        digest = await self._call(self.trainer.parameter_digest)
+        return {
+            "worker": self.name, "role": self.role, "strategy": self.strategy.name,
+            "version": self.trainer.version, "digest": digest, "steps": self.stats.steps,
+            "trained_records": self.stats.trained_records, "accuracy": self.stats.accuracy,
+            "loss": self.stats.loss, "updates_in": self.stats.updates_in,
+            "updates_rejected": self.stats.updates_rejected, "restored_from": self.restored_from,
+            "staleness": stats.get("staleness", {}), "counters": stats.get("counters", {}),
+            "sensor_offsets": {key: {"watermark": mark, "open": self.sensor_offsets.open_count(key)}
+                               for key, mark in self.sensor_offsets.watermarks().items()},
+            "queued_batches": self.batches.qsize() if self.batches is not None else 0,
+        }

@@ -1,0 +1,87 @@
+"""Generated dashboards: committed JSON is fresh, every name used exists, the layout is sound."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from monitoring.dashboards import (
+    DASHBOARD_DIR,
+    DATASOURCE_UID,
+    METRIC_NAME_RE,
+    REQUIREMENTS,
+    all_dashboards,
+    expand,
+    render_files,
+    to_grafana,
+    write_all,
+)
+from monitoring.metrics import Metrics
+from monitoring.prometheus import REPO_ROOT, RULES_FILE
+
+KNOWN = Metrics().exposition_names()
+
+
+def test_committed_files_equal_a_fresh_generation():
+    stale = write_all(check=True)
+    assert stale == [], f"run `edgestream dashboards` (python -m monitoring.dashboards): stale {stale}"
+    assert sorted(p.name for p in DASHBOARD_DIR.glob("*.json")) == sorted(
+        p.name for p in render_files() if p.suffix == ".json"
+    ), "a dashboard JSON is committed that the generator no longer produces"
+
+
+def test_the_four_dashboards_exist():
+    assert {d.uid for d in all_dashboards()} == {
+        "edgestream-fleet", "edgestream-devices", "edgestream-training", "edgestream-compression"}
+
+
+@pytest.mark.parametrize("dash", all_dashboards(), ids=lambda d: d.uid)
+def test_every_panel_uses_only_defined_metrics(dash):
+    for panel in dash.panels:
+        names = panel.metric_names()
+        assert names, f"{panel.title}: no edgestream metric"
+        assert names <= KNOWN, f"{panel.title}: unknown {names - KNOWN}"
+        assert panel.requires in REQUIREMENTS
+
+
+def test_every_alert_rule_uses_only_defined_metrics():
+    names = set(METRIC_NAME_RE.findall(RULES_FILE.read_text()))
+    assert names and names <= KNOWN, names - KNOWN
+
+
+@pytest.mark.parametrize("dash", all_dashboards(), ids=lambda d: d.uid)
+def test_grafana_json_is_well_formed(dash):
+    doc = to_grafana(dash)
+    assert doc["schemaVersion"] >= 39 and doc["uid"] == dash.uid
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert variables["datasource"]["current"]["value"] == DATASOURCE_UID
+    assert {"device", "worker"} <= set(variables)
+    boxes = set()
+    for p in doc["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        cells = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & boxes, f"{p['title']} overlaps another panel"
+        boxes |= cells
+        assert p["datasource"]["uid"] == "${datasource}"
+        for t in p["targets"]:
+            assert "$__rate_interval" in t["expr"] or "[" not in t["expr"] or "[5m]" in t["expr"]
+            assert "$" not in expand(t["expr"]), t["expr"]
+
+
+def test_provisioning_points_at_the_dashboards_datasource():
+    text = (REPO_ROOT / "deploy/grafana/provisioning/datasources/edgestream.yaml").read_text()
+    assert re.search(rf"uid:\s*{DATASOURCE_UID}\b", text)
+    assert "type: prometheus" in text
+    providers = (REPO_ROOT / "deploy/grafana/provisioning/dashboards/edgestream.yaml").read_text()
+    assert "type: file" in providers and "path:" in providers
+
+
+def test_committed_json_parses():
+    for path in Path(DASHBOARD_DIR).glob("*.json"):
+        assert json.loads(path.read_text())["panels"]
