@@ -120,8 +120,9 @@ def fleet() -> Dashboard:
                   "ingest", "Bps"),
             Panel("Buffer drops by reason", (Query(_rate(m.buffer_dropped, "reason", DEV), "{{reason}}"),),
                   "ingest", "rps", stack=True, description="Records dropped by an explicit policy"),
-            Panel("Dead letters by reason", (Query(_rate(m.dead_letters, "reason", DEV), "{{reason}}"),),
-                  "ingest", "rps", stack=True, description="Messages routed to sensors.dlq"),
+            Panel("Dead letters by reason", (Query(
+                f"sum by (reason) ({n(m.dead_letters)}{{{DEV}}})", "{{reason}}"),), "ingest", "short",
+                stack=True, description="Messages routed to sensors.dlq since the workers started"),
             Panel("Training steps / s", (Query(_rate(m.steps, "worker", WRK), "{{worker}}"),), "training", "ops"),
             Panel("Loss", (Query(f"max by (worker, split) ({n(m.loss)}{{{WRK}}})", "{{worker}} {{split}}"),),
                   "training"),

@@ -21,6 +21,8 @@ from prometheus_client.metrics import MetricWrapperBase
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: ``reason`` values of ``edgestream_buffer_dropped_records_total`` (pipeline/ingest.py).
+DROP_REASONS = ("overflow", "window_truncate")
 STALENESS_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 STALENESS_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
@@ -189,6 +191,28 @@ class Metrics:
             ["worker"], registry=r,
         )
 
+    def init_device(self, device: str) -> None:
+        """Create every per-device counter child at 0, so the first event is a visible increase.
+
+        A counter child born at its first ``inc`` starts at 1, and ``rate``/``increase``
+        cannot see that step: without this the first drops and dead letters of a device
+        never show on a rate panel.
+        """
+        from streams.errors import RecordDecodeError
+
+        for reason in DROP_REASONS:
+            self.buffer_dropped.labels(device, reason)
+        for reason in RecordDecodeError.REASONS:
+            self.dead_letters.labels(device, reason)
+        for counter in (self.records_in, self.messages_in, self.bytes_in, self.batches, self.batched_records,
+                        self.sink_records, self.partition_pauses, self.duplicates_skipped):
+            counter.labels(device)
+
+    def init_worker(self, worker: str) -> None:
+        """Create the worker's training counters at 0 (same reason as ``init_device``)."""
+        for counter in (self.steps, self.trained_records, self.compressed_steps, self.commits):
+            counter.labels(worker)
+
     # --- small recording helpers (the hot path binds ``.labels(...)`` children itself) -----
     def record_step(
         self, worker: str, *, step_s: float, wait_s: float, records: int, loss: float,
@@ -278,3 +302,14 @@ def serve(metrics: Metrics, port: int, host: str = "127.0.0.1") -> int:
     """Serve ``/metrics`` of ``metrics`` on ``host:port`` (port 0 picks one); return the port."""
     server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
     return server.server_address[1]
+
+
+def serve_process(port: int = 0, host: str = "127.0.0.1") -> tuple[Metrics, str]:
+    """A process's ``Metrics``, served at once; returns it with its ``/metrics`` URL.
+
+    For the processes that are not workers (simulator, replayer): record
+    ``records_produced`` on it and list the URL in the run's file-SD targets.
+    """
+    metrics = Metrics()
+    bound = serve(metrics, port, host)
+    return metrics, f"http://{host}:{bound}/metrics"

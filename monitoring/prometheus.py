@@ -57,6 +57,29 @@ def write_file_sd(path: Path, targets: list[tuple[str, str, dict[str, str]]]) ->
     return path
 
 
+def run_targets(
+    processes: dict[str, str], *, simulator_url: str | None = None, replayer_url: str | None = None,
+) -> list[tuple[str, str, dict[str, str]]]:
+    """SD targets of a run from ``{process name: metrics URL}``.
+
+    ``server`` becomes job ``server``; every other name is a worker (job ``worker``,
+    label ``worker=<name>``, so ``up`` says which worker is down).
+    """
+    out: list[tuple[str, str, dict[str, str]]] = []
+    for name, url in sorted(processes.items()):
+        if not url:
+            continue
+        if name == "server":
+            out.append(("server", target_of(url), {}))
+        else:
+            out.append(("worker", target_of(url), {"worker": name}))
+    if simulator_url:
+        out.append(("simulator", target_of(simulator_url), {}))
+    if replayer_url:
+        out.append(("replayer", target_of(replayer_url), {}))
+    return out
+
+
 def target_of(metrics_url: str) -> str:
     """``http://127.0.0.1:9102/metrics`` -> ``127.0.0.1:9102``."""
     return urllib.parse.urlsplit(metrics_url).netloc

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from monitoring.dashboards import Panel, expand, fleet, panels_of
@@ -36,18 +36,25 @@ def render_fleet(
     end = end if end is not None else time.time()
     start = start if start is not None else end - 15 * 60
     panels: list[Panel] = panels_of(fleet(), KEY_PANELS)
+    results = [[(q, api.query_range(expand(q.expr, rate_interval), start, end, step_s)) for q in p.queries]
+               for p in panels]
+    # time axis from the first sample of any series: the run, not the empty time before it
+    firsts = [float(s["values"][0][0]) for per_panel in results for _, res in per_panel for s in res
+              if s["values"]]
+    origin = min(firsts) if firsts else start
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     drawn: dict[str, int] = {}
-    for ax, panel in zip(axes.flat, panels, strict=True):
+    for ax, panel, per_panel in zip(axes.flat, panels, results, strict=True):
         count = 0
-        for query in panel.queries:
-            for series in api.query_range(expand(query.expr, rate_interval), start, end, step_s):
-                xs = [float(t) - start for t, _ in series["values"]]
+        for query, result in per_panel:
+            for series in result:
+                xs = [float(t) - origin for t, _ in series["values"]]
                 ys = [float(v) for _, v in series["values"]]
                 ax.plot(xs, ys, linewidth=1.2, label=_legend(query.legend, series["metric"]))
                 count += 1
         drawn[panel.title] = count
-        unit = {"rps": "per second", "percentunit": "fraction of capacity"}.get(panel.unit, panel.unit)
+        unit = {"rps": "per second", "percentunit": "fraction of capacity", "short": "count"}.get(
+            panel.unit, panel.unit)
         ax.set_title(panel.title, fontsize=11)
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
@@ -56,8 +63,8 @@ def render_fleet(
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     for ax in axes[-1]:
-        ax.set_xlabel("seconds since start")
-    when = datetime.fromtimestamp(start, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        ax.set_xlabel("seconds since the first sample")
+    when = datetime.fromtimestamp(origin, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
     fig.suptitle(f"edgestream / fleet overview (from Prometheus, {when}, rate window {rate_interval})")
     fig.tight_layout()
     out = Path(out)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import faust
 from faust.types import TP
 
-from monitoring.metrics import Metrics
+from monitoring.metrics import Metrics, consumer_lag
 from pipeline.batching import Batch
 from pipeline.config import JobConfig
 from pipeline.ingest import DeadLetter, IngestActions, IngestCore
@@ -96,6 +96,9 @@ def create_app(
         stream_wait_empty=False,
         broker_commit_interval=1.0,
         autodiscover=False,
+        # A crashed worker's group membership must lapse quickly so its restart can rejoin.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
     )
     core = IngestCore(
         cfg, devices, metrics, start=clock(), expected_shape=expected_shape, num_classes=num_classes
@@ -189,11 +192,35 @@ def create_app(
 
     tick_s = min(0.1, cfg.batcher.window_s / 4)
 
+    lag_state = {"at": 0.0}
+
     @app.timer(interval=tick_s)
     async def tick() -> None:
         if state["stream"] is None:
             return
         await perform(core.on_tick(clock()))
+        now = clock()
+        if now - lag_state["at"] >= 1.0 and partitions:
+            lag_state["at"] = now
+            await update_consumer_lag()
+
+    async def update_consumer_lag() -> None:
+        """Records not yet handled per device: end offset - (last offset handled + 1)."""
+        tps = list(partitions.values())
+        ends = {}
+        for tp in tps:
+            try:
+                # the high watermark of the partition's latest fetch response
+                end = app.consumer.highwater(tp)
+            except Exception as exc:  # not fetched yet / transient: skip this round
+                log.debug("consumer lag of %s unknown: %s", tp, exc)
+                continue
+            if end is not None and end >= 0:
+                ends[tp] = end
+        positions = {(tp.topic, tp.partition): last_offset.get(tp, -1) + 1 for tp in tps}
+        metrics.record_consumer_lag(
+            consumer_lag({(tp.topic, tp.partition): end for tp, end in ends.items()}, positions)
+        )
 
     @app.on_partitions_assigned.connect
     async def assigned(app_: faust.App, assigned: set[TP], **kwargs: Any) -> None:

@@ -128,6 +128,7 @@ class IngestCore:
             self.rates[device] = RateEstimator(tau_s=max(2.0, 2 * cfg.batcher.window_s), start=start)
             self.ledgers[device] = DeviceLedger()
             self._series[device] = _DeviceSeries(self.metrics, device)
+            self.metrics.init_device(device)
             self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
             self.metrics.buffer_depth.labels(device).set(0)
             self.metrics.arrival_rate.labels(device).set(0)

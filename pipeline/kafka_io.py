@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.errors import CoordinatorNotAvailableError, TopicAlreadyExistsError
+from kafka.errors import CoordinatorNotAvailableError, KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from streams import topics
@@ -105,3 +105,50 @@ def start_groups_at_end(bootstrap: str, groups: dict[str, list[str]]) -> None:
                     time.sleep(0.5)
     finally:
         admin.close()
+
+
+def set_group_offsets(bootstrap: str, group: str, offsets: dict[str, int], timeout_s: float = 60.0) -> None:
+    """Commit ``offsets`` (``"topic:partition" -> offset``) for ``group`` before it starts.
+
+    A worker restoring a checkpoint does this so its consumers resume exactly at the
+    checkpoint. Kafka refuses while the group still has members (a crashed process's
+    membership lasts until its session times out), so this retries until the deadline.
+    """
+    if not offsets:
+        return
+    parsed = {}
+    for key, offset in offsets.items():
+        topic, _, partition = key.rpartition(":")
+        parsed[TopicPartition(topic, int(partition))] = OffsetAndMetadata(int(offset), "", -1)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                result = admin.alter_group_offsets(group, parsed)
+                errors = _offset_errors(result)
+                if not errors:
+                    return
+                last = errors
+            except KafkaError as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not reset offsets of consumer group {group!r}: {last}")
+            time.sleep(1.0)  # retry interval while the old member's session expires
+    finally:
+        admin.close()
+
+
+def _offset_errors(result) -> str:
+    """Error text from an alter_group_offsets result (shape differs across versions), '' if none."""
+    if not result:
+        return ""
+    text = []
+    items = result.items() if isinstance(result, dict) else enumerate(result)
+    for key, value in items:
+        code = getattr(value, "errno", value) if not isinstance(value, (int, type(None))) else value
+        if isinstance(value, BaseException):
+            text.append(f"{key}: {value}")
+        elif isinstance(code, int) and code != 0:
+            text.append(f"{key}: error {code}")
+    return "; ".join(text)

@@ -47,9 +47,8 @@ def resolve_topics(available: Iterable[str], patterns: Iterable[str]) -> list[st
                 if n != topics.SENSOR_DLQ and not n.startswith("__")]
         wanted.update(hits)
     if not wanted:
-        raise RecordError(
-            f"no topic matches {', '.join(pats)} (the cluster has: {', '.join(names) or 'no topics'})"
-        )
+        shown = ", ".join(names[:20]) + (f", ... ({len(names)} topics)" if len(names) > 20 else "")
+        raise RecordError(f"no topic matches {', '.join(pats)} (the cluster has: {shown or 'no topics'})")
     return sorted(wanted)
 
 

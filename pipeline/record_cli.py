@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 
 def _bootstrap(args: argparse.Namespace) -> tuple[str, int]:
@@ -18,6 +22,30 @@ def _bootstrap(args: argparse.Namespace) -> tuple[str, int]:
 
     cfg = job_config(args)
     return need_bootstrap(args, cfg), cfg.kafka.max_message_bytes
+
+
+def _fail(console: Console, command: str, message: object, hint: str | None = None) -> int:
+    """Print an error on one unwrapped line (paths and offsets stay greppable); return 2."""
+    console.print(Text(f"edgestream {command}: ", style="red") + Text(str(message)), soft_wrap=True)
+    if hint:
+        console.print(Text(f"hint: {hint}"), soft_wrap=True)
+    return 2
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(stop: threading.Event) -> Iterator[None]:
+    """While active, Ctrl-C asks the loop to stop cleanly (writer closed, producer flushed)
+    instead of raising KeyboardInterrupt in the middle of a write."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    except ValueError:  # not the main thread: keep the default behaviour
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _mb(n: float) -> str:
@@ -43,16 +71,17 @@ def cmd_record(args: argparse.Namespace) -> int:
             progress.update(task, completed=done, messages=p.messages, rate=p.messages / el,
                             mb=_mb(p.bytes), mbps=p.bytes / 1e6 / el)
 
+        stop = threading.Event()
         try:
-            report = record(bootstrap, args.topics, args.out, duration_s=args.duration,
-                            max_records=args.max_records, until_end=args.until_end,
-                            from_now=args.from_now, max_message_bytes=max_bytes, progress=on_progress)
+            with _ctrl_c_sets(stop):
+                report = record(bootstrap, args.topics, args.out, duration_s=args.duration,
+                                max_records=args.max_records, until_end=args.until_end,
+                                from_now=args.from_now, max_message_bytes=max_bytes,
+                                progress=on_progress, stop=stop)
         except RecordError as exc:
-            console.print(f"[red]edgestream record:[/red] {exc}")
-            return 2
+            return _fail(console, "record", exc)
         except FileExistsError as exc:
-            console.print(f"[red]edgestream record:[/red] {exc}; choose a new --out directory")
-            return 2
+            return _fail(console, "record", exc)
     table = Table(title=f"recorded {report.directory} (stopped by {report.stopped_by})")
     table.add_column("topic")
     table.add_column("messages", justify="right")
@@ -66,23 +95,23 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+TRUNCATED_HINT = "use --allow-truncated to replay the intact prefix"
+
+
 # --- replay -----------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
     from pipeline.replay import ReplayError, parse_speed, replay
-    from streams.recording import RecordingError, RecordingReader
+    from streams.recording import ManifestError, RecordingCorrupt, RecordingError, RecordingReader
 
     console = Console(stderr=True)
     try:
         speed = parse_speed(args.speed)
         total = RecordingReader(args.directory, allow_truncated=args.allow_truncated).summary()["messages"]
-    except RecordingError as exc:
-        console.print(f"[red]edgestream replay:[/red] {exc}")
-        if "corrupt" in str(exc) or "manifest missing" in str(exc):
-            console.print("hint: use --allow-truncated to replay the intact prefix")
-        return 2
-    except ReplayError as exc:
-        console.print(f"[red]edgestream replay:[/red] {exc}")
-        return 2
+    except (RecordingCorrupt, ManifestError) as exc:
+        hint = TRUNCATED_HINT if isinstance(exc, RecordingCorrupt) or "manifest missing" in str(exc) else None
+        return _fail(console, "replay", exc, hint)
+    except (RecordingError, ReplayError) as exc:
+        return _fail(console, "replay", exc)
     bootstrap, max_bytes = _bootstrap(args)
     looping = args.loop
     with Progress(TextColumn("replaying" + (" (loop)" if looping else "")),
@@ -98,22 +127,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
                             rate=p.messages / el, mb=_mb(p.bytes), mbps=p.bytes / 1e6 / el,
                             passes=p.passes + (0 if not looping else 1))
 
+        stop = threading.Event()
         try:
-            report = replay(args.directory, bootstrap, speed=speed, loop=looping, max_passes=args.max_passes,
-                            rename=args.rename or [], rewrite_timestamps=args.rewrite_timestamps,
-                            rewrite_devices=args.rewrite_device_ids, allow_truncated=args.allow_truncated,
-                            max_message_bytes=max_bytes, progress=on_progress)
-        except KeyboardInterrupt:
-            console.print("interrupted")
-            return 130
-        except RecordingError as exc:
-            console.print(f"[red]edgestream replay:[/red] {exc}")
-            console.print("hint: use --allow-truncated to replay the intact prefix")
-            return 2
-        except ReplayError as exc:
-            console.print(f"[red]edgestream replay:[/red] {exc}")
-            return 2
+            with _ctrl_c_sets(stop):
+                report = replay(args.directory, bootstrap, speed=speed, loop=looping,
+                                max_passes=args.max_passes, rename=args.rename or [],
+                                rewrite_timestamps=args.rewrite_timestamps,
+                                rewrite_devices=args.rewrite_device_ids,
+                                allow_truncated=args.allow_truncated, max_message_bytes=max_bytes,
+                                progress=on_progress, stop=stop)
+        except RecordingCorrupt as exc:  # found while streaming (e.g. the file changed)
+            return _fail(console, "replay", exc, TRUNCATED_HINT)
+        except (RecordingError, ReplayError) as exc:
+            return _fail(console, "replay", exc)
     out = Console()
+    if stop.is_set():
+        out.print("stopped by Ctrl-C; everything sent so far was flushed")
     for t in report.truncated:
         out.print(f"[yellow]replayed the intact prefix only:[/yellow] {t['path']} damaged at byte "
                   f"{t['position']}: {t['reason']}")
@@ -147,8 +176,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
     except ValueError:
-        console.print(f"[red]edgestream import:[/red] --rates {args.rates!r} must be numbers, e.g. 92,38,62")
-        return 2
+        return _fail(Console(stderr=True), "import", f"--rates {args.rates!r} must be numbers, e.g. 92,38,62")
     spec = ImportSpec(devices=args.devices, rates_hz=rates, partition=args.partition,
                       dirichlet_alpha=args.alpha, classes_per_device=args.classes_per_device,
                       duration_s=args.duration, records_per_device=args.records_per_device,
@@ -158,11 +186,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         with console.status(f"importing {args.file}"):
             report = import_table(args.file, args.label_column, args.out, spec)
     except TableImportError as exc:
-        console.print(f"[red]edgestream import:[/red] {exc}")
-        return 2
+        return _fail(Console(stderr=True), "import", exc)
     except FileExistsError as exc:
-        console.print(f"[red]edgestream import:[/red] {exc}; choose a new --out directory")
-        return 2
+        return _fail(Console(stderr=True), "import", exc)
     table = Table(title=f"{report.directory}: {report.records:,} records in {report.messages:,} messages, "
                         f"{report.duration_s:.1f}s of streams")
     for col in ("device", "rate/s", "records", "share rows", "labels per class"):

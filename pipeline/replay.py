@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streams import codec, topics
 from streams.errors import StreamsError
 from streams.recording import RecordedMessage, RecordingReader, check_topic
+
+if TYPE_CHECKING:
+    from pipeline.config import JobConfig
 
 #: Speed value meaning "as fast as the producer goes".
 MAX_SPEED = math.inf
@@ -299,10 +302,8 @@ def _ordered_messages(reader: RecordingReader, names: list[str]) -> Iterator[Rec
     def only(topic: str, partition: int) -> Iterator[RecordedMessage]:
         return (m for m in reader.messages(topic) if m.partition == partition)
 
-    streams = []
-    for topic in names:
-        parts = reader.summary()["topics"][topic]["partitions"]
-        streams += [only(topic, int(p)) for p in parts]
+    summary = reader.summary()["topics"]
+    streams = [only(topic, int(p)) for topic in names for p in summary[topic]["partitions"]]
     yield from heapq.merge(*streams, key=lambda m: m.sort_key)
 
 
@@ -366,7 +367,7 @@ def replay(
                 device_map[src] = (old, new)
     first_ts = summary["min_timestamp_ms"]
     period = loop_period_ms(first_ts, summary["max_timestamp_ms"], summary["messages"])
-    passes_limit = (max_passes if max_passes is not None else None) if loop else 1
+    passes_limit = max_passes if loop else 1  # None: loop until stopped
     report = asyncio.run(_replay_async(
         reader, names, destination, partitions_needed, device_map, bootstrap, speed, period,
         passes_limit, rewrite_timestamps, producer_options or {}, max_message_bytes,
@@ -523,7 +524,7 @@ def expected_from_recording(
 
 
 def replay_through_workers(
-    cfg,
+    cfg: JobConfig,
     bootstrap: str,
     directory: str | Path,
     *,

@@ -150,6 +150,7 @@ class TrainingRuntime:
         self.dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
         self.ack_tokens: Callable[[list[Any]], Awaitable[None]] | None = None
         self.stats = TrainingStats()
+        metrics.init_worker(name)
         self._last_eval = 0.0
         self._steps_since_checkpoint = 0
         self.heldout_x = data.heldout.features

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -13,6 +12,7 @@ import faust
 from monitoring.metrics import Metrics, serve
 from pipeline.app import CountingSink, app_id, create_app
 from pipeline.config import JobConfig
+from pipeline.kafka_io import set_group_offsets
 from pipeline.simulate import job_fleet_data
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ def run_worker(
         from pipeline.training import TrainingRuntime
 
         runtime = TrainingRuntime(cfg, worker, data, metrics, state)
+        # Resume exactly at the checkpoint: commit its offsets for this worker's group
+        # before Faust starts (Faust's own start-up seeks to committed offsets).
+        set_group_offsets(bootstrap, app_id(cfg, worker), runtime.resume_offsets)
         sink = runtime
         metrics.strategy_info.labels(worker, cfg.train.strategy).set(1)
     else:
@@ -76,7 +79,6 @@ def run_worker(
         expected_shape=data.feature_shape, num_classes=data.num_classes,
         on_ready=lambda: metrics.worker_ready.labels(worker).set(1),
         tracker=runtime.sensor_offsets if runtime else None,
-        seek_to=runtime.resume_offsets if runtime else None,
         extend=runtime.attach if runtime else None,
     )
     summary: dict = {}
@@ -101,23 +103,17 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     state, metrics = _start(cfg, SERVER_NAME, metrics_port, [])
     data = job_fleet_data(cfg)
     runtime = TrainingRuntime(cfg, SERVER_NAME, data, metrics, state, role="server")
+    set_group_offsets(bootstrap, app_id(cfg, SERVER_NAME), runtime.resume_offsets)
     app = faust.App(
         app_id(cfg, SERVER_NAME), broker=f"kafka://{bootstrap}", store="memory://",
         datadir=str(state / "faust"), web_enabled=False, topic_disable_leader=True,
         consumer_auto_offset_reset="earliest", autodiscover=False,
+        broker_session_timeout=10.0, broker_heartbeat_interval=2.0,
         producer_max_request_size=cfg.kafka.max_message_bytes,
         consumer_max_fetch_size=cfg.kafka.max_message_bytes,
     )
-    seek_to = dict(runtime.resume_offsets)
-
     @app.on_partitions_assigned.connect
     async def assigned(app_: faust.App, assigned, **kwargs) -> None:
-        from pipeline.offsets import OffsetTracker
-
-        for tp in assigned:
-            offset = seek_to.pop(OffsetTracker.key(tp.topic, tp.partition), None)
-            if offset is not None:
-                await app_.consumer.seek(tp, offset)
         metrics.worker_ready.labels(SERVER_NAME).set(1)
 
     runtime.attach(app)
@@ -132,7 +128,7 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     async def final(app_: faust.App, **kwargs) -> None:
         summary.update(await runtime.shutdown())
 
-    _ = (assigned, asyncio)
+    _ = assigned  # registered by its decorator
     try:
         _execute(app, loglevel)
     finally:

@@ -264,7 +264,9 @@ class LocalBroker:
         id_file = self.work_dir / "cluster.id"
         if id_file.exists():
             return id_file.read_text().strip()
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # a leading '-' would be parsed as an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         id_file.write_text(cluster_id)
         return cluster_id
 

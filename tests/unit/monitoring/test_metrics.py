@@ -61,3 +61,11 @@ def test_consumer_lag_sums_partitions_per_device_and_ignores_other_topics():
 
 def test_consumer_lag_never_negative():
     assert consumer_lag({("sensors.a", 0): 5}, {("sensors.a", 0): 9}) == {"a": 0}
+
+
+def test_the_monitoring_doc_lists_every_metric():
+    from monitoring.prometheus import REPO_ROOT
+
+    doc = (REPO_ROOT / "docs" / "monitoring.md").read_text()
+    missing = [name_of(m) for m in Metrics().metric_objects() if f"`{name_of(m)}`" not in doc]
+    assert not missing, f"docs/monitoring.md does not list {missing}"

@@ -42,3 +42,14 @@ def test_config_names_sd_glob_interval_and_rules():
     assert 'files: ["/tmp/sd/*.json"]' in text
     assert "scrape_interval: 3s" in text and '- "r.yml"' in text
     assert "rule_files: []" in prometheus_config("/tmp/sd", "3s", [])
+
+
+def test_run_targets_name_jobs_by_process_kind():
+    from monitoring.prometheus import run_targets
+
+    targets = run_targets({"w1": "http://127.0.0.1:2/metrics", "server": "http://127.0.0.1:3/metrics",
+                           "w0": "http://127.0.0.1:1/metrics", "w2": ""},
+                          simulator_url="http://127.0.0.1:4/metrics")
+
+    assert targets == [("server", "127.0.0.1:3", {}), ("worker", "127.0.0.1:1", {"worker": "w0"}),
+                       ("worker", "127.0.0.1:2", {"worker": "w1"}), ("simulator", "127.0.0.1:4", {})]

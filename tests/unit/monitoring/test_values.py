@@ -133,3 +133,20 @@ def test_training_helpers_record_exact_values(served):
     assert s.get("edgestream_gradient_bytes_received_total", worker="w0", codec="topk") == 2500
     assert s.get("edgestream_compression_ratio", worker="w0") == 40.0
     assert s.by_label("edgestream_consumer_lag_records", "device") == {"dev00": 12, "dev01": 0}
+
+
+def test_init_device_exposes_every_drop_and_dead_letter_reason_at_zero(served):
+    from streams.errors import RecordDecodeError
+
+    metrics, url = served
+    metrics.init_device("dev00")
+    metrics.init_worker("w0")
+
+    s = scrape(url)
+
+    assert s is not None
+    dead = [x for x in s.samples if x.name == "edgestream_dead_letter_messages_total"]
+    assert sorted(dict(x.labels)["reason"] for x in dead) == sorted(RecordDecodeError.REASONS)
+    assert all(x.value == 0 for x in dead)
+    assert s.by_label("edgestream_buffer_dropped_records_total", "reason") == {"overflow": 0, "window_truncate": 0}
+    assert s.get("edgestream_steps_total", -1.0, worker="w0") == 0

@@ -1,0 +1,288 @@
+"""Every dashboard panel query and alert rule, against a real Prometheus scraping a real run.
+
+A short run (real broker, 2 worker processes, simulators with garbage, window truncation
+so drops happen) is scraped by Debian's ``prometheus`` through file-based service
+discovery. Then, for every panel query of every dashboard and every alert rule, the
+Prometheus HTTP API must parse it; panels whose metrics the run emits must return at
+least one series: every ``ingest`` and ``simulator`` panel always, any other panel
+automatically once its metrics appear in the scrape (e.g. a training worker). Which
+panels were series-checked and which only parsed is printed and written to
+``dashboard-check.json`` in the test's tmp dir.
+
+A second test runs ``edgestream run``'s ``run_job`` with training (ASP: a server and 2
+workers) and checks every panel while it streams, so the training, sync and
+compression panels whose metrics the training runtime records are series-checked too.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from monitoring.dashboards import all_dashboards, expand
+from monitoring.metrics import serve_process
+from monitoring.prometheus import (
+    RULES_FILE,
+    LocalPrometheus,
+    PrometheusError,
+    file_sd_path,
+    run_targets,
+    write_file_sd,
+)
+from monitoring.render import KEY_PANELS, render_fleet
+from monitoring.scrape import scrape
+from pipeline.app import app_id
+from pipeline.config import load_config
+from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
+from pipeline.run import run_job, start_worker_process, stop_process
+from pipeline.simulate import simulate
+from streams import topics
+from streams.garbage import KINDS
+
+pytestmark = pytest.mark.integration
+
+ALWAYS_SERIES = {"ingest", "simulator"}  # what this run emits by construction
+GARBAGE = len(KINDS)
+#: Seconds of streaming; longer by hand for the committed picture (see _docs_png_target).
+STREAM_S = float(os.environ.get("EDGESTREAM_DASHBOARD_RUN_S", "8"))
+
+
+def wait_until(predicate, timeout_s: float, what: str, detail=lambda: ""):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}{detail()}")
+        time.sleep(0.2)  # poll interval of a deadline wait
+
+
+def scalar(prom: LocalPrometheus, expr: str) -> float | None:
+    result = prom.api.query(expr).result
+    return float(result[0]["value"][1]) if result else None
+
+
+@pytest.fixture
+def run_cfg(unique, tmp_path):
+    return load_config(overrides=[
+        f"job.name=dash-{unique}", f"run.state_dir={tmp_path / 'state'}",
+        f"devices.ids=a{unique},b{unique},c{unique}", "devices.count=3", "devices.rates_hz=90,30,10",
+        "devices.time_scale=2", "workers.count=2",
+        # window truncation: drops happen, so the drop panels have series too
+        "batcher.mode=window", "batcher.window_s=0.5", "batcher.max_batch=8", "batcher.window_overflow=truncate",
+    ], env={})
+
+
+def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstrap, run_cfg, tmp_path):
+    cfg = run_cfg
+    state = cfg.state_path()
+    state.mkdir(parents=True)
+    cfg_path = state / "job.json"
+    cfg_path.write_text(json.dumps(cfg.to_dict()))
+    devices = cfg.devices.device_ids()
+    ensure_topics(kafka_bootstrap, sensor_topics_for(devices))
+    start_groups_at_end(kafka_bootstrap, {
+        app_id(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()})
+    procs = {}
+    prom = LocalPrometheus(tmp_path / "prometheus", tmp_path / "sd", scrape_interval="1s")
+    try:
+        # --- a short real run: 2 workers, a simulator that serves /metrics ----------------------
+        for w in cfg.worker_names():
+            procs[w] = start_worker_process(cfg_path, w, kafka_bootstrap, 0, state / "logs" / f"{w}.log")
+        urls = {}
+        for w, proc in procs.items():
+            endpoint = state / "workers" / w / "endpoint.json"
+
+            def log_tail(w=w) -> str:
+                path = state / "logs" / f"{w}.log"
+                return "\n" + path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+            def ready(w=w, proc=proc, endpoint=endpoint):
+                assert proc.poll() is None, f"worker {w} exited {proc.returncode}{log_tail()}"
+                if not endpoint.exists():
+                    return None
+                url = json.loads(endpoint.read_text())["metrics"]
+                s = scrape(url)
+                return url if s is not None and s.get("edgestream_worker_ready", worker=w) == 1 else None
+
+            urls[w] = wait_until(ready, 90, f"worker {w} to join its topics", log_tail)
+        sim_metrics, sim_url = serve_process()
+        # the call `edgestream run` makes once its workers are up
+        write_file_sd(file_sd_path(cfg.job.name, tmp_path / "sd"),
+                      run_targets(urls, simulator_url=sim_url))
+        prom.start()
+        wait_until(lambda: len(t := prom.api.targets()) == 3 and all(x["health"] == "up" for x in t),
+                   30, "Prometheus to scrape 2 workers and the simulator", lambda: f": {prom.api.targets()}")
+
+        report = simulate(cfg, kafka_bootstrap, STREAM_S, garbage_per_device=GARBAGE, metrics=sim_metrics)
+        produced = sum(report.records.values())
+
+        def drained() -> bool:
+            scrapes = [scrape(u) for u in urls.values()]
+            return all(s is not None for s in scrapes) and sum(
+                s.get("edgestream_records_in_total") for s in scrapes) == produced and sum(
+                s.get("edgestream_dead_letter_messages_total") for s in scrapes) == GARBAGE * len(devices)
+
+        wait_until(drained, 60, "the workers to read every produced record")
+        # ...and Prometheus to have scraped the final counts
+        wait_until(lambda: scalar(prom, "sum(edgestream_records_in_total)") == produced, 20,
+                   "Prometheus to see every record")
+
+        # --- values seen through Prometheus are the run's values -------------------------------
+        assert scalar(prom, "sum(edgestream_records_produced_total)") == produced
+        assert scalar(prom, "sum(edgestream_dead_letter_messages_total)") == GARBAGE * len(devices)
+        for device in devices:
+            assert scalar(prom, f'sum(edgestream_records_in_total{{device="{device}"}})') == report.records[device]
+        assert scalar(prom, "sum(edgestream_buffer_dropped_records_total)") > 0
+        assert scalar(prom, 'count(up{job="worker"} == 1)') == 2
+        assert scalar(prom, 'count(up{job="simulator"} == 1)') == 1
+
+        # --- every panel query of every dashboard, every alert rule -----------------------
+        checked, failures = check_dashboards_and_rules(prom, ALWAYS_SERIES)
+
+        # --- the picture: the fleet dashboard's key series as a PNG ---------------------------
+        png = tmp_path / "fleet.png"
+        end = time.time()
+        drawn = render_fleet(prom.api, png, start=end - STREAM_S - 30, end=end, step_s=1.0, rate_interval="5s")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert all(drawn[title] > 0 for title in KEY_PANELS), drawn
+        docs_png = _docs_png_target()
+        if docs_png is not None:
+            render_fleet(prom.api, docs_png, start=end - STREAM_S - 30, end=end, step_s=1.0, rate_interval="5s")
+    finally:
+        prom.stop()
+        for proc in procs.values():
+            stop_process(proc)
+
+    report_checks(checked, tmp_path / "dashboard-check.json")
+    assert not failures, "\n".join(failures)
+    assert series_checked(checked) >= sum(1 for d in all_dashboards() for p in d.panels
+                                          for _ in p.queries if p.requires in ALWAYS_SERIES)
+
+
+def check_dashboards_and_rules(prom: LocalPrometheus, always_series: set[str]) -> tuple[list[dict], list[str]]:
+    """Send every panel query and alert rule to Prometheus; return (what was checked, failures).
+
+    Panels whose ``requires`` is in ``always_series`` must return series; any other
+    panel must too once every metric it uses is in the scrape; the rest only parse.
+    """
+    present = prom.api.metric_names()
+    checked: list[dict] = []
+    failures: list[str] = []
+    for dash in all_dashboards():
+        for panel in dash.panels:
+            emitted = panel.metric_names() <= present
+            want_series = panel.requires in always_series or emitted
+            if panel.requires in always_series and not emitted:
+                failures.append(f"{dash.uid} / {panel.title}: metrics not scraped: "
+                                f"{sorted(panel.metric_names() - present)}")
+            for query in panel.queries:
+                expr = expand(query.expr, "1m")
+                try:
+                    series = len(prom.api.query(expr).result)
+                except PrometheusError as exc:
+                    failures.append(f"{dash.uid} / {panel.title}: does not parse: {exc}")
+                    continue
+                if want_series and series == 0:
+                    failures.append(f"{dash.uid} / {panel.title}: no series for {expr}")
+                checked.append({"dashboard": dash.uid, "panel": panel.title, "requires": panel.requires,
+                                "expr": expr, "series": series,
+                                "check": "parse+series" if want_series else "parse only (metrics not emitted)"})
+    rule_names = re.findall(r"^\s*- alert:\s*(\S+)", RULES_FILE.read_text(), re.M)
+
+    def rules_evaluated():
+        rules = prom.api.rules()
+        done = len(rules) == len(rule_names) and all(
+            not r.get("lastEvaluation", "0001").startswith("0001") for r in rules)
+        return rules if done else None
+
+    rules = wait_until(rules_evaluated, 20, "every alert rule to be evaluated once", lambda: f": {prom.api.rules()}")
+    if sorted(r["name"] for r in rules) != sorted(rule_names):
+        failures.append(f"Prometheus loaded rules {sorted(r['name'] for r in rules)}, file has {rule_names}")
+    for rule in rules:
+        if rule["health"] != "ok":
+            failures.append(f"alert {rule['name']}: health {rule['health']}: {rule.get('lastError')}")
+        try:
+            series = len(prom.api.query(rule["query"]).result)
+        except PrometheusError as exc:
+            failures.append(f"alert {rule['name']}: does not parse: {exc}")
+            continue
+        checked.append({"alert": rule["name"], "expr": rule["query"], "series": series,
+                        "state": rule["state"], "check": "parse+evaluated"})
+    return checked, failures
+
+
+def series_checked(checked: list[dict]) -> int:
+    return sum(1 for c in checked if c["check"] == "parse+series")
+
+
+def report_checks(checked: list[dict], path: Path) -> None:
+    path.write_text(json.dumps(checked, indent=2))
+    print(f"\n{'check':34} {'series':>6}  panel / alert")
+    for c in checked:
+        print(f"{c['check']:34} {c['series']:>6}  {c.get('dashboard', 'alert')} / {c.get('panel', c.get('alert'))}")
+    print(f"{series_checked(checked)} panel queries series-checked, "
+          f"{sum(1 for c in checked if c['check'].startswith('parse only'))} parse-only, "
+          f"{sum(1 for c in checked if 'alert' in c)} alert rules evaluated")
+
+
+def test_training_panels_have_series_in_a_training_run(kafka_bootstrap, unique, tmp_path):
+    """`edgestream run` with ASP (server + 2 workers): checked while the run streams."""
+    cfg = load_config(overrides=[
+        f"job.name=dasht-{unique}", f"run.state_dir={tmp_path / 'state'}",
+        f"devices.ids=a{unique},b{unique}", "devices.count=2", "devices.rates_hz=160,120",
+        "devices.message_interval_s=0.05", "batcher.window_s=0.25", "batcher.max_batch=64",
+        "workers.count=2", "train.enabled=true", "train.model=mlp", "train.strategy=asp",
+        "train.lr=0.03", "train.momentum=0.5", "train.strategy_params=max_staleness=4",
+        "train.eval_every_s=1", "train.checkpoint_every_steps=5",
+        "run.duration_s=12", "run.drain_timeout_s=60",
+    ], env={})
+    prom = LocalPrometheus(tmp_path / "prometheus", tmp_path / "sd", scrape_interval="1s")
+    box: dict = {}
+
+    def while_streaming(ctx) -> None:
+        urls = {w.name: w.metrics_url or "" for w in ctx.workers}
+        write_file_sd(file_sd_path(cfg.job.name, tmp_path / "sd"), run_targets(urls))
+        prom.start()
+        wait_until(lambda: len(t := prom.api.targets()) == len(urls) and all(x["health"] == "up" for x in t),
+                   30, "Prometheus to scrape the server and workers", lambda: f": {prom.api.targets()}")
+        # three scrapes of steps and model versions: every rate() has two samples to work with
+        wait_until(lambda: (r := prom.api.query(
+            "min(count_over_time(edgestream_steps_total[1m])) >= 3 "
+            "and min(count_over_time(edgestream_model_version[1m])) >= 3").result) and r,
+            60, "training metrics to be scraped three times")
+        # ingest panels are demanded by the test above; here every panel whose metrics appear
+        box["checks"] = check_dashboards_and_rules(prom, set())
+        box["server_up"] = prom.api.query('up{job="server"} == 1').result
+
+    try:
+        run_job(cfg, kafka_bootstrap, console=Console(file=io.StringIO(), width=160), live=False,
+                on_streaming=while_streaming)
+    finally:
+        prom.stop()
+
+    checked, failures = box["checks"]
+    report_checks(checked, tmp_path / "dashboard-check.json")
+    assert not failures, "\n".join(failures)
+    assert box["server_up"], "the server is scraped as job=server"
+    by_panel = {(c["dashboard"], c["panel"]): c for c in checked if "panel" in c}
+    # what the training runtime records today must be series-checked, not skipped
+    for title in ("Step time p50 / p95", "Steps / s", "Records trained / s", "Model version", "Loss",
+                  "Accuracy", "Time since last checkpoint"):
+        assert by_panel[("edgestream-training", title)]["check"] == "parse+series", title
+    assert by_panel[("edgestream-compression", "Gradient bytes sent / s by codec")]["check"] == "parse+series"
+
+
+def _docs_png_target() -> Path | None:
+    """``EDGESTREAM_FLEET_PNG=docs/img/fleet.png`` also writes the committed picture
+    (made with ``EDGESTREAM_DASHBOARD_RUN_S=30``)."""
+    target = os.environ.get("EDGESTREAM_FLEET_PNG")
+    return Path(target) if target else None

@@ -1,0 +1,173 @@
+"""Online training over the real broker: BSP, ASP, a crashed worker, poisoned gradients."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import pytest
+import torch
+from kafka import KafkaConsumer
+from rich.console import Console
+
+from pipeline.config import load_config
+from pipeline.kafka_io import end_offsets, producer
+from pipeline.messages import encode_update
+from pipeline.run import RunContext, run_job
+from pipeline.training import channel_topic
+from streams import topics
+from trainers import LocalTrainer, build_model
+from trainers.messages import UpdateMessage
+
+pytestmark = pytest.mark.integration
+
+
+def train_job(unique: str, state_dir, *overrides: str):
+    return load_config(
+        overrides=[
+            f"job.name=t{unique}",
+            f"run.state_dir={state_dir}",
+            f"devices.ids=a{unique},b{unique},c{unique}",
+            "devices.count=3",
+            "devices.rates_hz=240,160,120",
+            "devices.message_interval_s=0.05",
+            "batcher.window_s=0.25",
+            "batcher.max_batch=64",
+            "workers.count=3",
+            "train.enabled=true",
+            "train.model=mlp",
+            "train.lr=0.1",
+            "train.eval_every_s=1",
+            "train.checkpoint_every_steps=10",
+            "run.duration_s=60",
+            "run.drain_timeout_s=60",
+            *overrides,
+        ],
+        env={},
+    )
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=160)
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)  # poll interval of a deadline wait
+    return value
+
+
+def workers_of(result):
+    return {name: t for name, t in result.training.items() if name != "server"}
+
+
+def test_bsp_three_workers_reach_target_with_identical_replicas(kafka_bootstrap, unique, state_dir):
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.9")
+
+    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
+
+    trained = workers_of(result)
+    assert set(trained) == {"w0", "w1", "w2"}
+    assert min(t["accuracy"] for t in trained.values()) >= 0.9
+    assert len({t["digest"] for t in trained.values()}) == 1  # bitwise identical replicas
+    assert len({t["version"] for t in trained.values()}) == 1
+    assert all(t["staleness"].get("max", 0) == 0 for t in trained.values())
+    assert result.balanced
+
+
+def test_asp_with_server_reaches_target_and_bounds_staleness(kafka_bootstrap, unique, state_dir):
+    # Updates are applied one by one on the server: a smaller step and less momentum
+    # keep the asynchronous model from oscillating; stop streaming once past 0.9.
+    cfg = train_job(unique, state_dir, "train.strategy=asp", "train.lr=0.03", "train.momentum=0.5",
+                    "train.strategy_params=max_staleness=4", "train.target_accuracy=0.9")
+
+    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
+
+    server = result.training["server"]
+    assert server["accuracy"] >= 0.88
+    assert server["staleness"]["count"] > 0  # staleness was measured on applied updates
+    assert server["staleness"]["max"] <= 4  # and bounded by max_staleness
+    assert max(t["accuracy"] for t in workers_of(result).values()) >= 0.85
+    assert result.balanced
+
+
+def test_killed_worker_resumes_from_checkpoint_and_loses_nothing(kafka_bootstrap, unique, state_dir):
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.9")
+    seen = {}
+
+    def crash_and_restart(ctx: RunContext) -> None:
+        from monitoring.scrape import scrape
+
+        w1 = ctx.worker("w1")
+        wait_until(lambda: (s := scrape(w1.metrics_url)) is not None
+                   and s.get("edgestream_steps_total", worker="w1") >= 25, 90, "w1 to take 25 steps")
+        ctx.kill("w1")  # SIGKILL: no shutdown hook, no final checkpoint
+        seen["killed"] = True
+        ctx.restart("w1")
+
+    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash_and_restart)
+
+    assert seen["killed"] and result.restarted == ["w1"]
+    trained = workers_of(result)
+    assert trained["w1"]["restored_from"] is not None and trained["w1"]["restored_from"] >= 10
+    assert min(t["accuracy"] for t in trained.values()) >= 0.9
+    assert len({t["digest"] for t in trained.values()}) == 1
+    # Nothing lost: on the crashed worker's device topic every message below the end
+    # offset is resolved (below the final watermark) or still held by the worker.
+    device = cfg.devices_of("w1")[0]
+    topic = topics.sensor_topic(device)
+    (end,) = end_offsets(kafka_bootstrap, [topic]).values()
+    offsets = trained["w1"]["sensor_offsets"][f"{topic}:0"]
+    assert offsets["watermark"] + offsets["open"] == end
+
+
+def poisoned_messages(cfg) -> list[tuple[str, bytes]]:
+    """Gradient messages a faulty or malicious peer could send, one of each kind."""
+    def gradient(model) -> bytes:
+        trainer = LocalTrainer(model, lr=0.1)
+        grads = {k: torch.zeros_like(v) for k, v in trainer.get_parameters().items()}
+        msg = UpdateMessage(kind="gradient", sender="w0", step=5, base_version=5, batch_size=8, tensors=grads)
+        return encode_update(msg, job=cfg.job.name)[0]
+
+    valid = gradient(build_model("mlp", (64,), 10, seed=0))
+    nan = bytearray(valid)
+    nan[-4:] = bytes.fromhex("0000c07f")  # the last float32 of the last layer becomes NaN
+    huge = bytearray(valid)
+    huge[12:16] = (2**31).to_bytes(4, "little")  # declares a 2 GiB tensor section
+    return [
+        ("nan", bytes(nan)),
+        ("shape", gradient(build_model("mlp", (64,), 10, seed=0, hidden=(32,)))),
+        ("huge", bytes(huge)),
+        ("junk", np.random.default_rng(0).bytes(5000)),
+    ]
+
+
+def test_poisoned_gradients_are_dead_lettered_and_never_applied(kafka_bootstrap, unique, state_dir):
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.9")
+    poison = poisoned_messages(cfg)
+
+    def inject(ctx: RunContext) -> None:
+        prod = producer(kafka_bootstrap)
+        for _label, value in poison:
+            prod.send(channel_topic(cfg.job.name, "gradients"), value=value, key=b"w0")
+        prod.flush()
+        prod.close()
+
+    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=inject)
+
+    trained = workers_of(result)
+    assert min(t["accuracy"] for t in trained.values()) >= 0.9
+    assert len({t["digest"] for t in trained.values()}) == 1
+    assert all(t["updates_rejected"] == len(poison) for t in trained.values())
+    consumer = KafkaConsumer(topics.gradients_dlq_topic(cfg.job.name), bootstrap_servers=kafka_bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    try:
+        reasons = [dict(r.headers)[topics.DLQ_HEADER_REASON].decode() for r in consumer]
+    finally:
+        consumer.close()
+    assert len(reasons) == 3 * len(poison)  # every worker dead-letters what it rejected
+    assert sorted(set(reasons)) == ["bad_magic", "non_finite", "shape_mismatch", "truncated"]
