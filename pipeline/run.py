@@ -23,6 +23,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from monitoring.metrics import serve_process
+from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id
 from pipeline.worker import SERVER_NAME
@@ -225,7 +227,13 @@ def run_job(
             ctx.start(name)
         for w in ctx.workers:
             ctx.wait_ready(w)
-        console.print("[bold]metrics endpoints:[/bold] " + ", ".join(f"{w.name} {w.metrics_url}" for w in ctx.workers))
+        sim_metrics, sim_url = serve_process(0, cfg.workers.metrics_host)
+        ctx.simulator_url = sim_url
+        ctx.publish_targets()
+        console.print("[bold]metrics endpoints:[/bold] " + ", ".join(
+            [f"{w.name} {w.metrics_url}" for w in ctx.workers] + [f"simulator {sim_url}"]))
+        console.print(f"[bold]Prometheus targets file:[/bold] {ctx.targets_file} "
+                      "(see docs/monitoring.md; `edgestream prometheus` scrapes it)")
         report_box: dict[str, SimulationReport] = {}
         errors: list[BaseException] = []
 
@@ -233,7 +241,7 @@ def run_job(
             try:
                 report_box["final"] = simulate(
                     cfg, bootstrap, cfg.run.duration_s, garbage_per_device=garbage_per_device,
-                    stop=stop, progress=lambda r: report_box.__setitem__("live", r),
+                    stop=stop, progress=lambda r: report_box.__setitem__("live", r), metrics=sim_metrics,
                     report_path=state / "simulation.json",
                 )
             except BaseException as exc:  # surfaced in the main thread
@@ -372,6 +380,16 @@ class RunContext:
     workers: list[WorkerProc]
     restarts: list[str] = field(default_factory=list)
     restarting: bool = False
+    simulator_url: str | None = None
+
+    @property
+    def targets_file(self) -> Path:
+        return file_sd_path(self.cfg.job.name)
+
+    def publish_targets(self) -> None:
+        """Write the Prometheus file-SD targets of every process of the run."""
+        write_file_sd(self.targets_file, run_targets({w.name: w.metrics_url or "" for w in self.workers},
+                                                     simulator_url=self.simulator_url))
 
     def start(self, name: str) -> WorkerProc:
         base = self.cfg.workers.metrics_port_base
@@ -411,6 +429,7 @@ class RunContext:
         self.wait_ready(w)
         self.restarts.append(name)
         self.restarting = False
+        self.publish_targets()
         return w
 
 

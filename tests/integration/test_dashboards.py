@@ -137,7 +137,9 @@ def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstra
                    "Prometheus to see every record")
 
         # --- values seen through Prometheus are the run's values -------------------------------
-        assert scalar(prom, "sum(edgestream_records_produced_total)") == produced
+        # the simulator's last scrape may come after the workers' (both on a 1 s interval)
+        wait_until(lambda: scalar(prom, "sum(edgestream_records_produced_total)") == produced, 20,
+                   "Prometheus to see every produced record")
         assert scalar(prom, "sum(edgestream_dead_letter_messages_total)") == GARBAGE * len(devices)
         for device in devices:
             assert scalar(prom, f'sum(edgestream_records_in_total{{device="{device}"}})') == report.records[device]

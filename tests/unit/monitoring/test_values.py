@@ -63,7 +63,8 @@ def test_ingest_counts_drops_and_dead_letters_are_exact_on_metrics(served):
     assert s.get("edgestream_bytes_in_total", device="dev00") == sent_bytes["dev00"]
     assert s.get("edgestream_bytes_in_total", device="dev01") == sent_bytes["dev01"]
     assert s.get("edgestream_buffer_dropped_records_total", device="dev00", reason="overflow") == 11
-    assert s.by_label("edgestream_buffer_dropped_records_total", "device") == {"dev00": 11}  # none for dev01
+    drops = s.by_label("edgestream_buffer_dropped_records_total", "device")
+    assert drops == {"dev00": 11, "dev01": 0}  # dev01's series exists (init_device) at zero
     assert s.get("edgestream_buffer_depth_records", device="dev00") == 10
     assert s.get("edgestream_buffer_depth_records", device="dev01") == 4
     assert s.get("edgestream_buffer_capacity_records", device="dev00") == 10
@@ -71,7 +72,7 @@ def test_ingest_counts_drops_and_dead_letters_are_exact_on_metrics(served):
     assert s.get("edgestream_event_time_lag_seconds", device="dev01") == pytest.approx(3.0)
     for kind in KINDS:
         assert s.get("edgestream_dead_letter_messages_total", device="dev01", reason=EXPECTED_REASON[kind]) == 1
-    assert s.by_label("edgestream_dead_letter_messages_total", "device") == {"dev01": len(KINDS)}
+    assert s.by_label("edgestream_dead_letter_messages_total", "device") == {"dev00": 0, "dev01": len(KINDS)}
     # the invariant, read from metrics alone
     for device, acc in core.accounting().items():
         assert s.get("edgestream_records_in_total", device=device) == (
