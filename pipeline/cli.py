@@ -171,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=140)
     bootstrap = _bootstrap(args, cfg)
     broker = None
     try:

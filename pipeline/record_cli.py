@@ -128,9 +128,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
                             passes=p.passes + (0 if not looping else 1))
 
         stop = threading.Event()
+        from monitoring.metrics import serve_process
+
+        metrics, metrics_url = serve_process(args.metrics_port)
+        console.print(f"replayer /metrics: {metrics_url}")
         try:
             with _ctrl_c_sets(stop):
-                report = replay(args.directory, bootstrap, speed=speed, loop=looping,
+                report = replay(args.directory, bootstrap, speed=speed, loop=looping, metrics=metrics,
                                 max_passes=args.max_passes, rename=args.rename or [],
                                 rewrite_timestamps=args.rewrite_timestamps,
                                 rewrite_devices=args.rewrite_device_ids,
@@ -232,6 +236,8 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
     p.add_argument("--allow-truncated", action="store_true",
                    help="replay the intact prefix of a truncated or corrupt recording")
     p.add_argument("--report", type=Path, help="write the replay summary as JSON here")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve /metrics (records produced per device) on 127.0.0.1:PORT (0: a free port)")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("import", help="turn a labelled CSV / NumPy / Parquet table into a recording")

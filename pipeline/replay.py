@@ -325,6 +325,7 @@ def replay(
     stop: threading.Event | None = None,
     progress: Callable[[ReplayProgress], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    metrics: Any = None,
 ) -> ReplayReport:
     """Produce the recording in ``directory`` to ``bootstrap``; return what was achieved.
 
@@ -371,7 +372,7 @@ def replay(
     report = asyncio.run(_replay_async(
         reader, names, destination, partitions_needed, device_map, bootstrap, speed, period,
         passes_limit, rewrite_timestamps, producer_options or {}, max_message_bytes,
-        stop or threading.Event(), progress, clock,
+        stop or threading.Event(), progress, clock, metrics,
     ))
     report.truncated = [
         {"path": str(p), "position": pos, "reason": r} for p, pos, r in reader.truncated
@@ -395,8 +396,15 @@ async def _replay_async(
     stop: threading.Event,
     progress: Callable[[ReplayProgress], None] | None,
     clock: Callable[[], float],
+    metrics: Any = None,
 ) -> ReplayReport:
     from aiokafka import AIOKafkaProducer
+
+    produced = {}  # destination topic -> records_produced child (device topics only)
+    if metrics is not None:
+        for dest in set(destination.values()):
+            if dest.startswith(topics.SENSOR_PREFIX) and dest != topics.SENSOR_DLQ:
+                produced[dest] = metrics.records_produced.labels(topics.device_of(dest))
 
     paced = not math.isinf(speed)
     options: dict[str, Any] = dict(
@@ -455,6 +463,9 @@ async def _replay_async(
                     pacer.sent(due)
                 pending.append(fut)
                 per_topic[msg.topic] += 1
+                counter = produced.get(destination[msg.topic])
+                if counter is not None:
+                    counter.inc(sensor_record_count(value))
                 prog.messages += 1
                 prog.bytes += len(value) + len(key or b"")
                 if len(pending) >= 4096:
@@ -494,6 +505,13 @@ def _check_sent(pending: list[asyncio.Future]) -> list[asyncio.Future]:
 
 
 # ---------------------------------------------------- replay through workers
+
+
+def sensor_record_count(value: bytes) -> int:
+    """Records in a sensor message, read from its header (0 for anything else)."""
+    if len(value) >= 12 and value[:4] == codec.MAGIC:
+        return int.from_bytes(value[8:12], "little")
+    return 0
 
 
 def expected_from_recording(
@@ -577,7 +595,12 @@ def replay_through_workers(
     records, garbage = expected_from_recording(directory, mapping, data.num_classes, data.feature_shape,
                                                limits)
     expected = SimulationReport(records=records, garbage={d: {"replayed": n} for d, n in garbage.items()})
-    ensure_topics(bootstrap, sensor_topics_for(devices))
+    wanted = sensor_topics_for(devices)
+    if cfg.train.enabled:
+        from pipeline.training import training_topics
+
+        wanted.update(training_topics(cfg.job.name))
+    ensure_topics(bootstrap, wanted)
     start_groups_at_end(
         bootstrap,
         {app_id(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},

@@ -27,10 +27,10 @@ from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id
-from pipeline.worker import SERVER_NAME
 from pipeline.config import JobConfig
 from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, simulate
+from pipeline.worker import SERVER_NAME
 from streams import topics
 
 
@@ -484,8 +484,8 @@ def summary_table(result: RunResult) -> Table:
         table.add_row(device, str(result.produced[device]), str(a["batched"]), str(a["dropped"]),
                       str(a["buffered"]), str(a["max_depth"]), str(result.garbage[device]),
                       str(a["dead_letter_messages"]), "yes" if ok else "[red]NO[/red]")
-    table.caption = ("* buffered: fixed-mode remainder smaller than one batch, not acked, so it is "
-                     "redelivered when the worker restarts")
+    table.caption = ("* buffered: records not trained yet (a fixed-mode remainder, or records held while "
+                     "BSP waits for peers whose streams ended); not acknowledged, so re-read on restart")
     return table
 
 

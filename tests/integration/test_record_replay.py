@@ -142,8 +142,11 @@ def test_corrupt_recording_is_named_and_its_intact_prefix_replays(kafka_bootstra
     assert [v for _, v, _ in by_partition(tmp_path / "back")[(f"sensors.cp{unique}", 0)]] == intact
 
 
-def test_recorded_run_replayed_through_workers_gives_the_live_accounting(kafka_bootstrap, unique, tmp_path):
-    # Arrange: a live ingest run with garbage of every kind, recorded afterwards.
+@pytest.mark.parametrize("train", [False, True], ids=["ingest", "training"])
+def test_recorded_run_replayed_through_workers_gives_the_live_accounting(kafka_bootstrap, unique, tmp_path,
+                                                                         train):
+    # Arrange: a live run (ingest only, or training BSP) with garbage of every kind,
+    # recorded afterwards.
     live_ids = [f"la{unique}", f"lb{unique}"]
     replay_ids = [f"ra{unique}", f"rb{unique}"]
 
@@ -152,6 +155,7 @@ def test_recorded_run_replayed_through_workers_gives_the_live_accounting(kafka_b
             f"job.name={name}", f"run.state_dir={state}", f"devices.ids={','.join(ids)}",
             "devices.count=2", "devices.rates_hz=60,20", "run.duration_s=3", "run.drain_timeout_s=40",
             "workers.count=1", "batcher.mode=window", "buffer.policy=persist",
+            *([f"train.enabled={train}", "train.strategy=bsp", "train.model=mlp"]),
         ], env={})
 
     live_cfg = job(f"rl{unique}", live_ids, tmp_path / "live")
@@ -175,6 +179,8 @@ def test_recorded_run_replayed_through_workers_gives_the_live_accounting(kafka_b
         assert live.accounting[old]["batched"] == live.produced[old] > 0
         assert live.accounting[old]["dead_letter_messages"] == len(KINDS)
         assert {k: accounting[new][k] for k in keys} == {k: live.accounting[old][k] for k in keys}
+    if train:
+        assert live.training["w0"]["trained_records"] == sum(live.produced.values())
 
 
 def test_cli_import_replay_record(kafka_bootstrap, unique, tmp_path, capsys):

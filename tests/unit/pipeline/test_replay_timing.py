@@ -316,3 +316,16 @@ def test_parquet_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
 
     with pytest.raises(TableImportError, match="Parquet needs pyarrow"):
         load_table(path, "label")
+
+
+def test_replayer_counts_records_of_sensor_messages_only():
+    from pipeline.replay import sensor_record_count
+    from streams import codec as sensor_codec
+    from streams.garbage import make_garbage
+    from streams.records import RecordBatch
+
+    batch = RecordBatch(device="d1", seq=np.arange(5, dtype=np.uint64), event_time=np.zeros(5),
+                        features=np.zeros((5, 2), dtype=np.float32))
+    assert sensor_record_count(sensor_codec.encode(batch)) == 5
+    assert sensor_record_count(make_garbage("random_bytes", "d1", (2,))) == 0
+    assert sensor_record_count(b"") == 0
