@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
 import struct
 import threading
 import time
@@ -565,6 +564,7 @@ def replay_through_workers(
         WorkerProc,
         device_view,
         drained,
+        prepare_state,
         scrape_all,
         start_worker_process,
         stop_process,
@@ -572,12 +572,7 @@ def replay_through_workers(
     )
     from pipeline.simulate import SimulationReport, job_fleet_data
 
-    state = cfg.state_path()
-    if (state / "workers").exists():
-        shutil.rmtree(state / "workers")
-    state.mkdir(parents=True, exist_ok=True)
-    cfg_path = state / "job.json"
-    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=2))
+    state, cfg_path = prepare_state(cfg)
     devices = cfg.devices.device_ids()
     renamer = TopicRenamer(rename)
     reader = RecordingReader(directory)

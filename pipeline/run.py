@@ -178,6 +178,18 @@ def drained(cfg: JobConfig, rows: dict, report: SimulationReport, restarted: set
     return True
 
 
+def prepare_state(cfg: JobConfig) -> tuple[Path, Path]:
+    """A clean state dir for a new run (worker state from earlier runs removed) and the
+    effective config written there as JSON, which worker processes load."""
+    state = cfg.state_path()
+    if (state / "workers").exists():
+        shutil.rmtree(state / "workers")
+    state.mkdir(parents=True, exist_ok=True)
+    cfg_path = state / "job.json"
+    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=2))
+    return state, cfg_path
+
+
 def run_job(
     cfg: JobConfig,
     bootstrap: str,
@@ -193,12 +205,7 @@ def run_job(
     (tests use it to kill and restart a worker mid-run).
     """
     console = console or Console()
-    state = cfg.state_path()
-    if (state / "workers").exists():
-        shutil.rmtree(state / "workers")
-    state.mkdir(parents=True, exist_ok=True)
-    cfg_path = state / "job.json"
-    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=2))
+    state, cfg_path = prepare_state(cfg)
     devices = cfg.devices.device_ids()
     training = cfg.train.enabled
     wanted = sensor_topics_for(devices)

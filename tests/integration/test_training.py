@@ -61,12 +61,17 @@ def wait_until(predicate, timeout_s: float, what: str):
     return value
 
 
+# Runs stop streaming once every worker's held-out accuracy passed `train.target_accuracy`;
+# the steps taken while draining may move it a little, so the stop target sits above the
+# accuracy the tests require at the end.
+
+
 def workers_of(result):
     return {name: t for name, t in result.training.items() if name != "server"}
 
 
 def test_bsp_three_workers_reach_target_with_identical_replicas(kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.9")
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92")
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
 
@@ -96,7 +101,7 @@ def test_asp_with_server_reaches_target_and_bounds_staleness(kafka_bootstrap, un
 
 
 def test_killed_worker_resumes_from_checkpoint_and_loses_nothing(kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.9")
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92")
     seen = {}
 
     def crash_and_restart(ctx: RunContext) -> None:
@@ -147,7 +152,7 @@ def poisoned_messages(cfg) -> list[tuple[str, bytes]]:
 
 
 def test_poisoned_gradients_are_dead_lettered_and_never_applied(kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.9")
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92")
     poison = poisoned_messages(cfg)
 
     def inject(ctx: RunContext) -> None:
