@@ -68,12 +68,12 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 
 
 BARE_FAUST = r"""
-import os, sys, time, uuid
+import os, sys, tempfile, time, uuid
 import faust
 
-bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
+bootstrap, topic, expected, result_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 app = faust.App("bare-" + uuid.uuid4().hex[:6], broker="kafka://" + bootstrap, store="memory://",
-                web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
+                datadir=tempfile.mkdtemp(prefix="bare-faust-"), web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
                 autodiscover=False, consumer_max_fetch_size=16 * 1024 * 1024)
 source = app.topic(topic, key_serializer="raw", value_serializer="raw")
 state = {"n": 0, "first": None}
@@ -85,7 +85,7 @@ async def count(stream):
             state["first"] = time.monotonic()
         state["n"] += 1
         if state["n"] >= expected:
-            os.write(3, ("%d %.6f\n" % (state["n"], time.monotonic() - state["first"])).encode())
+            os.write(result_fd, ("%d %.6f\n" % (state["n"], time.monotonic() - state["first"])).encode())
             os._exit(0)
 
 faust.Worker(app, loglevel="error", quiet=True).execute_from_commandline()
@@ -166,15 +166,17 @@ def run_bare_faust(bootstrap: str, device: str, messages: int) -> dict:
     import os
 
     read_fd, write_fd = os.pipe()
+    log = tempfile.NamedTemporaryFile(prefix="bare-faust-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-c", BARE_FAUST, bootstrap, topics.sensor_topic(device), str(messages)],
-        pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: os.dup2(write_fd, 3),
+        [sys.executable, "-c", BARE_FAUST, bootstrap, topics.sensor_topic(device), str(messages), str(write_fd)],
+        pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
     )
     os.close(write_fd)
     with os.fdopen(read_fd) as pipe:
-        line = pipe.readline()
+        line = pipe.readline()  # the child writes one line when done (or closes: it died)
     proc.wait(timeout=60)
+    if not line:
+        raise RuntimeError(f"bare Faust consumer exited without a result; see {log.name}")
     count, seconds = line.split()
     return {"records": int(count) * RECORDS_PER_MESSAGE, "seconds": float(seconds)}
 
