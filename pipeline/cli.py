@@ -123,9 +123,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from pipeline.simulate import simulate
 
+    from monitoring.metrics import serve_process
+
     cfg = job_config(args)
     bootstrap = need_bootstrap(args, cfg)
     duration = args.duration or cfg.run.duration_s
+    metrics, metrics_url = serve_process(args.metrics_port, cfg.workers.metrics_host)
+    Console().print(f"simulator /metrics: {metrics_url}")
     with Progress(TextColumn("simulating {task.fields[devices]} devices"), BarColumn(),
                   TextColumn("{task.fields[records]} records"), TimeElapsedColumn()) as progress:
         task = progress.add_task("sim", total=duration, devices=cfg.devices.count, records=0)
@@ -134,7 +138,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             progress.update(task, completed=report.duration_s, records=sum(report.records.values()))
 
         report = simulate(cfg, bootstrap, duration, garbage_per_device=args.garbage,
-                          progress=on_progress, report_path=args.report)
+                          progress=on_progress, report_path=args.report, metrics=metrics)
     Console().print(f"produced {sum(report.records.values())} records in "
                     f"{sum(report.messages.values())} messages ({report.bytes} bytes) in {report.duration_s:.1f}s")
     return 0
@@ -240,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--garbage", type=int, default=0, metavar="N",
                    help="also send N malformed messages per device (tests the dead-letter path)")
     p.add_argument("--report", type=Path, help="write what was produced as JSON here")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve /metrics (records produced per device) on this port (0: a free one)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("worker", help="run one worker (a Faust worker) until stopped")
