@@ -121,9 +121,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pipeline.simulate import simulate
-
     from monitoring.metrics import serve_process
+    from pipeline.simulate import simulate
 
     cfg = job_config(args)
     bootstrap = need_bootstrap(args, cfg)
