@@ -54,6 +54,28 @@ def app_id(cfg: JobConfig, worker: str) -> str:
     return f"edgestream-{cfg.job.name}-{worker}"
 
 
+def new_faust_app(cfg: JobConfig, name: str, bootstrap: str, datadir: Path) -> faust.App:
+    """The Faust app of one edgestream process (worker or server), with the settings all share."""
+    max_bytes = cfg.kafka.max_message_bytes
+    return faust.App(
+        app_id(cfg, name),
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        datadir=str(datadir),
+        web_enabled=False,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=max_bytes,
+        consumer_max_fetch_size=max_bytes,
+        stream_wait_empty=False,
+        broker_commit_interval=1.0,
+        autodiscover=False,
+        # A crashed process's group membership must lapse quickly so its restart can rejoin.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
+    )
+
+
 def create_app(
     cfg: JobConfig,
     worker: str,
@@ -68,38 +90,20 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     on_ready: Callable[[], None] | None = None,
     tracker: OffsetTracker | None = None,
-    seek_to: dict[str, int] | None = None,
     extend: Callable[[faust.App], None] | None = None,
 ) -> tuple[faust.App, IngestCore]:
     """Build the worker's Faust app; returns it with the ``IngestCore`` it drives.
 
     ``tracker`` learns which sensor offsets are fully handled (a checkpoint's resume
-    point); ``seek_to`` (``"topic:partition" -> offset``) overrides the committed
-    offsets on assignment (restore from a checkpoint); ``extend(app)`` registers more
+    point; restoring it is the caller's job, see ``kafka_io.set_group_offsets``);
+    ``extend(app)`` registers more
     agents and tasks (training). A sink with ``defer_acks = True`` gets an async
     ``ack_tokens(tokens)`` attribute and must call it once a batch is fully handled.
     """
     tracker = tracker if tracker is not None else OffsetTracker()
-    seek_to = dict(seek_to or {})
     devices = devices if devices is not None else cfg.devices_of(worker)
     max_bytes = cfg.kafka.max_message_bytes
-    app = faust.App(
-        app_id(cfg, worker),
-        broker=f"kafka://{bootstrap}",
-        store="memory://",
-        datadir=str(datadir),
-        web_enabled=False,
-        topic_disable_leader=True,
-        consumer_auto_offset_reset="earliest",
-        producer_max_request_size=max_bytes,
-        consumer_max_fetch_size=max_bytes,
-        stream_wait_empty=False,
-        broker_commit_interval=1.0,
-        autodiscover=False,
-        # A crashed worker's group membership must lapse quickly so its restart can rejoin.
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=2.0,
-    )
+    app = new_faust_app(cfg, worker, bootstrap, datadir)
     core = IngestCore(
         cfg, devices, metrics, start=clock(), expected_shape=expected_shape, num_classes=num_classes
     )
@@ -227,10 +231,6 @@ def create_app(
         for tp in assigned:
             if tp.topic.startswith(topics.SENSOR_PREFIX) and tp.topic != topics.SENSOR_DLQ:
                 partitions[topics.device_of(tp.topic)] = tp
-            resume_at = seek_to.pop(OffsetTracker.key(tp.topic, tp.partition), None)
-            if resume_at is not None:
-                log.info("resuming %s at checkpoint offset %d", tp, resume_at)
-                await app_.consumer.seek(tp, resume_at)
         if on_ready is not None and assigned:
             on_ready()
 

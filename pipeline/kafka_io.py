@@ -139,16 +139,6 @@ def set_group_offsets(bootstrap: str, group: str, offsets: dict[str, int], timeo
         admin.close()
 
 
-def _offset_errors(result) -> str:
-    """Error text from an alter_group_offsets result (shape differs across versions), '' if none."""
-    if not result:
-        return ""
-    text = []
-    items = result.items() if isinstance(result, dict) else enumerate(result)
-    for key, value in items:
-        code = getattr(value, "errno", value) if not isinstance(value, (int, type(None))) else value
-        if isinstance(value, BaseException):
-            text.append(f"{key}: {value}")
-        elif isinstance(code, int) and code != 0:
-            text.append(f"{key}: error {code}")
-    return "; ".join(text)
+def _offset_errors(result: dict) -> str:
+    """Partition-level errors of an ``alter_group_offsets`` result ({tp: error class}), '' if none."""
+    return "; ".join(f"{tp}: {err.__name__}" for tp, err in (result or {}).items() if err.errno != 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import faust
 
 from monitoring.metrics import Metrics, serve
-from pipeline.app import CountingSink, app_id, create_app
+from pipeline.app import CountingSink, app_id, create_app, new_faust_app
 from pipeline.config import JobConfig
 from pipeline.kafka_io import set_group_offsets
 from pipeline.simulate import job_fleet_data
@@ -104,14 +104,8 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     data = job_fleet_data(cfg)
     runtime = TrainingRuntime(cfg, SERVER_NAME, data, metrics, state, role="server")
     set_group_offsets(bootstrap, app_id(cfg, SERVER_NAME), runtime.resume_offsets)
-    app = faust.App(
-        app_id(cfg, SERVER_NAME), broker=f"kafka://{bootstrap}", store="memory://",
-        datadir=str(state / "faust"), web_enabled=False, topic_disable_leader=True,
-        consumer_auto_offset_reset="earliest", autodiscover=False,
-        broker_session_timeout=10.0, broker_heartbeat_interval=2.0,
-        producer_max_request_size=cfg.kafka.max_message_bytes,
-        consumer_max_fetch_size=cfg.kafka.max_message_bytes,
-    )
+    app = new_faust_app(cfg, SERVER_NAME, bootstrap, state / "faust")
+
     @app.on_partitions_assigned.connect
     async def assigned(app_: faust.App, assigned, **kwargs) -> None:
         metrics.worker_ready.labels(SERVER_NAME).set(1)
