@@ -186,6 +186,11 @@ class Metrics:
             "edgestream_compressed_steps_total", "Steps whose gradient was sent compressed",
             ["worker"], registry=r,
         )
+        self.injected_records = Counter(
+            "edgestream_injected_records_total",
+            "Samples added to training batches from the shared pool (ScaDLES data injection)",
+            ["worker"], registry=r,
+        )
         self.compression_vote = Gauge(
             "edgestream_compression_vote", "The worker's current vote for compressing (1) or not (0)",
             ["worker"], registry=r,
@@ -210,7 +215,8 @@ class Metrics:
 
     def init_worker(self, worker: str) -> None:
         """Create the worker's training counters at 0 (same reason as ``init_device``)."""
-        for counter in (self.steps, self.trained_records, self.compressed_steps, self.commits):
+        for counter in (self.steps, self.trained_records, self.compressed_steps, self.commits,
+                        self.injected_records):
             counter.labels(worker)
 
     # --- small recording helpers (the hot path binds ``.labels(...)`` children itself) -----

@@ -1,22 +1,37 @@
-"""The Faust app of one worker: a thin ingest agent and a timer around ``IngestCore``.
+"""The Faust app of one worker: ingest of the device topics around ``IngestCore``.
 
-The agent reads raw messages from the worker's device topics with manual acks, hands
-each to ``IngestCore`` and performs the returned actions: batches go to the sink,
-rejected messages to ``sensors.dlq`` (reason and source in headers), released
-messages are acked (so Faust commits only offsets whose records were consumed),
-partitions are paused and resumed for backpressure.
+Every message of a device topic goes to ``IngestCore.on_message``; ``IngestDriver``
+performs the returned actions: batches go to the sink, rejected messages to
+``sensors.dlq`` (reason and source in headers), released messages are acknowledged
+(so only offsets whose records were consumed are committed), partitions are paused
+and resumed for backpressure. Two sources feed it (``kafka.ingest_source``):
+
+* ``direct`` (default): ``DirectSensorSource``, an aiokafka consumer owned by the app
+  as a service, explicitly assigned the worker's device partitions; it commits the
+  ``OffsetTracker`` watermarks for its own group ``<app id>-sensors``. It skips
+  Faust's per-event stream machinery, which caps ingest far below the target
+  (docs/ingest.md has the numbers).
+* ``faust``: ``FaustSensorSource``, a Faust agent with manual acks in the app's group.
+
+Everything else (training agents on the update topics, timers) is the same Faust app.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import faust
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from faust.types import TP
+from mode import Service
 
 from monitoring.metrics import Metrics, consumer_lag
 from pipeline.batching import Batch
@@ -26,6 +41,17 @@ from pipeline.offsets import OffsetTracker
 from streams import topics
 
 log = logging.getLogger(__name__)
+
+#: Seconds between offset commits, for both sources (Faust's ``broker_commit_interval``).
+COMMIT_INTERVAL_S = 1.0
+#: The direct source's ``getmany``: longest wait when nothing arrives, most messages per
+#: call (more than one fetch response holds: a call takes all that was fetched).
+DIRECT_POLL_TIMEOUT_MS = 200
+DIRECT_MAX_RECORDS = 100_000
+#: The direct source yields to the event loop after this many messages without actions.
+YIELD_EVERY = 64
+#: Seconds between consumer-lag updates.
+LAG_INTERVAL_S = 1.0
 
 
 class BatchSink(Protocol):
@@ -50,8 +76,39 @@ class CountingSink:
 
 
 def app_id(cfg: JobConfig, worker: str) -> str:
-    """Consumer group of a worker: one group per worker, so device assignment is explicit."""
+    """Consumer group of a worker's Faust app: one group per worker, so device assignment is explicit."""
     return f"edgestream-{cfg.job.name}-{worker}"
+
+
+def sensor_group(cfg: JobConfig, worker: str) -> str:
+    """The consumer group whose committed offsets say where ``worker`` resumes its device topics.
+
+    The direct source commits for ``<app id>-sensors`` (it has no members: its
+    partitions are assigned explicitly); the Faust source commits for the app's group.
+    Checkpoint restore and "start at the end" must target this group.
+    """
+    if cfg.kafka.ingest_source == "direct":
+        return f"{app_id(cfg, worker)}-sensors"
+    return app_id(cfg, worker)
+
+
+def offsets_by_group(cfg: JobConfig, worker: str, offsets: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Split ``"topic:partition" -> offset`` into the groups that consume each topic.
+
+    Device topics go to ``sensor_group``; every other topic (update topics of a
+    training job) to the Faust app's group. Groups without offsets are left out.
+    """
+    out: dict[str, dict[str, int]] = {}
+    for key, offset in offsets.items():
+        topic = key.rpartition(":")[0]
+        group = sensor_group(cfg, worker) if is_sensor_topic(topic) else app_id(cfg, worker)
+        out.setdefault(group, {})[key] = offset
+    return out
+
+
+def is_sensor_topic(topic: str) -> bool:
+    """``sensors.<device>``, not the dead-letter topic."""
+    return topic.startswith(topics.SENSOR_PREFIX) and topic != topics.SENSOR_DLQ
 
 
 def new_faust_app(cfg: JobConfig, name: str, bootstrap: str, datadir: Path) -> faust.App:
@@ -68,12 +125,430 @@ def new_faust_app(cfg: JobConfig, name: str, bootstrap: str, datadir: Path) -> f
         producer_max_request_size=max_bytes,
         consumer_max_fetch_size=max_bytes,
         stream_wait_empty=False,
-        broker_commit_interval=1.0,
+        broker_commit_interval=COMMIT_INTERVAL_S,
         autodiscover=False,
         # A crashed process's group membership must lapse quickly so its restart can rejoin.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
     )
+
+
+class SensorSource(Protocol):
+    """What ``IngestDriver`` needs from whoever reads the device topics."""
+
+    running: bool
+
+    async def ack(self, tokens: list[Any]) -> None:
+        """The messages of ``tokens`` are fully handled."""
+
+    def pause(self, devices: list[str]) -> None: ...
+
+    async def resume(self, devices: list[str]) -> None: ...
+
+    def consumer_lag(self) -> dict[str, int]:
+        """Records not yet handled, per device (devices whose end offset is unknown are left out)."""
+
+
+class IngestDriver:
+    """Performs ``IngestActions`` against a source, the sink and the dead-letter topic.
+
+    Invariant: a token is acked (and marked resolved in the tracker) only after its
+    records left the buffer (batched and handed to the sink; with ``defer_acks``,
+    once the sink says so) or after its dead letter was written.
+    """
+
+    def __init__(
+        self,
+        core: IngestCore,
+        sink: BatchSink,
+        tracker: OffsetTracker,
+        send_dead_letter: Callable[[DeadLetter], Any],
+    ) -> None:
+        self.core = core
+        self.sink = sink
+        self.tracker = tracker
+        self.send_dead_letter = send_dead_letter
+        self.source: SensorSource | None = None
+        self.defer_acks = bool(getattr(sink, "defer_acks", False))
+        if self.defer_acks:
+            sink.ack_tokens = self.ack_tokens  # type: ignore[attr-defined]
+        # Timer and fetch loop both perform actions; one at a time keeps batches in order.
+        self._lock = asyncio.Lock()
+
+    async def ack_tokens(self, tokens: list[Any]) -> None:
+        assert self.source is not None
+        if tokens:
+            await self.source.ack(tokens)
+
+    async def perform(self, actions: IngestActions) -> None:
+        assert self.source is not None
+        async with self._lock:
+            for letter in actions.dead_letters:
+                await self.send_dead_letter(letter)  # durable before the ack below
+                await self.source.ack([letter.token])
+            for batch in actions.batches:
+                await self.sink.submit(batch)
+                if not self.defer_acks:
+                    await self.ack_tokens(batch.released)
+                actions.resume += self.core.after_sink(batch.device).resume
+            await self.ack_tokens(actions.ack)
+            if actions.pause:
+                self.source.pause(actions.pause)
+            if actions.resume:
+                await self.source.resume(actions.resume)
+
+
+class SensorToken(NamedTuple):
+    """Acknowledgement token of one message read by the direct source."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass
+class _Partition:
+    """The direct source's state of one assigned device partition."""
+
+    tp: TopicPartition
+    device: str
+    key: str  # OffsetTracker key
+    start: int = 0  # position when assigned (committed offset or the reset point)
+    handled: int = -1  # highest offset handed to IngestCore
+    committed: int | None = None
+    paused: bool = False
+
+
+class DirectSensorSource(Service):
+    """Reads the worker's device partitions with an aiokafka consumer and feeds ``IngestCore``.
+
+    Partitions are assigned explicitly (no group membership, no rebalances); the
+    group ``group_id`` only stores committed offsets, which are the tracker's
+    watermarks: never ahead of what is fully handled. Started and stopped with the
+    Faust app (``attach``).
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        group_id: str,
+        devices: list[str],
+        driver: IngestDriver,
+        tracker: OffsetTracker,
+        max_message_bytes: int,
+        clock: Callable[[], float],
+        on_positioned: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.driver = driver
+        self.tracker = tracker
+        self.max_message_bytes = max_message_bytes
+        self.clock = clock
+        self.on_positioned = on_positioned
+        self.parts: dict[TopicPartition, _Partition] = {}
+        for device in devices:
+            topic = topics.sensor_topic(device)
+            tp = TopicPartition(topic, 0)
+            part = _Partition(tp, device, OffsetTracker.key(topic, 0))
+            self.parts[tp] = part
+        self.consumer: AIOKafkaConsumer | None = None
+        self.running = False
+        self._loops: list[asyncio.Task] = []
+
+    def attach(self, app: faust.App) -> None:
+        """Start with the app (once it is up, so its producer can take dead letters); stop first."""
+
+        @app.task
+        async def start_direct_source() -> None:
+            try:
+                await app.add_runtime_dependency(self)
+            except Exception as exc:  # e.g. the broker refused: a worker that cannot read must stop
+                log.exception("direct sensor source could not start")
+                await app.crash(exc)
+
+        @app.on_before_shutdown.connect
+        async def stop_direct_source(app_: faust.App, **kwargs: Any) -> None:
+            await self.stop()
+
+        _ = (start_direct_source, stop_direct_source)
+
+    async def on_start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            client_id=f"{self.group_id}-direct",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=self.max_message_bytes,
+            fetch_max_bytes=max(self.max_message_bytes, 52_428_800),
+        )
+        await consumer.start()
+        self.consumer = consumer
+        # Every partition of each device topic (one, as ``ensure_topics`` creates them).
+        await consumer.topics()  # fresh metadata
+        for topic in sorted({tp.topic for tp in self.parts}):
+            for p in sorted(consumer.partitions_for_topic(topic) or {0}):
+                tp = TopicPartition(topic, p)
+                if tp not in self.parts:
+                    self.parts[tp] = _Partition(tp, topics.device_of(topic), OffsetTracker.key(topic, p))
+        consumer.assign(list(self.parts))
+        for part in self.parts.values():
+            part.start = await consumer.position(part.tp)
+            part.committed = part.start
+        self.running = True
+        self._loops = [asyncio.ensure_future(self._fetch_loop()), asyncio.ensure_future(self._commit_loop())]
+        if self.on_positioned is not None:
+            self.on_positioned()
+
+    async def on_stop(self) -> None:
+        """Stop reading, commit what is fully handled, close the consumer."""
+        self.running = False
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._loops = []
+        if self.consumer is not None:
+            await self.commit()
+            await self.consumer.stop()
+            self.consumer = None
+
+    # --- the hot path ----------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        assert self.consumer is not None
+        getmany = self.consumer.getmany
+        try:
+            while True:
+                fetched = await getmany(timeout_ms=DIRECT_POLL_TIMEOUT_MS, max_records=DIRECT_MAX_RECORDS)
+                if not fetched:
+                    continue
+                # aiokafka fetches a partition again only once its buffered records are all
+                # taken (just done): yield once so that request goes out now and the broker
+                # works on the next fetch while these records are handled.
+                await asyncio.sleep(0)
+                now, wall_now = self.clock(), time.time()
+                for tp, records in fetched.items():
+                    await self._handle(self.parts[tp], records, now, wall_now)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A worker must not look alive without reading: crash the app (and the process).
+            log.exception("direct sensor source failed")
+            await self.crash(exc)
+
+    async def _handle(self, part: _Partition, records: list[Any], now: float, wall_now: float) -> None:
+        """Hand ``records`` of one partition to the core, in order, acting on what it returns."""
+        on_message = self.driver.core.on_message
+        seen = self.tracker.seen
+        key = part.key
+        topic, partition = part.tp.topic, part.tp.partition
+        for index, record in enumerate(records):
+            offset = record.offset
+            seen(key, offset)
+            actions = on_message(
+                topic, partition, offset, record.key, record.value,
+                SensorToken(topic, partition, offset), now, wall_now,
+            )
+            part.handled = offset
+            if actions:
+                await self.driver.perform(actions)
+            elif index % YIELD_EVERY == YIELD_EVERY - 1:
+                # Let the connection read the next fetch response (and timers run) while
+                # a long run of records is handled: reading and handling then overlap.
+                await asyncio.sleep(0)
+                now, wall_now = self.clock(), time.time()
+            if part.paused:
+                if index + 1 < len(records):
+                    # Stop at the pause: the rest of this fetch is read again after the
+                    # resume (paused partitions keep their position; nothing is skipped).
+                    assert self.consumer is not None
+                    self.consumer.seek(part.tp, records[index + 1].offset)
+                    return
+
+    # --- SensorSource ------------------------------------------------------------------
+    async def ack(self, tokens: list[SensorToken]) -> None:
+        resolved, key = self.tracker.resolved, OffsetTracker.key
+        for token in tokens:
+            resolved(key(token.topic, token.partition), token.offset)
+
+    def pause(self, devices: list[str]) -> None:
+        parts = [p for p in self.parts.values() if p.device in devices]
+        for part in parts:
+            part.paused = True
+        if self.consumer is not None and parts:
+            self.consumer.pause(*[p.tp for p in parts])
+
+    async def resume(self, devices: list[str]) -> None:
+        parts = [p for p in self.parts.values() if p.device in devices]
+        for part in parts:
+            part.paused = False
+        if self.consumer is not None and parts:
+            self.consumer.resume(*[p.tp for p in parts])
+
+    def consumer_lag(self) -> dict[str, int]:
+        if self.consumer is None:
+            return {}
+        ends: dict[tuple[str, int], int] = {}
+        positions: dict[tuple[str, int], int | None] = {}
+        for tp, part in self.parts.items():
+            # the high watermark of the partition's latest fetch response
+            end = self.consumer.highwater(tp)
+            if end is None or end < 0:
+                end = self.consumer.last_stable_offset(tp)  # -1 unless read_committed
+            if end is None or end < 0:
+                continue
+            ends[(tp.topic, tp.partition)] = end
+            positions[(tp.topic, tp.partition)] = part.handled + 1 if part.handled >= 0 else part.start
+        return consumer_lag(ends, positions)
+
+    # --- commits -----------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(COMMIT_INTERVAL_S)
+            await self.commit()
+
+    async def commit(self) -> None:
+        """Commit every partition's watermark that moved: the first offset not fully handled."""
+        if self.consumer is None:
+            return
+        offsets = {}
+        for tp, part in self.parts.items():
+            mark = self.tracker.watermark(part.key)
+            if mark is not None and mark != part.committed:
+                offsets[tp] = mark
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:  # transient (coordinator moving): the next round retries
+            log.warning("committing sensor offsets for %s failed: %r", self.group_id, exc)
+            return
+        for tp, mark in offsets.items():
+            self.parts[tp].committed = mark
+
+
+class FaustSensorSource:
+    """Reads the device topics with a Faust agent (manual acks) in the app's own group."""
+
+    def __init__(self, driver: IngestDriver, tracker: OffsetTracker, metrics: Metrics,
+                 clock: Callable[[], float]) -> None:
+        self.driver = driver
+        self.tracker = tracker
+        self.metrics = metrics
+        self.clock = clock
+        self.app: faust.App | None = None
+        self.stream: Any = None
+        self.partitions: dict[str, TP] = {}
+        self.last_offset: dict[TP, int] = {}  # highest offset the agent has handled, per partition
+
+    @property
+    def running(self) -> bool:
+        return self.stream is not None
+
+    def attach(self, app: faust.App, devices: list[str], on_assigned: Callable[[], None]) -> None:
+        self.app = app
+        source = app.topic(
+            *[topics.sensor_topic(d) for d in devices], key_serializer="raw", value_serializer="raw"
+        )
+        core, metrics, tracker = self.driver.core, self.metrics, self.tracker
+        last_offset, partitions = self.last_offset, self.partitions
+
+        @app.agent(source, concurrency=1)
+        async def ingest(stream: faust.Stream) -> None:
+            manual = stream.noack()
+            self.stream = manual
+            # Events are taken in small groups (up to 256, or what arrived within 10 ms) so the
+            # per-message await of acting on the result is paid once per group. Acks stay
+            # manual: take_events on a no-ack stream acknowledges nothing by itself.
+            async for events in manual.take_events(256, within=0.01):
+                actions = IngestActions()
+                now, wall_now = self.clock(), time.time()
+                for event in events:
+                    msg = event.message
+                    if msg.offset <= last_offset.get(msg.tp, -1):
+                        # Re-delivered after a resume seek: the first copy is already handled.
+                        # Not acked here: the first copy's ack marks this offset once consumed.
+                        metrics.duplicates_skipped.labels(topics.device_of(msg.topic)).inc()
+                        continue
+                    last_offset[msg.tp] = msg.offset
+                    tracker.seen(OffsetTracker.key(msg.topic, msg.partition), msg.offset)
+                    partitions.setdefault(topics.device_of(msg.topic), msg.tp)
+                    actions.extend(core.on_message(
+                        msg.topic, msg.partition, msg.offset, msg.key, event.value, event,
+                        now=now, wall_now=wall_now,
+                    ))
+                await self.driver.perform(actions)
+
+        @app.on_partitions_assigned.connect
+        async def assigned(app_: faust.App, assigned: set[TP], **kwargs: Any) -> None:
+            for tp in assigned:
+                if is_sensor_topic(tp.topic):
+                    partitions[topics.device_of(tp.topic)] = tp
+            if assigned:
+                on_assigned()
+
+        _ = (ingest, assigned)  # registered with the app by their decorators
+
+    async def ack(self, tokens: list[Any]) -> None:
+        for token in tokens:
+            await self.stream.ack(token)
+            msg = token.message
+            self.tracker.resolved(OffsetTracker.key(msg.topic, msg.partition), msg.offset)
+
+    def pause(self, devices: list[str]) -> None:
+        assert self.app is not None
+        self.app.consumer.pause_partitions([self.partitions[d] for d in devices if d in self.partitions])
+
+    async def resume(self, devices: list[str]) -> None:
+        assert self.app is not None
+        for device in devices:
+            tp = self.partitions.get(device)
+            if tp is None:
+                continue
+            self.app.consumer.resume_partitions([tp])
+            # Faust silently skips already-fetched records of a partition paused mid-batch
+            # (they are never yielded, yet the fetch position moved past them). Seek back to
+            # the first offset not seen; duplicates still queued are filtered in the agent.
+            if tp in self.last_offset:
+                await self.app.consumer.seek(tp, self.last_offset[tp] + 1)
+
+    def consumer_lag(self) -> dict[str, int]:
+        """Records not yet handled per device: end offset - (last offset handled + 1)."""
+        assert self.app is not None
+        ends = {}
+        for tp in self.partitions.values():
+            try:
+                # the high watermark of the partition's latest fetch response
+                end = self.app.consumer.highwater(tp)
+            except Exception as exc:  # not fetched yet / transient: skip this round
+                log.debug("consumer lag of %s unknown: %s", tp, exc)
+                continue
+            if end is not None and end >= 0:
+                ends[(tp.topic, tp.partition)] = end
+        positions = {(tp.topic, tp.partition): self.last_offset.get(tp, -1) + 1
+                     for tp in self.partitions.values()}
+        return consumer_lag(ends, positions)
+
+
+class _Readiness:
+    """Calls ``on_ready`` once every named part reported ready."""
+
+    def __init__(self, on_ready: Callable[[], None] | None) -> None:
+        self.on_ready = on_ready
+        self.waiting: set[str] = set()
+
+    def need(self, part: str) -> None:
+        self.waiting.add(part)
+
+    def done(self, part: str) -> None:
+        self.waiting.discard(part)
+        if not self.waiting and self.on_ready is not None:
+            self.on_ready()
 
 
 def create_app(
@@ -95,10 +570,11 @@ def create_app(
     """Build the worker's Faust app; returns it with the ``IngestCore`` it drives.
 
     ``tracker`` learns which sensor offsets are fully handled (a checkpoint's resume
-    point; restoring it is the caller's job, see ``kafka_io.set_group_offsets``);
-    ``extend(app)`` registers more
-    agents and tasks (training). A sink with ``defer_acks = True`` gets an async
-    ``ack_tokens(tokens)`` attribute and must call it once a batch is fully handled.
+    point; restoring it is the caller's job: ``kafka_io.set_group_offsets`` for
+    ``sensor_group``); ``extend(app)`` registers more agents and tasks (training).
+    A sink with ``defer_acks = True`` gets an async ``ack_tokens(tokens)`` attribute
+    and must call it once a batch is fully handled. ``on_ready`` is called once the
+    device partitions are assigned (and, if ``extend`` added agents, Faust's too).
     """
     tracker = tracker if tracker is not None else OffsetTracker()
     devices = devices if devices is not None else cfg.devices_of(worker)
@@ -107,47 +583,7 @@ def create_app(
     core = IngestCore(
         cfg, devices, metrics, start=clock(), expected_shape=expected_shape, num_classes=num_classes
     )
-    source = app.topic(
-        *[topics.sensor_topic(d) for d in devices], key_serializer="raw", value_serializer="raw"
-    )
     dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
-    partitions: dict[str, TP] = {}
-    last_offset: dict[TP, int] = {}  # highest offset the agent has handled, per partition
-    state: dict[str, Any] = {"stream": None}
-
-    async def ack(token: Any) -> None:
-        await state["stream"].ack(token)
-        tracker.resolved(OffsetTracker.key(token.message.topic, token.message.partition), token.message.offset)
-
-    async def ack_tokens(tokens: list[Any]) -> None:
-        for token in tokens:
-            await ack(token)
-
-    defer_acks = bool(getattr(sink, "defer_acks", False))
-    if defer_acks:
-        sink.ack_tokens = ack_tokens  # type: ignore[attr-defined]
-
-    async def perform(actions: IngestActions) -> None:
-        for letter in actions.dead_letters:
-            await send_dead_letter(letter)
-        for batch in actions.batches:
-            await sink.submit(batch)
-            if not defer_acks:
-                await ack_tokens(batch.released)
-            actions.resume += core.after_sink(batch.device).resume
-        await ack_tokens(actions.ack)
-        if actions.pause:
-            app.consumer.pause_partitions([partitions[d] for d in actions.pause if d in partitions])
-        for device in actions.resume:
-            tp = partitions.get(device)
-            if tp is None:
-                continue
-            app.consumer.resume_partitions([tp])
-            # Faust silently skips already-fetched records of a partition paused mid-batch
-            # (they are never yielded, yet the fetch position moved past them). Seek back to
-            # the first offset not seen; duplicates still queued are filtered in the agent.
-            if tp in last_offset:
-                await app.consumer.seek(tp, last_offset[tp] + 1)
 
     async def send_dead_letter(letter: DeadLetter) -> None:
         log.warning(
@@ -165,76 +601,53 @@ def create_app(
         # An oversized value cannot be forwarded whole; the headers still say everything.
         value = letter.value if len(letter.value) <= max_bytes // 2 else letter.value[:1024]
         fut = await dlq.send(key=letter.key, value=value, headers=headers)
-        await fut  # the ack below must not run before the dead letter is durable
-        await ack(letter.token)
+        await fut  # the caller acks only once the dead letter is durable
 
-    @app.agent(source, concurrency=1)
-    async def ingest(stream: faust.Stream) -> None:
-        manual = stream.noack()
-        state["stream"] = manual
-        # Events are taken in small groups (up to 256, or what arrived within 10 ms) so the
-        # per-message await of acting on the result is paid once per group. Acks stay
-        # manual: take_events on a no-ack stream acknowledges nothing by itself.
-        async for events in manual.take_events(256, within=0.01):
-            actions = IngestActions()
-            now, wall_now = clock(), time.time()
-            for event in events:
-                msg = event.message
-                if msg.offset <= last_offset.get(msg.tp, -1):
-                    # Re-delivered after a resume seek: the first copy is already handled.
-                    # Not acked here: the first copy's ack marks this offset once consumed.
-                    metrics.duplicates_skipped.labels(topics.device_of(msg.topic)).inc()
-                    continue
-                last_offset[msg.tp] = msg.offset
-                tracker.seen(OffsetTracker.key(msg.topic, msg.partition), msg.offset)
-                partitions.setdefault(topics.device_of(msg.topic), msg.tp)
-                actions.extend(core.on_message(
-                    msg.topic, msg.partition, msg.offset, msg.key, event.value, event,
-                    now=now, wall_now=wall_now,
-                ))
-            await perform(actions)
+    driver = IngestDriver(core, sink, tracker, send_dead_letter)
+    readiness = _Readiness(on_ready)
+    source: DirectSensorSource | FaustSensorSource
+    if cfg.kafka.ingest_source == "direct":
+        readiness.need("sensors")
+        source = DirectSensorSource(
+            bootstrap=bootstrap, group_id=sensor_group(cfg, worker), devices=devices, driver=driver,
+            tracker=tracker, max_message_bytes=max_bytes, clock=clock,
+            on_positioned=lambda: readiness.done("sensors"),
+        )
+        source.attach(app)
+    else:
+        readiness.need("faust")
+        source = FaustSensorSource(driver, tracker, metrics, clock)
+        source.attach(app, devices, on_assigned=lambda: readiness.done("faust"))
+    driver.source = source
 
     tick_s = min(0.1, cfg.batcher.window_s / 4)
-
     lag_state = {"at": 0.0}
 
     @app.timer(interval=tick_s)
     async def tick() -> None:
-        if state["stream"] is None:
+        if not source.running:
             return
-        await perform(core.on_tick(clock()))
+        await driver.perform(core.on_tick(clock()))
         now = clock()
-        if now - lag_state["at"] >= 1.0 and partitions:
+        if now - lag_state["at"] >= LAG_INTERVAL_S:
             lag_state["at"] = now
-            await update_consumer_lag()
-
-    async def update_consumer_lag() -> None:
-        """Records not yet handled per device: end offset - (last offset handled + 1)."""
-        tps = list(partitions.values())
-        ends = {}
-        for tp in tps:
-            try:
-                # the high watermark of the partition's latest fetch response
-                end = app.consumer.highwater(tp)
-            except Exception as exc:  # not fetched yet / transient: skip this round
-                log.debug("consumer lag of %s unknown: %s", tp, exc)
-                continue
-            if end is not None and end >= 0:
-                ends[tp] = end
-        positions = {(tp.topic, tp.partition): last_offset.get(tp, -1) + 1 for tp in tps}
-        metrics.record_consumer_lag(
-            consumer_lag({(tp.topic, tp.partition): end for tp, end in ends.items()}, positions)
-        )
-
-    @app.on_partitions_assigned.connect
-    async def assigned(app_: faust.App, assigned: set[TP], **kwargs: Any) -> None:
-        for tp in assigned:
-            if tp.topic.startswith(topics.SENSOR_PREFIX) and tp.topic != topics.SENSOR_DLQ:
-                partitions[topics.device_of(tp.topic)] = tp
-        if on_ready is not None and assigned:
-            on_ready()
+            metrics.record_consumer_lag(source.consumer_lag())
 
     if extend is not None:
         extend(app)
-    _ = (ingest, tick, assigned)  # registered with the app by their decorators
+    if cfg.kafka.ingest_source == "direct":
+        if app.agents:
+            # The update topics of a training job are read by Faust agents: wait for them too.
+            readiness.need("faust")
+
+            @app.on_partitions_assigned.connect
+            async def assigned(app_: faust.App, assigned: set[TP], **kwargs: Any) -> None:
+                if assigned:
+                    readiness.done("faust")
+
+            _ = assigned
+        else:
+            # Nothing for Faust's consumer to read (it refuses an empty subscription).
+            app.producer_only = True
+    _ = tick  # registered with the app by its decorator
     return app, core

@@ -120,7 +120,7 @@ class StreamBuffer:
         while want > 0 and self._chunks:
             chunk = self._chunks[0]
             k = min(want, chunk.remaining)
-            parts.append(_slice(chunk.batch, chunk.start, chunk.start + k))
+            parts.append(slice_records(chunk.batch, chunk.start, chunk.start + k))
             chunk.start += k
             want -= k
             if chunk.remaining == 0:
@@ -147,7 +147,8 @@ class StreamBuffer:
         return False
 
 
-def _slice(batch: RecordBatch, start: int, stop: int) -> RecordBatch:
+def slice_records(batch: RecordBatch, start: int, stop: int) -> RecordBatch:
+    """Records ``start:stop`` of ``batch`` (the batch itself when that is all of it)."""
     if start == 0 and stop == batch.count:
         return batch
     return RecordBatch(

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-SCADLES_RATES_HZ = [92.0, 38.0, 62.0, 42.0, 48.0, 88.0, 90.0, 22.0, 44.0, 28.0]
+from streams.profiles import SCADLES_RATES
+
+SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
+#: Values of ``kafka.ingest_source``.
+INGEST_SOURCES = ("direct", "faust")
 
 
 class ConfigError(ValueError):
@@ -33,6 +37,10 @@ class KafkaSection:
     bootstrap: str = ""
     #: Producer/consumer message size limit (bytes); the local broker allows 16 MiB.
     max_message_bytes: int = 16 * 1024 * 1024
+    #: Who reads the device topics: ``direct`` (an aiokafka consumer owned by the worker,
+    #: explicit partitions, offsets committed by group ``<app id>-sensors``) or ``faust``
+    #: (a Faust agent in the app's own group). docs/ingest.md has the measured difference.
+    ingest_source: str = "direct"
 
 
 @dataclass
@@ -93,6 +101,12 @@ class WorkersSection:
     #: First port of the workers' /metrics endpoints; 0 picks free ports.
     metrics_port_base: int = 0
     metrics_host: str = "127.0.0.1"
+    #: Compute heterogeneity emulated by waiting: after a step that took t seconds, worker i
+    #: waits (slowdown[i] - 1) * t (cycled if shorter than the worker count; [] = none).
+    slowdown: list[float] = field(default_factory=list)
+
+    def slowdown_of(self, index: int) -> float:
+        return float(self.slowdown[index % len(self.slowdown)]) if self.slowdown else 1.0
 
 
 @dataclass
@@ -118,6 +132,12 @@ class TrainSection:
     target_accuracy: float = 0.0
     #: torch threads per training process (the machine's cores are shared).
     torch_threads: int = 1
+    #: ScaDLES data injection (non-IID): each step adds ceil(beta * b_i) samples of each of
+    #: ceil(alpha * classes) classes the device has not seen, from a shared pool. 0: off.
+    injection_alpha: float = 0.0
+    injection_beta: float = 0.0
+    #: Size of the shared pool per class, drawn from the streamed (never held-out) data.
+    injection_pool_per_class: int = 20
 
 
 @dataclass
@@ -149,6 +169,7 @@ class JobConfig:
     train: TrainSection = field(default_factory=TrainSection)
 
     def validate(self) -> JobConfig:
+        _choice("kafka.ingest_source", self.kafka.ingest_source, INGEST_SOURCES)
         _choice("data.source", self.data.source, ("digits", "synthetic"))
         _choice("data.partition", self.data.partition, ("iid", "dirichlet", "classes"))
         _choice("buffer.policy", self.buffer.policy, ("persist", "truncate", "backpressure"))
@@ -177,6 +198,11 @@ class JobConfig:
         _positive("train.lr", self.train.lr)
         _positive("train.eval_every_s", self.train.eval_every_s)
         _positive("train.checkpoint_every_steps", self.train.checkpoint_every_steps)
+        if any(f < 1 for f in self.workers.slowdown):
+            raise ConfigError(f"workers.slowdown factors must be >= 1 (got {self.workers.slowdown})")
+        if not 0 <= self.train.injection_alpha <= 1 or self.train.injection_beta < 0:
+            raise ConfigError("train.injection_alpha must be in [0, 1] and train.injection_beta >= 0")
+        _positive("train.injection_pool_per_class", self.train.injection_pool_per_class)
         for key in ("codec_params", "strategy_params"):
             for item in getattr(self.train, key):
                 if "=" not in item:

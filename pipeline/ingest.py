@@ -22,7 +22,7 @@ from pipeline.config import JobConfig
 from pipeline.rates import RateEstimator
 from streams import codec
 from streams.errors import RecordDecodeError, TopicNameError
-from streams.topics import device_of
+from streams.topics import device_of, sensor_topic
 
 
 @dataclass
@@ -47,6 +47,10 @@ class IngestActions:
     ack: list[Any] = field(default_factory=list)
     pause: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        """True if there is anything to do (most messages only fill a buffer)."""
+        return bool(self.batches or self.dead_letters or self.ack or self.pause or self.resume)
 
     def extend(self, other: IngestActions) -> None:
         self.batches += other.batches
@@ -81,6 +85,30 @@ class _DeviceSeries:
         self.batch_size = metrics.batch_size.labels(device)
 
 
+class _Device:
+    """Everything ``on_message`` touches for one device, behind one lookup (the hot path)."""
+
+    __slots__ = ("name", "buffer", "batcher", "rate", "ledger", "series", "decoder", "newest_event_time",
+                 "read_at")
+
+    def __init__(self, name: str, buffer: StreamBuffer, batcher: AdaptiveBatcher, rate: RateEstimator,
+                 ledger: DeviceLedger, series: _DeviceSeries, decoder: codec.Decoder) -> None:
+        self.name = name
+        self.buffer = buffer
+        self.batcher = batcher
+        self.rate = rate
+        self.ledger = ledger
+        self.series = series
+        self.decoder = decoder
+        self.newest_event_time: float | None = None  # event time of the newest record read
+        self.read_at = 0.0  # wall clock when it was read
+
+    def event_time_lag_s(self) -> float:
+        if self.newest_event_time is None:
+            return 0.0
+        return max(0.0, self.read_at - self.newest_event_time)
+
+
 class IngestCore:
     """Buffers and batchers for the devices one worker consumes.
 
@@ -111,6 +139,7 @@ class IngestCore:
         self.rates: dict[str, RateEstimator] = {}
         self.ledgers: dict[str, DeviceLedger] = {}
         self._series: dict[str, _DeviceSeries] = {}  # labelled children, bound once (hot path)
+        self._by_topic: dict[str, _Device] = {}  # sensors.<device> -> its state (hot path)
         for device in self.devices:
             buf = StreamBuffer(
                 device, cfg.buffer.capacity, cfg.buffer.policy, cfg.buffer.hard_limit_factor
@@ -127,10 +156,16 @@ class IngestCore:
             )
             self.rates[device] = RateEstimator(tau_s=max(2.0, 2 * cfg.batcher.window_s), start=start)
             self.ledgers[device] = DeviceLedger()
-            self._series[device] = _DeviceSeries(self.metrics, device)
+            self._series[device] = series = _DeviceSeries(self.metrics, device)
+            self._by_topic[sensor_topic(device)] = state = _Device(
+                device, buf, self.batchers[device], self.rates[device], self.ledgers[device], series,
+                self._decoder(device),
+            )
             self.metrics.init_device(device)
             self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
-            self.metrics.buffer_depth.labels(device).set(0)
+            # Read when scraped, so the hot path sets no gauge per message.
+            series.buffer_depth.set_function(lambda buf=buf: buf.depth)
+            series.event_time_lag.set_function(state.event_time_lag_s)
             self.metrics.arrival_rate.labels(device).set(0)
             # Create the labelled series up front so dashboards show zeros, not gaps.
             self.metrics.records_in.labels(device)
@@ -150,31 +185,22 @@ class IngestCore:
         wall_now: float,
     ) -> IngestActions:
         """Handle one Kafka message from a device topic."""
+        # The hot path: one lookup for the device's state, counters only (gauges are read
+        # when scraped, the arrival rate is published on ticks).
         actions = IngestActions()
-        try:
-            device = device_of(topic)
-        except TopicNameError as exc:
-            device = "unknown"
-            actions.dead_letters.append(
-                self._dead_letter(device, topic, partition, offset, key, value, "bad_device", str(exc), token)
-            )
+        state = self._by_topic.get(topic)
+        if state is None:
+            actions.dead_letters.append(self._foreign(topic, partition, offset, key, value, token))
             return actions
-        if device not in self.buffers:
-            actions.dead_letters.append(
-                self._dead_letter(device, topic, partition, offset, key, value, "bad_device",
-                                  f"device {device!r} is not assigned to this worker", token)
-            )
-            return actions
-        ledger = self.ledgers[device]
-        series = self._series[device]
+        device = state.name
+        ledger = state.ledger
+        series = state.series
         ledger.messages_in += 1
         series.messages_in.inc()
         data = value or b""
         series.bytes_in.inc(len(data))
         try:
-            batch = codec.decode(
-                data, self.limits, expected_device=device, expected_shape=self.expected_shape
-            )
+            batch = state.decoder.decode(data)
         except RecordDecodeError as exc:
             actions.dead_letters.append(
                 self._dead_letter(device, topic, partition, offset, key, data, exc.reason, exc.detail, token)
@@ -182,23 +208,40 @@ class IngestCore:
             return actions
         if self.expected_shape is None:
             self.expected_shape = batch.feature_shape  # the first good message fixes it
-        ledger.records_in += batch.count
-        series.records_in.inc(batch.count)
-        self.rates[device].observe(batch.count, now)
-        series.event_time_lag.set(max(0.0, wall_now - float(batch.event_time[-1])))
-        buf = self.buffers[device]
+            for other in self._by_topic.values():
+                other.decoder = self._decoder(other.name)
+        count = len(batch.seq)
+        ledger.records_in += count
+        series.records_in.inc(count)
+        state.rate.observe(count, now)
+        state.newest_event_time = float(batch.event_time[-1])
+        state.read_at = wall_now
+        buf = state.buffer
         pushed = buf.push(batch, token)
         if pushed.dropped:
             self.metrics.buffer_dropped.labels(device, "overflow").inc(pushed.dropped)
             actions.ack += pushed.released
-        for b in self.batchers[device].on_arrival(now):
+        for b in state.batcher.on_arrival(now):
             self._emitted(b, actions)
         if buf.pause_needed():
             actions.pause.append(device)
             self.metrics.partition_paused.labels(device).set(1)
             self.metrics.partition_pauses.labels(device).inc()
-        self._update_gauges(device, now)
         return actions
+
+    def _decoder(self, device: str) -> codec.Decoder:
+        return codec.Decoder(self.limits, expected_device=device, expected_shape=self.expected_shape)
+
+    def _foreign(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> DeadLetter:
+        """A message from a topic that is no device topic of this worker."""
+        try:
+            device = device_of(topic)
+        except TopicNameError as exc:
+            return self._dead_letter("unknown", topic, partition, offset, key, value, "bad_device", str(exc), token)
+        return self._dead_letter(device, topic, partition, offset, key, value, "bad_device",
+                                 f"device {device!r} is not assigned to this worker", token)
 
     def on_tick(self, now: float) -> IngestActions:
         """Timer: close elapsed windows, refresh gauges, resume drained partitions."""
@@ -249,9 +292,7 @@ class IngestCore:
         return DeadLetter(device, topic, partition, offset, key, value or b"", reason, detail, token)
 
     def _update_gauges(self, device: str, now: float) -> None:
-        series = self._series[device]
-        series.buffer_depth.set(self.buffers[device].depth)
-        series.arrival_rate.set(self.rates[device].rate_hz(now))
+        self._series[device].arrival_rate.set(self.rates[device].rate_hz(now))
 
     def accounting(self) -> dict[str, dict[str, int]]:
         """Per-device counts: decoded, batched, dropped, buffered, dead-lettered."""

@@ -5,7 +5,12 @@ from __future__ import annotations
 import time
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.errors import CoordinatorNotAvailableError, KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    KafkaError,
+    TopicAlreadyExistsError,
+)
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from streams import topics
@@ -98,8 +103,8 @@ def start_groups_at_end(bootstrap: str, groups: dict[str, list[str]]) -> None:
                 try:
                     admin.alter_group_offsets(group, offsets)
                     break
-                except CoordinatorNotAvailableError:
-                    # The offsets topic is created lazily on a new broker.
+                except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError):
+                    # The offsets topic is created lazily on a new broker, then loads.
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.5)
@@ -137,6 +142,44 @@ def set_group_offsets(bootstrap: str, group: str, offsets: dict[str, int], timeo
             time.sleep(1.0)  # retry interval while the old member's session expires
     finally:
         admin.close()
+
+
+def adopt_group_offsets(
+    bootstrap: str, from_group: str, to_group: str, topic_names: list[str], timeout_s: float = 30.0
+) -> dict[str, int]:
+    """Give ``to_group`` the committed offsets of ``from_group`` for partitions it has none of.
+
+    The direct ingest source commits device-topic offsets for its own group; a worker
+    that used to run the Faust source, or a caller that positioned the Faust group
+    (``start_groups_at_end``), left them in the app's group. Partitions ``to_group``
+    already has are left alone (its own commits or a restored checkpoint win).
+    Returns what was copied, as ``"topic:partition" -> offset``.
+    """
+    wanted = set(topic_names)
+    if not wanted:
+        return {}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                listed = admin.list_group_offsets({from_group: None, to_group: None})
+                break
+            except KafkaError as exc:
+                # Retriable: the offsets topic is created lazily on a new broker, then loads.
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        admin.close()
+    have = {tp for tp, meta in (listed.get(to_group) or {}).items() if meta.offset >= 0}
+    copy = {
+        f"{tp.topic}:{tp.partition}": meta.offset
+        for tp, meta in (listed.get(from_group) or {}).items()
+        if tp.topic in wanted and meta.offset >= 0 and tp not in have
+    }
+    set_group_offsets(bootstrap, to_group, copy)
+    return copy
 
 
 def _offset_errors(result: dict) -> str:

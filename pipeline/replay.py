@@ -557,7 +557,7 @@ def replay_through_workers(
     accounting (``accounting.json``, as in ``RunResult.accounting``).
     """
     from monitoring.scrape import scrape
-    from pipeline.app import app_id
+    from pipeline.app import sensor_group
     from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
     from pipeline.run import (
         RunError,
@@ -598,7 +598,7 @@ def replay_through_workers(
     ensure_topics(bootstrap, wanted)
     start_groups_at_end(
         bootstrap,
-        {app_id(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},
+        {sensor_group(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},
     )
     workers: list[WorkerProc] = []
 

@@ -26,7 +26,7 @@ from rich.table import Table
 from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
-from pipeline.app import app_id
+from pipeline.app import app_id, sensor_group
 from pipeline.config import JobConfig
 from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, simulate
@@ -198,8 +198,13 @@ def run_job(
     console: Console | None = None,
     live: bool = True,
     on_streaming: Callable[[RunContext], None] | None = None,
+    drain: bool = True,
 ) -> RunResult:
     """Run workers (+ server) + simulators against ``bootstrap`` for ``cfg.run.duration_s``.
+
+    ``drain=False`` stops the processes as soon as streaming ends instead of waiting for
+    every record to be consumed (benchmarks that measure a fixed time budget); records
+    not yet read stay in their topics and show as neither batched nor buffered.
 
     ``on_streaming(ctx)`` is called once from a helper thread while the simulators run
     (tests use it to kill and restart a worker mid-run).
@@ -217,16 +222,18 @@ def run_job(
     names = list(cfg.worker_names())
     if training and "server" in strategy_roles(cfg.train.strategy):
         names.insert(0, SERVER_NAME)
-    groups = {}
+    groups: dict[str, list[str]] = {}
     for name in names:
-        own = [topics.sensor_topic(d) for d in cfg.devices_of(name)] if name != SERVER_NAME else []
+        if name != SERVER_NAME:
+            sensors = [topics.sensor_topic(d) for d in cfg.devices_of(name)]
+            groups.setdefault(sensor_group(cfg, name), []).extend(sensors)
         if training:
-            own += [t for t in training_topics(cfg.job.name) if not t.endswith(".dlq")]
-        groups[app_id(cfg, name)] = own
+            updates = [t for t in training_topics(cfg.job.name) if not t.endswith(".dlq")]
+            groups.setdefault(app_id(cfg, name), []).extend(updates)
     # A run consumes what is produced during it, even on a long-lived cluster.
     start_groups_at_end(bootstrap, groups)
     ctx = RunContext(cfg, bootstrap, state, cfg_path, [])
-    stop = threading.Event()
+    stop = ctx.stop
     t_start = time.monotonic()
     report: SimulationReport | None = None
     try:
@@ -274,6 +281,7 @@ def run_job(
                 if training and cfg.train.target_accuracy > 0 and _reached(cfg, scrapes):
                     stop.set()
                 sim.join(timeout=0.5)
+            stop.set()  # streaming is over: tells hooks that wait on ``ctx.stop``
             if hook is not None:
                 hook.join(timeout=120)
             if errors:
@@ -304,10 +312,11 @@ def run_job(
                 return all(r.get("lag", -1) == 0 for r in rows.values()) and \
                     time.monotonic() - settle["since"] >= 3.0
 
-            wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered",
-                     on_fail=lambda: "; per device: " + json.dumps(
-                         device_view(cfg, scrape_all(ctx.workers), report)))
-            if training:
+            if drain:
+                wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered",
+                         on_fail=lambda: "; per device: " + json.dumps(
+                             device_view(cfg, scrape_all(ctx.workers), report)))
+            if training and drain:
                 # Replicas that read the whole update log agree on the version.
                 with contextlib.suppress(RunError):
                     wait_for(lambda: _versions_settled(cfg, scrape_all(ctx.workers)), 30,
@@ -388,6 +397,12 @@ class RunContext:
     restarts: list[str] = field(default_factory=list)
     restarting: bool = False
     simulator_url: str | None = None
+    #: Set to end streaming early (the run then drains as after ``run.duration_s``).
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def stop_streaming(self) -> None:
+        """End the simulators now; the run drains, summarises and stops its processes."""
+        self.stop.set()
 
     @property
     def targets_file(self) -> Path:
@@ -450,7 +465,7 @@ def render_all(cfg: JobConfig, rows: dict, scrapes: dict[str, Scrape], title: st
 def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
     table = Table(title=f"training: {cfg.train.strategy}, model {cfg.train.model}, codec {cfg.train.codec}")
     for col in ("process", "steps", "trained", "version", "held-out acc", "loss", "staleness (mean)",
-                "rejected"):
+                "compressed", "rejected"):
         table.add_column(col, justify="right")
     for name, s in sorted(scrapes.items()):
         count = s.get("edgestream_staleness_versions_count", worker=name)
@@ -462,6 +477,7 @@ def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
             f"{s.get('edgestream_accuracy_ratio', worker=name, split='heldout'):.3f}",
             f"{s.get('edgestream_loss', worker=name, split='train'):.3f}",
             f"{total / count:.2f}" if count else "-",
+            str(int(s.get("edgestream_compressed_steps_total", worker=name))),
             str(int(s.get("edgestream_updates_rejected_total", worker=name))),
         )
     return table
@@ -469,13 +485,16 @@ def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
 
 def training_table(result: RunResult) -> Table:
     table = Table(title="training summary")
-    for col in ("process", "steps", "trained records", "version", "held-out acc", "staleness mean/max",
-                "rejected updates", "digest"):
+    for col in ("process", "steps", "trained records", "injected", "version", "held-out acc",
+                "staleness mean/max", "compressed steps", "rejected updates", "digest"):
         table.add_column(col, justify="right")
     for name, t in sorted(result.training.items()):
         st = t.get("staleness") or {}
-        table.add_row(name, str(t["steps"]), str(t["trained_records"]), str(t["version"]),
-                      f"{t['accuracy']:.3f}", f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
+        steps = t["steps"]
+        compressed = t.get("compressed_steps", 0)
+        table.add_row(name, str(steps), str(t["trained_records"]), str(t.get("injected_records", 0)),
+                      str(t["version"]), f"{t['accuracy']:.3f}", f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
+                      f"{compressed} ({compressed / steps:.0%})" if steps else "0",
                       str(t["updates_rejected"]), t["digest"][:12])
     return table
 

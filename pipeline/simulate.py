@@ -43,6 +43,8 @@ class SimulationReport:
     garbage: dict[str, dict[str, int]] = field(default_factory=dict)
     bytes: int = 0
     duration_s: float = 0.0
+    #: Wall-clock time (epoch seconds) the first tick was produced: the origin of TTA figures.
+    started_at: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=True)
@@ -81,6 +83,7 @@ def simulate(
     garbage_at = _garbage_schedule(ticks, garbage_per_device)
     start_mono = time.monotonic()
     wall_origin = time.time()
+    report.started_at = wall_origin
     try:
         for tick in range(ticks):
             if stop.is_set():

@@ -18,6 +18,7 @@ strategy back to where its peers are.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -32,6 +33,7 @@ import faust
 import numpy as np
 
 from compression import registry as compressors
+from compression.controllers.scadles import link_signal
 from compression.memory import ErrorFeedback, NoMemory
 from compression.pipeline import GradientCodec
 from monitoring.metrics import Metrics
@@ -45,6 +47,7 @@ from streams.simulator import FleetData
 from trainers import LocalTrainer, build_model, evaluate, limit_torch_threads
 from trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
 from trainers.errors import CheckpointNotFound
+from trainers.injection import DataInjector, shared_pool
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies import StrategyContext, create
 from trainers.validation import TensorSpec
@@ -88,6 +91,9 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 class TrainingStats:
     steps: int = 0
     trained_records: int = 0
+    injected_records: int = 0
+    bytes_sent: int = 0
+    compressed_steps: int = 0
     updates_in: int = 0
     updates_rejected: int = 0
     accuracy: float = 0.0
@@ -121,6 +127,7 @@ class TrainingRuntime:
         self.metrics = metrics
         self.state_dir = state_dir
         self.checkpoint_path = state_dir / "checkpoint.bin"
+        self.evaluations_path = state_dir / "evaluations.jsonl"
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"train-{name}")
         self.executor.submit(limit_torch_threads, cfg.train.torch_threads).result()
         model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed)
@@ -140,6 +147,26 @@ class TrainingRuntime:
             raise ConfigError(f"train.codec={cfg.train.codec!r}: {exc}") from exc
         memory = ErrorFeedback() if cfg.train.error_feedback and cfg.train.codec != "dense" else NoMemory()
         self.codec = GradientCodec(compressor, memory, max_bytes=cfg.kafka.max_message_bytes)
+        # ScaDLES's vote needs the signal of every gradient, computed against this codec's residuals.
+        self.votes = bool(getattr(self.strategy, "adaptive_compression", False))
+        if self.votes and cfg.train.codec == "dense":
+            raise ConfigError(
+                f"train.strategy={cfg.train.strategy!r} with adaptive_compression needs a compressing "
+                "train.codec (e.g. train.codec=topk, train.codec_params=[\"ratio=0.1\"])"
+            )
+        if cfg.train.strategy == "scadles" and cfg.batcher.mode != "window":
+            log.warning("scadles expects batcher.mode=window (time windows); this job uses %r", cfg.batcher.mode)
+        self.injector: DataInjector | None = None
+        if role == "worker" and cfg.train.injection_alpha > 0 and cfg.train.injection_beta > 0:
+            pool = shared_pool(data.train.features, data.train.labels, cfg.train.injection_pool_per_class,
+                               seed=cfg.job.seed)
+            self.injector = DataInjector(pool, data.num_classes, alpha=cfg.train.injection_alpha,
+                                         beta=cfg.train.injection_beta, seed=cfg.job.seed * 7919 + _index(name))
+        names = cfg.worker_names()
+        self.slowdown = cfg.workers.slowdown_of(names.index(name)) if name in names else 1.0
+        self._ready_since: float | None = None
+        #: (model version, decision) each time the replicated compression vote switched.
+        self.vote_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=1000)
         self.sensor_offsets = OffsetTracker()
         self.update_offsets: dict[str, int] = {}  # "topic:partition" -> next offset to handle
         self.resume_offsets: dict[str, int] = {}
@@ -244,9 +271,13 @@ class TrainingRuntime:
                 await self._drain_inbox()
                 await self._send(await self._call(self.strategy.poll, time.monotonic()))
                 trained = False
-                if self.role == "worker" and not self.batches.empty() and await self._call(self.strategy.can_train):
-                    await self._step()
-                    trained = True
+                if self.role == "worker" and await self._call(self.strategy.can_train):
+                    if self.batches.empty():
+                        if self._ready_since is None:
+                            self._ready_since = time.monotonic()  # allowed to train, no data yet
+                    else:
+                        await self._step()
+                        trained = True
                 now = time.monotonic()
                 if now - self._last_eval >= self.cfg.train.eval_every_s:
                     self._last_eval = now
@@ -292,7 +323,12 @@ class TrainingRuntime:
             codec = headers.get(HEADER_CODEC, b"dense").decode(errors="replace")[:32]
             self.metrics.gradient_bytes_received.labels(self.name, codec).inc(len(value))
             version_before = self.trainer.version
+            decision_before = self._decision()
             out = await self._call(self.strategy.on_message, msg)
+            if self.votes and self._decision() != decision_before:
+                self.vote_log.append((self.trainer.version, self._decision()))
+                log.info("%s: the compression vote switches to %s from model version %d", self.name,
+                         "compressed (top-k)" if self._decision() else "dense", self.trainer.version)
             if msg.kind in ("gradient", "delta") and self.trainer.version > version_before:
                 self.metrics.staleness_versions.labels(self.name).observe(max(0, version_before - msg.base_version))
             await self._send(out)
@@ -305,25 +341,41 @@ class TrainingRuntime:
         assert self.batches is not None
         parts: list[Batch] = []
         size = 0
+        # fixed mode (the BSP baseline): exactly one batch per step; window mode (ScaDLES):
+        # every window batch waiting, up to max_step_batch records.
+        limit = 1 if self.cfg.batcher.mode == "fixed" else None
         while not self.batches.empty() and size < self.cfg.train.max_step_batch:
             batch = self.batches.get_nowait()
             parts.append(batch)
             size += batch.size
+            if limit is not None and len(parts) >= limit:
+                break
         records = concat([b.records for b in parts]) if len(parts) > 1 else parts[0].records
         if records.labels is None:
             raise RuntimeError("training needs labelled records; this stream has no labels")
         x = np.ascontiguousarray(records.features, dtype=np.float32)
         y = np.asarray(records.labels, dtype=np.int64)
         started = time.monotonic()
-        result = await self._call(self.trainer.compute_gradient, x, y)
+        wait_s = started - self._ready_since if self._ready_since is not None else 0.0
+        self._ready_since = None
+        if self.injector is not None:
+            x, y, injection = self.injector.augment(x, y)
+            self.stats.injected_records += injection.samples
+            self.metrics.injected_records.labels(self.name).inc(injection.samples)
+        result, compute_s = await self._call(self._compute, x, y)
+        if self.votes:
+            await self._call(self._observe_signal, result.gradients)
         out = await self._call(self.strategy.on_local_step, result)
-        self.metrics.step_seconds.labels(self.name).observe(time.monotonic() - started)
+        if self.slowdown > 1.0:
+            # emulated compute heterogeneity (a slower device), not synchronisation
+            await asyncio.sleep((self.slowdown - 1.0) * compute_s)
+        compressed = self._compressed(out)
         self.stats.steps += 1
         self.stats.trained_records += size
+        self.stats.compressed_steps += int(compressed)
         self.stats.loss = float(result.loss)
-        self.metrics.loss.labels(self.name, "train").set(self.stats.loss)
-        self.metrics.trained_records.labels(self.name).inc(size)
-        self.metrics.steps.labels(self.name).inc()
+        self.metrics.record_step(self.name, step_s=time.monotonic() - started, wait_s=wait_s, records=size,
+                                 loss=self.stats.loss, compressed=compressed)
         await self._send(out)
         # The batch is trained (its gradient is published): now its messages are handled.
         assert self.ack_tokens is not None
@@ -334,25 +386,56 @@ class TrainingRuntime:
             self._steps_since_checkpoint = 0
             await self._call(self._checkpoint)
 
+    def _decision(self) -> bool:
+        """The replicated ScaDLES decision for the pending step (False without the vote)."""
+        return bool(getattr(self.strategy, "compress_next", False)) if self.votes else False
+
+    def _compute(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, float]:
+        """The local step, and how long the forward/backward pass itself took (on this thread)."""
+        started = time.monotonic()
+        result = self.trainer.compute_gradient(x, y)
+        return result, time.monotonic() - started
+
+    def _observe_signal(self, gradients: dict[str, Any]) -> None:
+        """The ScaDLES compression signal of a new gradient, against this link's residuals."""
+        signal = link_signal(self.codec.memory, gradients, self.strategy.ratio)  # type: ignore[attr-defined]
+        self.strategy.observe_signal(signal)  # type: ignore[attr-defined]
+        self.metrics.compression_vote.labels(self.name).set(1.0 if signal <= self.strategy.delta else 0.0)  # type: ignore[attr-defined]
+
+    def _compressed(self, outgoing: list[Outgoing]) -> bool:
+        """True if this step's gradient goes out compressed (a compressing codec, not a dense step)."""
+        return any(
+            item.message.kind in ("gradient", "delta") and self.cfg.train.codec != "dense"
+            and item.message.meta.get("compress", True) is not False
+            for item in outgoing
+        )
+
     async def _send(self, outgoing: list[Outgoing]) -> None:
         assert self.publish is not None
         for item in outgoing:
             value, headers = await self._call(self._encode, item)
             await self.publish(item.channel, value, headers, self.name.encode())
-            self.metrics.gradient_bytes_sent.labels(self.name, self.codec_name(item)).inc(len(value))
-
-    def codec_name(self, item: Outgoing) -> str:
-        return self.cfg.train.codec if item.message.kind in ("gradient", "delta") else "dense"
+            self.stats.bytes_sent += len(value)
+            codec = headers.get(HEADER_CODEC, b"dense").decode()
+            if item.message.kind in ("gradient", "delta"):
+                dense = 4 * sum(int(t.numel()) for t in item.message.tensors.values())
+                self.metrics.record_sent(self.name, codec, len(value), dense)
+            else:
+                self.metrics.gradient_bytes_sent.labels(self.name, codec).inc(len(value))
 
     def _encode(self, item: Outgoing) -> tuple[bytes, dict[str, bytes]]:
         codec = self.codec if item.message.kind in ("gradient", "delta") else None
-        return encode_update(item.message, job=self.cfg.job.name, codec=codec, to=item.to)
+        compress = item.message.meta.get("compress", True) is not False
+        return encode_update(item.message, job=self.cfg.job.name, codec=codec, compress=compress, to=item.to)
 
     async def _evaluate(self) -> None:
         if self.role == "server" and self.strategy.name != "asp":
             return
         result = await self._call(evaluate, self.trainer.model, self.heldout_x, self.heldout_y)
         self.stats.accuracy = float(result.accuracy)
+        with open(self.evaluations_path, "a") as out:  # the accuracy timeline (TTA benchmarks, plots)
+            out.write(json.dumps({"t": time.time(), "accuracy": self.stats.accuracy, "loss": float(result.loss),
+                                  "version": self.trainer.version, "steps": self.stats.steps}) + "\n")
         self.metrics.accuracy.labels(self.name, "heldout").set(self.stats.accuracy)
         self.metrics.loss.labels(self.name, "heldout").set(float(result.loss))
         self.metrics.model_version.labels(self.name).set(self.trainer.version)
@@ -367,6 +450,8 @@ class TrainingRuntime:
             "worker": self.name, "role": self.role, "strategy": self.strategy.name,
             "version": self.trainer.version, "digest": digest, "steps": self.stats.steps,
             "trained_records": self.stats.trained_records, "accuracy": self.stats.accuracy,
+            "injected_records": self.stats.injected_records, "bytes_sent": self.stats.bytes_sent,
+            "vote_log": [{"version": v, "compress": c} for v, c in self.vote_log], "compressed_steps": self.stats.compressed_steps,
             "loss": self.stats.loss, "updates_in": self.stats.updates_in,
             "updates_rejected": self.stats.updates_rejected, "restored_from": self.restored_from,
             "staleness": stats.get("staleness", {}), "counters": stats.get("counters", {}),
@@ -374,3 +459,8 @@ class TrainingRuntime:
                                for key, mark in self.sensor_offsets.watermarks().items()},
             "queued_batches": self.batches.qsize() if self.batches is not None else 0,
         }
+
+
+def _index(name: str) -> int:
+    """A stable small integer from a process name (seeds per-worker randomness)."""
+    return sum((i + 1) * ord(ch) for i, ch in enumerate(name))

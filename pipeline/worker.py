@@ -10,10 +10,18 @@ from pathlib import Path
 import faust
 
 from monitoring.metrics import Metrics, serve
-from pipeline.app import CountingSink, app_id, create_app, new_faust_app
+from pipeline.app import (
+    CountingSink,
+    app_id,
+    create_app,
+    new_faust_app,
+    offsets_by_group,
+    sensor_group,
+)
 from pipeline.config import JobConfig
-from pipeline.kafka_io import set_group_offsets
+from pipeline.kafka_io import adopt_group_offsets, set_group_offsets
 from pipeline.simulate import job_fleet_data
+from streams import topics
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +74,21 @@ def run_worker(
         from pipeline.training import TrainingRuntime
 
         runtime = TrainingRuntime(cfg, worker, data, metrics, state)
-        # Resume exactly at the checkpoint: commit its offsets for this worker's group
-        # before Faust starts (Faust's own start-up seeks to committed offsets).
-        set_group_offsets(bootstrap, app_id(cfg, worker), runtime.resume_offsets)
+        # Resume exactly at the checkpoint: commit its offsets, before any consumer starts,
+        # for the groups that read each topic (device topics: the ingest source's group).
+        for group, offsets in offsets_by_group(cfg, worker, runtime.resume_offsets).items():
+            set_group_offsets(bootstrap, group, offsets)
         sink = runtime
         metrics.strategy_info.labels(worker, cfg.train.strategy).set(1)
     else:
         sink = CountingSink(metrics)
+    if sensor_group(cfg, worker) != app_id(cfg, worker):
+        # Device-topic partitions the direct source's group has no offset for start where
+        # the Faust group is (a switch of kafka.ingest_source, or a caller that positioned it).
+        adopted = adopt_group_offsets(bootstrap, app_id(cfg, worker), sensor_group(cfg, worker),
+                                      [topics.sensor_topic(d) for d in devices])
+        if adopted:
+            log.info("%s: sensor offsets taken from the Faust group: %s", worker, adopted)
     app, core = create_app(
         cfg, worker, bootstrap, sink, metrics,
         datadir=state / "faust", devices=devices,

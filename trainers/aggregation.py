@@ -1,4 +1,5 @@
-"""The one sample-weighting rule (b_i / sum b) shared by BSP, ScaDLES, DLion and gossip."""
+"""The one sample-weighting rule (b_i / sum b) and the linear LR scaling rule (B_t / B_ref),
+shared by BSP, ScaDLES, DLion and gossip."""
 
 from __future__ import annotations
 
@@ -51,3 +52,16 @@ def weighted_mean(
             total.add_(tensor.to("cpu", torch.float32), alpha=weight)
         result[name] = total
     return result
+
+
+def linear_lr_scale(global_batch: int, reference_batch: int | None) -> float:
+    """ScaDLES linear scaling: the step's learning rate is ``lr * B_t / B_ref``.
+
+    ``B_t`` is the samples aggregated into the step, ``B_ref = b_ref * N`` the global
+    batch the base learning rate was tuned for. ``None`` turns scaling off (factor 1).
+    """
+    if reference_batch is None:
+        return 1.0
+    if reference_batch <= 0 or global_batch < 0:
+        raise AggregationError(f"need B_ref > 0 and B_t >= 0, got B_ref={reference_batch}, B_t={global_batch}")
+    return global_batch / reference_batch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,3 +51,31 @@ def evaluate(
         model.train(was_training)
     count = int(features.shape[0])
     return EvalResult(accuracy=correct / count, loss=loss_sum / count, count=count)
+
+
+#: Evaluations in a row that must reach the target for it to count (BENCHMARKS.md).
+TARGET_HOLD_EVALUATIONS = 3
+
+
+def time_to_target(
+    timeline: Sequence[tuple[float, float]], target: float, hold: int = TARGET_HOLD_EVALUATIONS
+) -> float | None:
+    """Time to accuracy: the time of the first of ``hold`` consecutive evaluations >= ``target``.
+
+    ``timeline`` is ``(time, accuracy)`` pairs in time order; None if the target is
+    never held that long.
+    """
+    if hold < 1:
+        raise ValueError(f"hold must be >= 1, got {hold}")
+    run_start: float | None = None
+    run_length = 0
+    for t, accuracy in timeline:
+        if accuracy >= target:
+            if run_length == 0:
+                run_start = t
+            run_length += 1
+            if run_length >= hold:
+                return run_start
+        else:
+            run_length = 0
+    return None

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from compression.errors import CompressorConfigError
+from compression.memory import Memory
 from compression.sparse import keep_count, select_topk
 
 
@@ -96,6 +97,25 @@ class ScadlesSignal:
     def history(self) -> list[float]:
         return list(self._history)
 
+    def state_dict(self) -> dict[str, float | int | None]:
+        """The epoch sums and the previous epoch's mean (the history is not kept)."""
+        return {"sum": self._sum, "count": self._count, "previous_mean": self._previous_mean}
+
+    def load_state_dict(self, state: Mapping[str, float | int | None]) -> None:
+        count = int(state["count"] or 0)
+        total = float(state["sum"] or 0.0)
+        previous = state["previous_mean"]
+        if count < 0 or not math.isfinite(total) or (previous is not None and not math.isfinite(previous)):
+            raise CompressorConfigError(f"bad ScaDLES signal state {dict(state)}")
+        self._sum, self._count = total, count
+        self._previous_mean = None if previous is None else float(previous)
+
+
+def majority_compress(ballots: Iterable[bool]) -> bool:
+    """The ScaDLES rule: compress when at least half of the ballots say so; none means dense."""
+    votes = [bool(b) for b in ballots]
+    return bool(votes) and 2 * sum(votes) >= len(votes)
+
 
 class ScadlesVote:
     """The decision of a step: compress iff at least half of the workers vote to.
@@ -129,7 +149,7 @@ class ScadlesVote:
     def decide(self, votes: Mapping[str, bool] | Iterable[bool]) -> bool:
         """Majority (>= half) of ``votes`` say compress; no votes means dense. Records the outcome."""
         ballots = list(votes.values()) if isinstance(votes, Mapping) else list(votes)
-        compress = bool(ballots) and 2 * sum(bool(b) for b in ballots) >= len(ballots)
+        compress = majority_compress(ballots)
         self.total_steps += 1
         self.compressed_steps += int(compress)
         return compress
@@ -157,3 +177,13 @@ class ScadlesVote:
         if values.size == 0 or not 0.0 <= compress_fraction <= 1.0:
             raise CompressorConfigError("need signals and a compress_fraction in [0, 1]")
         return float(np.quantile(values, compress_fraction))
+
+
+def link_signal(memory: Memory, grads: Mapping[str, torch.Tensor], ratio: float) -> float:
+    """The signal of a gradient about to go out on a link whose error feedback is ``memory``.
+
+    Uses ``v = g + e`` from the link's current residuals without changing them
+    (``Memory.compensate`` is pure), so call it before the gradient is encoded.
+    """
+    compensated = {name: memory.compensate(name, grad) for name, grad in grads.items()}
+    return scadles_signal(grads, compensated, ratio)

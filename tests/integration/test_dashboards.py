@@ -38,7 +38,7 @@ from monitoring.prometheus import (
 )
 from monitoring.render import KEY_PANELS, render_fleet
 from monitoring.scrape import scrape
-from pipeline.app import app_id
+from pipeline.app import sensor_group
 from pipeline.config import load_config
 from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
 from pipeline.run import run_job, start_worker_process, stop_process
@@ -90,7 +90,7 @@ def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstra
     devices = cfg.devices.device_ids()
     ensure_topics(kafka_bootstrap, sensor_topics_for(devices))
     start_groups_at_end(kafka_bootstrap, {
-        app_id(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()})
+        sensor_group(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()})
     procs = {}
     prom = LocalPrometheus(tmp_path / "prometheus", tmp_path / "sd", scrape_interval="1s")
     try:

@@ -1,14 +1,20 @@
-"""Ingest on the real broker: simulators -> Faust workers -> exact per-device accounting."""
+"""Ingest on the real broker: simulators -> workers -> exact per-device accounting.
+
+Run with both ingest sources (``kafka.ingest_source``): the direct aiokafka consumer
+(the default) and the Faust agent.
+"""
 
 from __future__ import annotations
 
 import io
 
 import pytest
-from kafka import KafkaConsumer
+from kafka import KafkaAdminClient, KafkaConsumer
 from rich.console import Console
 
+from pipeline.app import sensor_group
 from pipeline.config import load_config
+from pipeline.kafka_io import end_offsets
 from pipeline.run import run_job
 from streams.garbage import EXPECTED_REASON, KINDS
 from streams.topics import DLQ_HEADER_OFFSET, DLQ_HEADER_REASON, DLQ_HEADER_TOPIC, SENSOR_DLQ
@@ -54,8 +60,19 @@ def dead_letters(bootstrap: str, topic_names: set[str], expected: int) -> list:
     return found
 
 
-def test_every_record_accounted_for_with_garbage_of_every_kind(kafka_bootstrap, unique, state_dir):
-    cfg = job(unique, state_dir, "workers.count=2")
+def committed(bootstrap: str, group: str) -> dict[str, int]:
+    """``{"topic:partition": offset}`` committed by ``group``."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        listed = admin.list_group_offsets({group: None}).get(group) or {}
+    finally:
+        admin.close()
+    return {f"{tp.topic}:{tp.partition}": meta.offset for tp, meta in listed.items() if meta.offset >= 0}
+
+
+@pytest.mark.parametrize("source", ["direct", "faust"])
+def test_every_record_accounted_for_with_garbage_of_every_kind(kafka_bootstrap, unique, state_dir, source):
+    cfg = job(unique, state_dir, "workers.count=2", f"kafka.ingest_source={source}")
     garbage = len(KINDS)
 
     result = run_job(cfg, kafka_bootstrap, garbage_per_device=garbage, console=quiet(), live=False)
@@ -73,22 +90,32 @@ def test_every_record_accounted_for_with_garbage_of_every_kind(kafka_bootstrap, 
     reasons = sorted(h[DLQ_HEADER_REASON] for h in letters)
     assert reasons == sorted([EXPECTED_REASON[k] for k in KINDS] * 3)
     assert all(int(h[DLQ_HEADER_OFFSET]) >= 0 for h in letters)
+    # Everything was handled, so each worker's sensor group has committed its topics' ends.
+    for worker in cfg.worker_names():
+        own = [f"sensors.{d}" for d in cfg.devices_of(worker)]
+        ends = {f"{tp.topic}:{tp.partition}": end for tp, end in end_offsets(kafka_bootstrap, own).items()}
+        assert {k: v for k, v in committed(kafka_bootstrap, sensor_group(cfg, worker)).items()
+                if k.startswith("sensors.")} == ends
 
 
-@pytest.mark.parametrize(
-    "overrides, expect_drops",
-    [
-        (["batcher.mode=fixed", "batcher.batch_size=16", "buffer.policy=persist"], False),
-        (["batcher.mode=window", "batcher.max_batch=8", "batcher.window_overflow=truncate"], True),
-        (["batcher.mode=fixed", "batcher.batch_size=400", "buffer.policy=truncate",
-          "buffer.capacity=20"], True),
-        (["batcher.mode=window", "batcher.window_s=0.25", "batcher.max_batch=32",
-          "buffer.policy=backpressure", "buffer.capacity=30"], False),
-    ],
-    ids=["fixed-persist", "window-truncate", "buffer-truncate", "backpressure"],
-)
-def test_accounting_is_exact_under_each_policy(kafka_bootstrap, unique, state_dir, overrides, expect_drops):
-    cfg = job(unique, state_dir, "workers.count=1", *overrides)
+POLICIES = {
+    "fixed-persist": (["batcher.mode=fixed", "batcher.batch_size=16", "buffer.policy=persist"], False),
+    "window-truncate": (["batcher.mode=window", "batcher.max_batch=8", "batcher.window_overflow=truncate"],
+                        True),
+    "buffer-truncate": (["batcher.mode=fixed", "batcher.batch_size=400", "buffer.policy=truncate",
+                         "buffer.capacity=20"], True),
+    "backpressure": (["batcher.mode=window", "batcher.window_s=0.25", "batcher.max_batch=32",
+                      "buffer.policy=backpressure", "buffer.capacity=30"], False),
+}
+# Every policy with the default (direct) source; backpressure, the one that drives the
+# consumer (pause / resume), with the Faust source too.
+CASES = [(name, "direct") for name in POLICIES] + [("backpressure", "faust")]
+
+
+@pytest.mark.parametrize("policy, source", CASES, ids=[f"{p}-{s}" for p, s in CASES])
+def test_accounting_is_exact_under_each_policy(kafka_bootstrap, unique, state_dir, policy, source):
+    overrides, expect_drops = POLICIES[policy]
+    cfg = job(unique, state_dir, "workers.count=1", f"kafka.ingest_source={source}", *overrides)
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
 

@@ -176,3 +176,33 @@ def test_poisoned_gradients_are_dead_lettered_and_never_applied(kafka_bootstrap,
         consumer.close()
     assert len(reasons) == 3 * len(poison)  # every worker dead-letters what it rejected
     assert sorted(set(reasons)) == ["bad_magic", "non_finite", "shape_mismatch", "truncated"]
+
+
+def test_scadles_with_vote_and_injection_learns_non_iid_streams(kafka_bootstrap, unique, state_dir, caplog):
+    # Three devices at 240 / 160 / 120 records/s, each seeing 4 of the 10 classes; windows of
+    # 0.25 s (b_i differ per device and step), top-k 10 % with the adaptive vote, injection.
+    cfg = train_job(
+        unique, state_dir, "train.strategy=scadles",
+        "train.strategy_params=reference_per_worker=32,adaptive_compression=true,delta=0.5,epoch_steps=5",
+        "train.codec=topk", "train.codec_params=ratio=0.1",
+        "data.partition=classes", "data.classes_per_device=4",
+        "train.injection_alpha=0.25", "train.injection_beta=0.25",
+        "train.target_accuracy=0.85",
+    )
+
+    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
+
+    trained = workers_of(result)
+    assert set(trained) == {"w0", "w1", "w2"}
+    assert min(t["accuracy"] for t in trained.values()) >= 0.8
+    assert len({t["digest"] for t in trained.values()}) == 1  # weighted aggregation, same everywhere
+    assert result.balanced  # produced = batched + dropped + still buffered, per device
+    for t in trained.values():
+        counters = t["counters"]
+        assert counters["signals"] == t["steps"]  # every gradient's signal reached the vote
+        assert 0 < counters["compressed_steps"] <= counters["steps"]  # the vote switched compression on
+        assert t["compressed_steps"] > 0 and t["injected_records"] > 0
+        assert t["vote_log"] and t["vote_log"][0]["compress"] is True  # the first switch: dense -> top-k
+    # the decisions are the same on every replica: same count of compressed steps
+    assert len({t["counters"]["compressed_steps"] for t in trained.values()}) == 1
+    assert len({str(t["vote_log"]) for t in trained.values()}) == 1  # same switches, same versions

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trainers.aggregation import weighted_mean
+from trainers.aggregation import linear_lr_scale, weighted_mean
 from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
@@ -231,7 +231,7 @@ class BSPStrategy(SyncStrategy):
             elif len(buffer_names) > 1:
                 self.counters["buffer_sync_skipped"] += 1  # same decision on every replica
             global_batch = sum(batch_sizes)
-            lr_scale = global_batch / self.reference_batch if self.reference_batch else 1.0
+            lr_scale = linear_lr_scale(global_batch, self.reference_batch)
             for contribution in contributions:
                 self.staleness.record(step - contribution.base_version)
             self.counters["non_member_gradients"] += len(bucket) - len(contributions)
@@ -239,6 +239,7 @@ class BSPStrategy(SyncStrategy):
             self._last_global_batch = global_batch
             self._veterans = self._members
             self.counters["steps"] += 1
+            self._after_step(step, contributions)
             for old in [s for s in self._pending if s <= step]:
                 del self._pending[old]
             if self._published_step == step:
@@ -246,6 +247,13 @@ class BSPStrategy(SyncStrategy):
             if self._next_members is not None:
                 out += self._enter_next_view()
         return out
+
+    def _after_step(self, step: int, contributions: list[UpdateMessage]) -> None:
+        """Hook for subclasses: step ``step`` was applied from ``contributions`` (member order).
+
+        Runs on every replica at the same point of the log, so decisions taken here
+        from the contributions' ``meta`` are the same everywhere.
+        """
 
     # -- membership -----------------------------------------------------------------
 

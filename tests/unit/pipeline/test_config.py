@@ -45,6 +45,8 @@ def test_lists_from_flags_and_round_robin_assignment():
         ("workers.count=20", "exceeds devices.count"),
         ("devices.ids=a b", "devices.ids lists 1 ids"),
         ("justtext", "section.key=value"),
+        ("workers.slowdown=1,0.5", "workers.slowdown factors must be >= 1"),
+        ("train.injection_alpha=1.5", "train.injection_alpha must be in"),
     ],
 )
 def test_errors_name_the_key(override, message):
@@ -57,3 +59,9 @@ def test_missing_and_invalid_files(tmp_path):
         load_config(tmp_path / "none.toml", env={})
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(write(tmp_path, "[job\n"), env={})
+
+
+def test_slowdown_cycles_over_workers():
+    cfg = load_config(overrides=["workers.count=3", "workers.slowdown=1,4"], env={})
+    assert [cfg.workers.slowdown_of(i) for i in range(3)] == [1.0, 4.0, 1.0]
+    assert load_config(env={}).workers.slowdown_of(5) == 1.0

@@ -51,3 +51,13 @@ def test_result_does_not_depend_on_batching_and_training_mode_is_restored(make_t
 def test_mismatched_arrays_raise_batch_error(make_trainer):
     with pytest.raises(BatchError):
         evaluate(make_trainer().model, np.zeros((4, 64), np.float32), np.zeros(3, np.int64))
+
+
+def test_time_to_target_is_the_first_of_three_consecutive_hits():
+    from trainers.evaluation import time_to_target
+
+    timeline = [(1, 0.5), (2, 0.91), (3, 0.89), (4, 0.9), (5, 0.95), (6, 0.92), (7, 0.8)]
+    assert time_to_target(timeline, 0.9) == 4
+    assert time_to_target(timeline, 0.9, hold=1) == 2
+    assert time_to_target(timeline, 0.96) is None
+    assert time_to_target([(1, 0.95), (2, 0.95)], 0.9) is None  # held only twice

@@ -1,0 +1,431 @@
+"""Time to accuracy: ScaDLES vs BSP (fixed batch) vs the PyTorch DDP peer, on the real broker.
+
+Ten devices stream at the ScaDLES rates (92 38 62 42 48 88 90 22 44 28 records/s) times
+``--scale``; one worker process per device; every mode reads the same streams (same
+seeds, partitioning, model, initial weights) and trains for the same time budget:
+
+  bsp                     fixed batch of 64 per device, waits for it (the "waiting streamer")
+  scadles                 time windows (``--window`` s), weighted aggregation, LR scaling
+  scadles+compress        + top-k 10 % with error feedback, switched by the ScaDLES vote
+  scadles+compress+inject + data injection (alpha = beta = 0.25)
+  ddp                     torch.distributed DDP (gloo), one rank per device, fixed batch 64
+
+Wall time is measured from the first record produced. TTA = the first of 3 consecutive
+held-out evaluations >= ``--target``. Also reported: accuracy at the budget, max / p99
+backlog per device (records produced but not yet trained on), gradient bytes sent,
+fraction of compressed steps, mean staleness. The same comparison runs in the
+simulated-clock runner (seconds, no Kafka) with its oracle (zero compute, zero transfer)
+as the lower bound. Writes benchmarks/results/time_to_accuracy.{json,md,png}. Never asserts.
+
+    python benchmarks/time_to_accuracy.py [--repeats 3] [--partitions iid,dirichlet]
+        [--modes bsp,scadles,...] [--budget 60] [--scale 4] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from monitoring.scrape import scrape  # noqa: E402
+from pipeline.config import JobConfig, load_config  # noqa: E402
+from pipeline.run import RunContext, run_job  # noqa: E402
+from streams.profiles import SCADLES_RATES  # noqa: E402
+from trainers.evaluation import time_to_target  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+MODES = ("bsp", "scadles", "scadles+compress", "scadles+compress+inject", "ddp")
+SLOWDOWN = (1, 1, 1, 2, 2, 2, 4, 4, 8, 8)
+BATCH = 64
+#: ScaDLES's cap on one device's step batch (a window's records beyond it persist to the next).
+MAX_BATCH = 2 * BATCH
+
+
+@dataclass
+class Settings:
+    scale: float = 2.0
+    window_s: float = 0.5
+    budget_s: float = 60.0
+    target: float = 0.9
+    delta: float = 0.3
+    eval_every_s: float = 0.5
+    lr: float = 0.3
+    momentum: float = 0.9
+    seed: int = 0
+    slowdown: tuple[float, ...] = SLOWDOWN
+
+
+@dataclass
+class ModeRun:
+    """One mode on one partition in one repeat."""
+
+    mode: str
+    partition: str
+    repeat: int
+    tta_s: float | None = None
+    final_accuracy: float = 0.0
+    steps: int = 0
+    bytes_sent: int = 0
+    compressed_fraction: float = 0.0
+    mean_staleness: float = 0.0
+    max_backlog: dict[str, float] = field(default_factory=dict)
+    p99_backlog: dict[str, float] = field(default_factory=dict)
+    backlog_samples: dict[str, list[float]] = field(default_factory=dict)
+    timeline: list[tuple[float, float]] = field(default_factory=list)
+    error: str | None = None
+
+
+def job_config(mode: str, partition: str, s: Settings, state: Path, tag: str) -> JobConfig:
+    """The job of one run: same streams for every mode, differing only in what is compared."""
+    overrides = [
+        f"job.name=tta{tag}", f"job.seed={s.seed}", f"run.state_dir={state / tag}",
+        "devices.count=10", f"devices.ids={','.join(f'tta{tag}d{i}' for i in range(10))}",
+        f"devices.rates_hz={','.join(str(r) for r in SCADLES_RATES)}", f"devices.time_scale={s.scale}",
+        "devices.profile=poisson", "devices.message_interval_s=0.05",
+        "workers.count=10", f"workers.slowdown={','.join(str(f) for f in s.slowdown)}",
+        "data.source=digits", f"data.partition={partition}", "data.dirichlet_alpha=0.3",
+        "buffer.policy=persist", "buffer.capacity=1000000",
+        "train.enabled=true", "train.model=mlp", f"train.lr={s.lr}", f"train.momentum={s.momentum}",
+        f"train.eval_every_s={s.eval_every_s}", "train.checkpoint_every_steps=1000000",
+        f"train.max_step_batch={MAX_BATCH}",
+        f"run.duration_s={s.budget_s}", "run.drain_timeout_s=30",
+    ]
+    if mode in ("bsp", "ddp"):
+        overrides += ["batcher.mode=fixed", f"batcher.batch_size={BATCH}", "train.strategy=bsp"]
+    else:
+        params = [f"reference_per_worker={BATCH}"]
+        overrides += ["batcher.mode=window", f"batcher.window_s={s.window_s}", f"batcher.max_batch={MAX_BATCH}",
+                      "train.strategy=scadles"]
+        if "compress" in mode:
+            params += ["adaptive_compression=true", f"delta={s.delta}", "epoch_steps=10", "ratio=0.1"]
+            overrides += ["train.codec=topk", "train.codec_params=ratio=0.1", "train.error_feedback=true"]
+        if "inject" in mode:
+            overrides += ["train.injection_alpha=0.25", "train.injection_beta=0.25"]
+        overrides.append("train.strategy_params=" + ",".join(params))
+    return load_config(overrides=overrides, env={})
+
+
+class Sampler:
+    """While a run streams: w0's evaluation log and every device's backlog, every 0.25 s."""
+
+    def __init__(self) -> None:
+        self.backlog: dict[str, list[float]] = {}
+
+    def sample(self, ctx: RunContext) -> None:
+        sim = scrape(ctx.simulator_url) if ctx.simulator_url else None
+        if sim is None:
+            return
+        for w in ctx.workers:
+            s = scrape(w.metrics_url) if w.metrics_url else None
+            if s is None:
+                continue
+            trained = s.get("edgestream_trained_records_total", worker=w.name)
+            for device in w.devices:  # one device per worker in this benchmark
+                produced = sim.get("edgestream_records_produced_total", device=device)
+                self.backlog.setdefault(device, []).append(max(0.0, produced - trained))
+
+    def __call__(self, ctx: RunContext) -> None:
+        while not ctx.stop.wait(0.25):  # poll interval of a sampler, not synchronisation
+            self.sample(ctx)
+
+
+def run_pipeline_mode(mode: str, partition: str, repeat: int, s: Settings, bootstrap: str, state: Path) -> ModeRun:
+    tag = uuid.uuid4().hex[:6]
+    cfg = job_config(mode, partition, s, state, tag)
+    sampler = Sampler()
+    result = run_job(cfg, bootstrap, console=Console(file=io.StringIO()), live=False,
+                     on_streaming=sampler, drain=False)
+    origin = json.loads((cfg.state_path() / "simulation.json").read_text())["started_at"]
+    evals = [json.loads(line) for line in
+             (cfg.state_path() / "workers" / "w0" / "evaluations.jsonl").read_text().splitlines()]
+    timeline = [(e["t"] - origin, e["accuracy"]) for e in evals if e["t"] - origin <= s.budget_s]
+    workers = [t for name, t in result.training.items() if name != "server"]
+    steps = workers[0]["steps"]
+    staleness = [t["staleness"].get("mean", 0.0) for t in workers if t.get("staleness")]
+    run = ModeRun(mode, partition, repeat, timeline=timeline, steps=steps,
+                  tta_s=time_to_target(timeline, s.target),
+                  final_accuracy=timeline[-1][1] if timeline else 0.0,
+                  bytes_sent=sum(t.get("bytes_sent", 0) for t in workers),
+                  compressed_fraction=(sum(t.get("compressed_steps", 0) for t in workers)
+                                       / max(1, sum(t["steps"] for t in workers))),
+                  mean_staleness=statistics.fmean(staleness) if staleness else 0.0)
+    fill_backlog(run, sampler.backlog)
+    return run
+
+
+def fill_backlog(run: ModeRun, samples: dict[str, list[float]]) -> None:
+    run.backlog_samples = {device: [float(v) for v in values] for device, values in sorted(samples.items())}
+    for device, values in sorted(samples.items()):
+        run.max_backlog[device] = float(max(values)) if values else 0.0
+        run.p99_backlog[device] = float(np.percentile(values, 99)) if values else 0.0
+
+
+def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Path) -> ModeRun:
+    """The DDP peer: the same simulators, one gloo rank per device reading its topic."""
+    ddp_peer = _load_ddp_peer()
+    from pipeline.kafka_io import ensure_topics, sensor_topics_for
+    from pipeline.simulate import simulate
+
+    tag = uuid.uuid4().hex[:6]
+    cfg = job_config("ddp", partition, s, state, tag)
+    out = cfg.state_path() / "ddp"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = cfg.state_path() / "job.json"
+    cfg_path.write_text(json.dumps(cfg.to_dict()))
+    ensure_topics(bootstrap, sensor_topics_for(cfg.devices.device_ids()))
+    procs = ddp_peer.launch(cfg_path, bootstrap, out, batch=BATCH, slowdown=list(s.slowdown),
+                            duration_s=s.budget_s, target_accuracy=0.0, eval_every_s=s.eval_every_s)
+    try:
+        ddp_peer.wait_ready(out, procs, timeout_s=180)
+        stop = threading.Event()
+        report = simulate(cfg, bootstrap, s.budget_s, stop=stop)
+        ddp_peer.stop(out, procs, timeout_s=60)
+        result = ddp_peer.collect(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    origin = report.started_at
+    timeline = [(t - origin, acc) for t, acc, _step in result["timeline_wall"] if t - origin <= s.budget_s]
+    run = ModeRun("ddp", partition, repeat, timeline=timeline, steps=int(result["steps"]),
+                  tta_s=time_to_target(timeline, s.target),
+                  final_accuracy=timeline[-1][1] if timeline else 0.0,
+                  bytes_sent=int(result["bytes_sent"]))
+    fill_backlog(run, {d: v for d, v in result["backlog_samples"].items()})
+    return run
+
+
+def _load_ddp_peer():
+    """benchmarks/ddp_peer.py as a module (the benchmarks folder is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddp_peer", ROOT / "benchmarks" / "ddp_peer.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ddp_peer"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def simulated(s: Settings, partitions: list[str], modes: list[str]) -> dict[str, Any]:
+    """The same comparison on the simulated clock (plus its oracle)."""
+    from trainers import simclock
+
+    started = time.monotonic()
+    out: dict[str, Any] = {}
+    for partition in partitions:
+        reports = simclock.benchmark_comparison(
+            partition=partition, scale=s.scale, window_s=s.window_s, batch=BATCH, target=s.target,
+            budget_s=s.budget_s, slowdown=list(s.slowdown), lr=s.lr, momentum=s.momentum, seed=s.seed,
+            delta=s.delta, modes=[m for m in modes], eval_every_s=s.eval_every_s,
+            max_batch=MAX_BATCH, epoch_steps=10, message_interval_s=0.05,
+            # Per step on this machine: ~1 ms of torch, but ~20 ms of executor hops and Kafka
+            # round trips with ten workers sharing two cores; a 100 Mbit/s, 10 ms link.
+            costs=simclock.CostModel(compute_base_s=0.02, compute_per_record_s=2e-5,
+                                     slowdowns=tuple(s.slowdown), latency_s=0.01,
+                                     bandwidth_bytes_per_s=12.5e6),
+        )
+        out[partition] = reports
+    out["seconds"] = time.monotonic() - started
+    return out
+
+
+def summarise(runs: list[ModeRun], partitions: list[str], modes: list[str]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for partition in partitions:
+        base = [r.tta_s for r in runs if r.partition == partition and r.mode == "bsp" and r.tta_s is not None]
+        base_tta = statistics.median(base) if base else None
+        for mode in modes:
+            sel = [r for r in runs if r.partition == partition and r.mode == mode and r.error is None]
+            if not sel:
+                continue
+            ttas = [r.tta_s for r in sel if r.tta_s is not None]
+            med = statistics.median(ttas) if len(ttas) == len(sel) else None
+            table[f"{partition}/{mode}"] = {
+                "partition": partition, "mode": mode, "repeats": len(sel),
+                "tta_s": med, "tta_all": [r.tta_s for r in sel],
+                "speedup_vs_bsp": (base_tta / med) if (base_tta and med) else None,
+                "final_accuracy": statistics.median(r.final_accuracy for r in sel),
+                "max_backlog": max(max(r.max_backlog.values(), default=0.0) for r in sel),
+                "p99_backlog": max(max(r.p99_backlog.values(), default=0.0) for r in sel),
+                "bytes_sent": statistics.median(r.bytes_sent for r in sel),
+                "compressed_fraction": statistics.median(r.compressed_fraction for r in sel),
+                "mean_staleness": statistics.median(r.mean_staleness for r in sel),
+                "steps": statistics.median(r.steps for r in sel),
+            }
+    return table
+
+
+def markdown(table: dict[str, Any], s: Settings) -> str:
+    lines = [
+        f"Real broker, real processes. Target {s.target:.0%} held for 3 evaluations; budget {s.budget_s:.0f} s; "
+        f"rates x{s.scale:g}; window {s.window_s:g} s; slowdown {' '.join(f'{x:g}' for x in s.slowdown)}.",
+        "",
+        "| partition | mode | TTA s (median) | vs BSP | acc @ budget | max backlog | p99 backlog | MB sent "
+        "| compressed | staleness | steps | repeats |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in table.values():
+        tta = f"{row['tta_s']:.1f}" if row["tta_s"] is not None else "missed"
+        speed = f"{row['speedup_vs_bsp']:.2f}x" if row["speedup_vs_bsp"] else "-"
+        lines.append(
+            f"| {row['partition']} | {row['mode']} | {tta} | {speed} | {row['final_accuracy']:.3f} "
+            f"| {row['max_backlog']:.0f} | {row['p99_backlog']:.0f} | {row['bytes_sent'] / 1e6:.1f} "
+            f"| {row['compressed_fraction']:.0%} | {row['mean_staleness']:.2f} | {row['steps']:.0f} "
+            f"| {row['repeats']} |"
+        )
+    return "\n".join(lines)
+
+
+def sim_markdown(sim: dict[str, Any], s: Settings) -> str:
+    lines = [f"Simulated clock (no Kafka), {sim['seconds']:.0f} s for all runs; same streams and settings.", "",
+             "| partition | mode | TTA s | vs BSP | x oracle | acc @ budget | max backlog | MB sent | compressed |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for partition, reports in sim.items():
+        if partition == "seconds":
+            continue
+        by = {r["mode"]: r for r in reports}
+        bsp, oracle = by.get("bsp", {}).get("tta_s"), by.get("oracle", {}).get("tta_s")
+        for r in reports:
+            tta = r.get("tta_s")
+            lines.append(
+                f"| {partition} | {r['mode']} | {tta:.1f} |" if tta is not None else f"| {partition} | {r['mode']} | missed |"
+            )
+            lines[-1] += (
+                f" {bsp / tta:.2f}x |" if (bsp and tta) else " - |"
+            ) + (f" {tta / oracle:.2f} |" if (oracle and tta) else " - |") + (
+                f" {r.get('final_accuracy', 0):.3f} | {max(r.get('max_backlog', {}).values(), default=0):.0f} |"
+                f" {r.get('bytes_sent', 0) / 1e6:.1f} | {r.get('compressed_fraction', 0):.0%} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(runs: list[ModeRun], partitions: list[str], s: Settings, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(partitions), figsize=(6.5 * len(partitions), 4.2), squeeze=False)
+    for ax, partition in zip(axes[0], partitions, strict=True):
+        for mode in MODES:
+            sel = [r for r in runs if r.partition == partition and r.mode == mode and r.timeline]
+            if not sel:
+                continue
+            r = sel[0]
+            ax.plot([t for t, _ in r.timeline], [a for _, a in r.timeline], label=mode, linewidth=1.4)
+        ax.axhline(s.target, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"{partition}: held-out accuracy vs wall time (repeat 0)")
+        ax.set_xlabel("seconds since the first record")
+        ax.set_ylabel("held-out accuracy")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--partitions", default="iid,dirichlet")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--budget", type=float, default=Settings.budget_s, help="seconds of streaming per run")
+    parser.add_argument("--scale", type=float, default=Settings.scale, help="multiplies every device rate")
+    parser.add_argument("--window", type=float, default=Settings.window_s, help="ScaDLES window, seconds")
+    parser.add_argument("--target", type=float, default=Settings.target)
+    parser.add_argument("--delta", type=float, default=Settings.delta, help="ScaDLES vote threshold")
+    parser.add_argument("--slowdown", default=" ".join(str(f) for f in SLOWDOWN),
+                        help="per-device compute slowdown factors, applied by waiting (\"1\" for none)")
+    parser.add_argument("--no-sim", action="store_true", help="skip the simulated-clock comparison")
+    parser.add_argument("--sim-only", action="store_true", help="only the simulated-clock comparison (no Kafka)")
+    parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
+    parser.add_argument("--out", default=str(RESULTS / "time_to_accuracy"), help="output path without suffix")
+    args = parser.parse_args()
+    # A terminated benchmark still stops the broker and the processes of the run in progress.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    s = Settings(scale=args.scale, window_s=args.window, budget_s=args.budget, target=args.target, delta=args.delta,
+                 slowdown=tuple(float(x) for x in args.slowdown.replace(",", " ").split()))
+    partitions = [p for p in args.partitions.split(",") if p]
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    console = Console(stderr=True)
+
+    from deploy.kafka.broker import LocalBroker, kafka_version
+
+    work = Path(tempfile.mkdtemp(prefix="bench-tta-"))
+    broker = None
+    bootstrap = args.bootstrap
+    runs: list[ModeRun] = []
+    sim: dict[str, Any] | None = None
+    try:
+        if not args.no_sim:
+            console.print("[bold]simulated clock[/bold]: running the same comparison without Kafka ...")
+            sim = simulated(s, partitions, modes)
+            console.print(sim_markdown(sim, s))
+        if args.sim_only:
+            runs = []
+        elif not bootstrap:
+            broker = LocalBroker(work / "kafka").start()
+            bootstrap = broker.bootstrap
+        total = 0 if args.sim_only else args.repeats * len(partitions) * len(modes)
+        done = 0
+        for repeat in range(args.repeats if total else 0):
+            for partition in partitions:
+                for mode in modes:  # modes interleaved within a repeat (A B C ... A B C)
+                    done += 1
+                    console.print(f"[{done}/{total}] repeat {repeat} {partition} {mode} ...")
+                    try:
+                        run = (run_ddp(partition, repeat, s, bootstrap, work) if mode == "ddp"
+                               else run_pipeline_mode(mode, partition, repeat, s, bootstrap, work))
+                    except Exception as exc:  # one failed run must not lose the others' figures
+                        console.print(f"  [red]failed[/red]: {exc}")
+                        run = ModeRun(mode, partition, repeat, error=str(exc))
+                    else:
+                        tta = f"{run.tta_s:.1f} s" if run.tta_s is not None else "missed"
+                        console.print(f"  TTA {tta}, accuracy at budget {run.final_accuracy:.3f}, "
+                                      f"steps {run.steps}, max backlog {max(run.max_backlog.values(), default=0):.0f}")
+                    runs.append(run)
+    finally:
+        if broker is not None:
+            broker.stop()
+    table = summarise(runs, partitions, modes)
+    md = markdown(table, s)
+    if sim is not None:
+        md += "\n\n" + sim_markdown(sim, s)
+    print(md)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot(runs, partitions, s, out.with_suffix(".png"))
+    out.with_suffix(".md").write_text(md + "\n")
+    out.with_suffix(".json").write_text(json.dumps({
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": __import__("os").cpu_count()},
+        "kafka": kafka_version(), "settings": s.__dict__, "partitions": partitions, "modes": modes,
+        "table": table, "runs": [r.__dict__ for r in runs], "simulated": sim,
+    }, indent=2, default=str))
+    console.print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
