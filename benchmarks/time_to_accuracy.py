@@ -18,7 +18,7 @@ simulated-clock runner (seconds, no Kafka) with its oracle (zero compute, zero t
 as the lower bound. Writes benchmarks/results/time_to_accuracy.{json,md,png}. Never asserts.
 
     python benchmarks/time_to_accuracy.py [--repeats 3] [--partitions iid,dirichlet]
-        [--modes bsp,scadles,...] [--budget 60] [--scale 4] [--bootstrap HOST:PORT]
+        [--modes bsp,scadles,...] [--budget 60] [--scale 2] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -279,15 +279,19 @@ def markdown(table: dict[str, Any], s: Settings) -> str:
         f"Real broker, real processes. Target {s.target:.0%} held for 3 evaluations; budget {s.budget_s:.0f} s; "
         f"rates x{s.scale:g}; window {s.window_s:g} s; slowdown {' '.join(f'{x:g}' for x in s.slowdown)}.",
         "",
-        "| partition | mode | TTA s (median) | vs BSP | acc @ budget | max backlog | p99 backlog | MB sent "
+        "| partition | mode | TTA s (median) | TTA min-max | vs BSP | acc @ budget | max backlog | p99 backlog | MB sent "
         "| compressed | staleness | steps | repeats |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in table.values():
         tta = f"{row['tta_s']:.1f}" if row["tta_s"] is not None else "missed"
+        hit = [t for t in row["tta_all"] if t is not None]
+        spread = f"{min(hit):.1f}-{max(hit):.1f}" if hit else "-"
+        if hit and len(hit) < len(row["tta_all"]):
+            spread += f" ({len(row['tta_all']) - len(hit)} missed)"
         speed = f"{row['speedup_vs_bsp']:.2f}x" if row["speedup_vs_bsp"] else "-"
         lines.append(
-            f"| {row['partition']} | {row['mode']} | {tta} | {speed} | {row['final_accuracy']:.3f} "
+            f"| {row['partition']} | {row['mode']} | {tta} | {spread} | {speed} | {row['final_accuracy']:.3f} "
             f"| {row['max_backlog']:.0f} | {row['p99_backlog']:.0f} | {row['bytes_sent'] / 1e6:.1f} "
             f"| {row['compressed_fraction']:.0%} | {row['mean_staleness']:.2f} | {row['steps']:.0f} "
             f"| {row['repeats']} |"
@@ -345,13 +349,15 @@ def plot(runs: list[ModeRun], partitions: list[str], s: Settings, path: Path) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--partitions", default="iid,dirichlet")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode and partition (interleaved)")
+    parser.add_argument("--partitions", default="iid,dirichlet",
+                        help="comma list of label partitions across devices: iid, dirichlet")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of modes (default all: {', '.join(MODES)})")
     parser.add_argument("--budget", type=float, default=Settings.budget_s, help="seconds of streaming per run")
     parser.add_argument("--scale", type=float, default=Settings.scale, help="multiplies every device rate")
     parser.add_argument("--window", type=float, default=Settings.window_s, help="ScaDLES window, seconds")
-    parser.add_argument("--target", type=float, default=Settings.target)
+    parser.add_argument("--target", type=float, default=Settings.target,
+                        help="test accuracy the time-to-accuracy figure waits for")
     parser.add_argument("--delta", type=float, default=Settings.delta, help="ScaDLES vote threshold")
     parser.add_argument("--slowdown", default=" ".join(str(f) for f in SLOWDOWN),
                         help="per-device compute slowdown factors, applied by waiting (\"1\" for none)")
