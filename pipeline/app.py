@@ -48,8 +48,9 @@ COMMIT_INTERVAL_S = 1.0
 #: call (more than one fetch response holds: a call takes all that was fetched).
 DIRECT_POLL_TIMEOUT_MS = 200
 DIRECT_MAX_RECORDS = 100_000
-#: The direct source yields to the event loop after this many messages without actions.
-YIELD_EVERY = 64
+#: Messages the direct source hands to ``IngestCore.on_run`` at once (one decode), and
+#: yields to the event loop after.
+RUN = 64
 #: Seconds between consumer-lag updates.
 LAG_INTERVAL_S = 1.0
 
@@ -199,11 +200,12 @@ class IngestDriver:
 
 
 class SensorToken(NamedTuple):
-    """Acknowledgement token of one message read by the direct source."""
+    """Acknowledgement token of the messages ``offset..last`` read by the direct source."""
 
     topic: str
     partition: int
     offset: int
+    last: int
 
 
 @dataclass
@@ -342,39 +344,53 @@ class DirectSensorSource(Service):
             await self.crash(exc)
 
     async def _handle(self, part: _Partition, records: list[Any], now: float, wall_now: float) -> None:
-        """Hand ``records`` of one partition to the core, in order, acting on what it returns."""
-        on_message = self.driver.core.on_message
-        seen = self.tracker.seen
-        key = part.key
-        topic, partition = part.tp.topic, part.tp.partition
-        for index, record in enumerate(records):
-            offset = record.offset
-            seen(key, offset)
-            actions = on_message(
-                topic, partition, offset, record.key, record.value,
-                SensorToken(topic, partition, offset), now, wall_now,
+        """Hand ``records`` of one partition to the core, in order, acting on what it returns.
+
+        Runs of ``RUN`` messages go to ``IngestCore.on_run`` as one chunk (one decode over
+        the run); a run it declines (a bad message, a header change, a pause due) goes
+        message by message through ``on_message``.
+        """
+        core = self.driver.core
+        topic, partition, key = part.tp.topic, part.tp.partition, part.key
+        for start in range(0, len(records), RUN):
+            run = records[start : start + RUN]
+            first, last = run[0].offset, run[-1].offset
+            actions = core.on_run(
+                topic, [r.value for r in run], SensorToken(topic, partition, first, last), now, wall_now
             )
-            part.handled = offset
-            if actions:
-                await self.driver.perform(actions)
-            elif index % YIELD_EVERY == YIELD_EVERY - 1:
-                # Let the connection read the next fetch response (and timers run) while
-                # a long run of records is handled: reading and handling then overlap.
-                await asyncio.sleep(0)
-                now, wall_now = self.clock(), time.time()
-            if part.paused:
-                if index + 1 < len(records):
-                    # Stop at the pause: the rest of this fetch is read again after the
-                    # resume (paused partitions keep their position; nothing is skipped).
-                    assert self.consumer is not None
-                    self.consumer.seek(part.tp, records[index + 1].offset)
-                    return
+            if actions is not None:
+                self.tracker.seen_range(key, first, last)
+                part.handled = last
+                if actions:
+                    await self.driver.perform(actions)
+            else:
+                for index, record in enumerate(run):
+                    offset = record.offset
+                    self.tracker.seen(key, offset)
+                    actions = core.on_message(
+                        topic, partition, offset, record.key, record.value,
+                        SensorToken(topic, partition, offset, offset), now, wall_now,
+                    )
+                    part.handled = offset
+                    if actions:
+                        await self.driver.perform(actions)
+                    if part.paused:
+                        if start + index + 1 < len(records):
+                            # Stop at the pause: the rest of this fetch is read again after
+                            # the resume (paused partitions keep their position).
+                            assert self.consumer is not None
+                            self.consumer.seek(part.tp, records[start + index + 1].offset)
+                        return
+            # Let the connection read the next fetch response (and timers run) between
+            # runs: reading and handling then overlap.
+            await asyncio.sleep(0)
+            now, wall_now = self.clock(), time.time()
 
     # --- SensorSource ------------------------------------------------------------------
     async def ack(self, tokens: list[SensorToken]) -> None:
-        resolved, key = self.tracker.resolved, OffsetTracker.key
+        resolved, key = self.tracker.resolved_range, OffsetTracker.key
         for token in tokens:
-            resolved(key(token.topic, token.partition), token.offset)
+            resolved(key(token.topic, token.partition), token.offset, token.last)
 
     def pause(self, devices: list[str]) -> None:
         parts = [p for p in self.parts.values() if p.device in devices]

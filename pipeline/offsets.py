@@ -22,21 +22,44 @@ class OffsetTracker:
         self._open: dict[str, list[int]] = {}
         self._open_set: dict[str, set[int]] = {}
         self._next: dict[str, int] = dict(start or {})
+        self._top: dict[str, int] = {}  # highest offset pushed on each heap
 
     @staticmethod
     def key(topic: str, partition: int) -> str:
         return f"{topic}:{partition}"
 
     def seen(self, key: str, offset: int) -> None:
-        if offset not in self._open_set.setdefault(key, set()):
-            self._open_set[key].add(offset)
-            heapq.heappush(self._open.setdefault(key, []), offset)
+        self.seen_range(key, offset, offset)
+
+    def seen_range(self, key: str, first: int, last: int) -> None:
+        """Offsets ``first..last`` (inclusive) were read."""
+        opened = self._open_set.setdefault(key, set())
+        heap = self._open.setdefault(key, [])
+        top = self._top.get(key, -1)
+        if first > top:
+            # Above everything on the heap: appending in order keeps it a heap.
+            opened.update(range(first, last + 1))
+            heap.extend(range(first, last + 1))
+            self._top[key] = last
+            return
+        for offset in range(first, last + 1):
+            if offset not in opened:
+                opened.add(offset)
+                heapq.heappush(heap, offset)
+        self._top[key] = max(top, last)
 
     def resolved(self, key: str, offset: int) -> None:
+        self.resolved_range(key, offset, offset)
+
+    def resolved_range(self, key: str, first: int, last: int) -> None:
+        """Offsets ``first..last`` (inclusive) are fully handled."""
         opened = self._open_set.get(key)
         if opened is not None:
-            opened.discard(offset)
-        self._next[key] = max(self._next.get(key, 0), offset + 1)
+            if first == last:
+                opened.discard(first)
+            else:
+                opened.difference_update(range(first, last + 1))
+        self._next[key] = max(self._next.get(key, 0), last + 1)
 
     def watermark(self, key: str) -> int | None:
         heap = self._open.get(key, [])

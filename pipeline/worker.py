@@ -10,6 +10,7 @@ from pathlib import Path
 import faust
 
 from monitoring.metrics import Metrics, serve
+from pipeline import memory
 from pipeline.app import (
     CountingSink,
     app_id,
@@ -55,6 +56,7 @@ def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str]) -> 
 
 
 def _execute(app: faust.App, loglevel: str) -> None:
+    memory.freeze_startup_objects()
     runner = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     try:
         runner.execute_from_commandline()
@@ -66,6 +68,7 @@ def run_worker(
     cfg: JobConfig, worker: str, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning"
 ) -> None:
     """Run the worker until SIGINT/SIGTERM; writes its endpoint, accounting and training summary."""
+    memory.tune_allocator()
     devices = cfg.devices_of(worker)
     state, metrics = _start(cfg, worker, metrics_port, devices)
     data = job_fleet_data(cfg)
@@ -114,6 +117,7 @@ def run_worker(
 
 def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning") -> None:
     """The parameter server of strategies with a server role (ASP, SSP, ADSP)."""
+    memory.tune_allocator()
     from pipeline.training import TrainingRuntime
 
     state, metrics = _start(cfg, SERVER_NAME, metrics_port, [])

@@ -117,7 +117,7 @@ class Decoder:
         self.limits = limits
         self.expected_device = expected_device
         self.expected_shape = tuple(expected_shape) if expected_shape is not None else None
-        self._last: _Layout | None = None
+        self._last: Layout | None = None
 
     def decode(self, data: bytes | bytearray | memoryview) -> RecordBatch:
         """Like ``decode(data, limits, expected_device=..., expected_shape=...)``."""
@@ -134,9 +134,57 @@ class Decoder:
             self._last = layout
         return _decode_payload(data, layout, self.limits)
 
+    @property
+    def last_layout(self) -> Layout | None:
+        """The layout of the last message whose header passed (what ``decode_run`` expects)."""
+        return self._last
+
+    def decode_run(self, values: list[bytes]) -> RecordBatch | None:
+        """All of ``values`` as one batch (copied, in order), or None if they need one by one.
+
+        The fast path of a stream whose consecutive messages share one header: each
+        message is checked only for its length and header bytes (the last layout that
+        passed every header check), then the payload checks run once over the whole
+        run. None when any message differs from that layout or any payload check fails:
+        the caller then decodes the messages one by one, which names each bad one.
+        """
+        last = self._last
+        if last is None or not values:
+            return None
+        size, header = last.size, last.header
+        for v in values:
+            if type(v) is not bytes or len(v) != size or not v.startswith(header):
+                return None
+        k, count = len(values), last.count
+        rows = np.frombuffer(b"".join(values), np.uint8).reshape(k, size)
+        # Each column is copied out of the rows into a fresh (aligned, contiguous) array,
+        # then checked there: numpy checks unaligned views far more slowly.
+        pos = len(header)
+        seq, pos = _column(rows, pos, (k * count,), _U8)
+        event_time, pos = _column(rows, pos, (k * count,), _F8)
+        labels = None
+        if last.has_labels:
+            labels, pos = _column(rows, pos, (k * count,), _I4)
+        features, pos = _column(rows, pos, (k * count, *last.dims), last.dtype)
+        if not (_isfinite(event_time).all() and _isfinite(features).all()):
+            return None
+        if labels is not None:
+            bound = self.limits.num_classes if self.limits.num_classes is not None else 1 << 31
+            if int(_max(labels.view(_U4))) >= bound:
+                return None
+        return RecordBatch(device=last.device, seq=seq, event_time=event_time, features=features, labels=labels)
+
+
+def _column(rows: np.ndarray, pos: int, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, int]:
+    """The column at byte ``pos`` of every row, as one array of ``shape``; the next column's ``pos``."""
+    out = np.empty(shape, dtype)
+    width = out.nbytes // rows.shape[0]
+    out.view(np.uint8).reshape(rows.shape[0], width)[...] = rows[:, pos : pos + width]
+    return out, pos + width
+
 
 @dataclass(frozen=True)
-class _Layout:
+class Layout:
     """Where the columns of a message lie, from a header that passed every check."""
 
     header: bytes  # the bytes the checks read: fixed header, device id, dims
@@ -153,7 +201,7 @@ def _check_header(
     limits: DecodeLimits,
     expected_device: str | None,
     expected_shape: tuple[int, ...] | None,
-) -> _Layout:
+) -> Layout:
     """Every check of the header, the dims and the total length; the payload's layout."""
     size = len(data)
     if size > limits.max_message_bytes:
@@ -209,10 +257,10 @@ def _check_header(
     if size != pos + body:
         kind = "truncated" if size < pos + body else "length_mismatch"
         raise RecordDecodeError(kind, f"{size} bytes, but header and shape imply {pos + body}")
-    return _Layout(bytes(data[:pos]), size, device, count, dims, dtype, has_labels)
+    return Layout(bytes(data[:pos]), size, device, count, dims, dtype, has_labels)
 
 
-def _decode_payload(data: bytes | bytearray | memoryview, layout: _Layout, limits: DecodeLimits) -> RecordBatch:
+def _decode_payload(data: bytes | bytearray | memoryview, layout: Layout, limits: DecodeLimits) -> RecordBatch:
     """The columns as views into ``data`` (sizes checked by ``_check_header``), checked for values."""
     # Once per Kafka message on the ingest hot path: as few numpy calls as possible (each
     # costs about a microsecond whatever the size).

@@ -1,7 +1,8 @@
 """Launches a real single-node Apache Kafka broker (KRaft) from Maven Central artefacts.
 
 The jars are resolved once with Maven from ``deploy/kafka/pom.xml`` (the only place
-the Kafka version is written) into a user cache dir. ``LocalBroker`` formats storage,
+the Kafka version is written; ``EDGESTREAM_KAFKA_VERSION`` overrides it for one run, to
+test against another release) into a user cache dir, one directory per version. ``LocalBroker`` formats storage,
 starts ``kafka.Kafka`` on free loopback ports with a capped heap, waits until the broker
 answers a metadata request, and stops it (the whole process group) on ``stop()``.
 """
@@ -25,6 +26,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
 LOG4J2 = HERE / "log4j2.yaml"
+#: Environment variable naming another Kafka release for the local broker.
+KAFKA_VERSION_ENV = "EDGESTREAM_KAFKA_VERSION"
 
 #: Broker-wide message size limit; gradient topics need more than Kafka's ~1 MiB default.
 #: Producers (max_request_size) and consumers (fetch sizes) are configured from the
@@ -36,12 +39,23 @@ class BrokerError(RuntimeError):
     """The local broker could not be resolved, started or reached; the message says why."""
 
 
-def kafka_version() -> str:
+def pinned_kafka_version() -> str:
     """The Kafka version pinned in pom.xml."""
     match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
     if not match:
         raise BrokerError(f"no <kafka.version> in {POM}")
     return match.group(1)
+
+
+def kafka_version() -> str:
+    """The Kafka version the local broker runs: ``EDGESTREAM_KAFKA_VERSION`` if set (to run
+    the suite against another release, e.g. 3.9.1), else the one pinned in pom.xml."""
+    override = os.environ.get(KAFKA_VERSION_ENV, "").strip()
+    if override:
+        if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", override):
+            raise BrokerError(f"{KAFKA_VERSION_ENV}={override!r} is not a Kafka release like 3.9.1")
+        return override
+    return pinned_kafka_version()
 
 
 def cache_root() -> Path:
@@ -58,7 +72,8 @@ def resolve_jars(cache_dir: Path | None = None, quiet: bool = True) -> Path:
     """
     cache_dir = cache_dir or cache_root()
     pom_key = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
-    target = cache_dir / f"kafka-{kafka_version()}-{pom_key}"
+    version = kafka_version()
+    target = cache_dir / f"kafka-{version}-{pom_key}"
     if (target / ".complete").exists():
         return target
     if shutil.which("mvn") is None:
@@ -69,7 +84,7 @@ def resolve_jars(cache_dir: Path | None = None, quiet: bool = True) -> Path:
     staging = Path(tempfile.mkdtemp(prefix="kafka-jars-", dir=cache_dir))
     cmd = [
         "mvn", "-B", "-f", str(POM), "dependency:copy-dependencies",
-        "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        "-DincludeScope=runtime", f"-DoutputDirectory={staging}", f"-Dkafka.version={version}",
     ]
     if quiet:
         cmd.insert(1, "-q")

@@ -189,9 +189,29 @@ def test_consumer_lag_counts_from_the_last_message_handled():
     assert before == {} and at_start == {DEVICE: 7} and after == {DEVICE: 5}
 
 
-def test_tokens_are_small_and_name_the_message():
-    token = SensorToken(TOPIC, 0, 41)
-    assert (token.topic, token.partition, token.offset) == (TOPIC, 0, 41)
+def test_tokens_are_small_and_name_their_messages():
+    token = SensorToken(TOPIC, 0, 41, 44)
+    assert (token.topic, token.partition, token.offset, token.last) == (TOPIC, 0, 41, 44)
+
+
+def test_runs_of_good_messages_enter_as_one_chunk_and_a_bad_one_is_dead_lettered_alone():
+    async def scenario():
+        h = Harness("batcher.mode=window", "batcher.window_s=1", "batcher.max_batch=10000")
+        records = [Record(i, message(4 * i)) for i in range(150)]
+        records[100] = Record(100, make_garbage("nan", DEVICE, (4,)))
+        await h.fetched(records)
+        chunks = len(h.core.buffers[DEVICE]._chunks)
+        await h.tick(1.0)
+        return h, chunks
+
+    h, chunks = run(scenario())
+
+    # run 0-63: the first message validates the header, then one by one (the core had no
+    # layout when the run began); run 64-127 holds the garbage: one by one; 128-149: one chunk.
+    assert chunks == 64 + 63 + 1
+    assert h.letters == [(100, 101)]  # written while 0..100 are open (0..99 buffered)
+    assert h.sink.records == {DEVICE: 4 * 149}
+    assert h.tracker.open_count(h.part.key) == 0 and h.tracker.watermark(h.part.key) == 150
 
 
 def test_actions_are_falsy_when_there_is_nothing_to_do():

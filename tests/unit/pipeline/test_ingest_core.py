@@ -138,3 +138,109 @@ def test_same_header_with_bad_values_or_length_is_still_rejected():
         feed(core, "dev01", good[:-1], 3, now=0.0).dead_letters[0].reason,
     ]
     assert reasons == ["bad_label", "length_mismatch", "truncated"]
+
+
+def _drive(core: IngestCore, traffic, runs: bool):
+    """Feed ``traffic`` (lists of (offset, value) per fetch) through ``on_run`` or ``on_message``.
+
+    Returns what came out and how many runs ``on_run`` took whole.
+    """
+    out = {"batches": [], "letters": [], "acked": set(), "pauses": []}
+    fast = 0  # runs taken as one chunk
+
+    def take(actions, at):
+        out["batches"] += [(b.device, b.records.seq.tolist()) for b in actions.batches]
+        out["letters"] += [(d.offset, d.reason) for d in actions.dead_letters]
+        tokens = actions.ack + [d.token for d in actions.dead_letters]
+        tokens += [t for b in actions.batches for t in b.released]
+        for first, last in tokens:
+            out["acked"].update(range(first, last + 1))
+        out["pauses"] += [(at, d) for d in actions.pause]
+        for b in actions.batches:
+            out["pauses"] += [("resume", d) for d in core.after_sink(b.device).resume]
+
+    for now, fetch in traffic:
+        for start in range(0, len(fetch), 8):
+            run = fetch[start : start + 8]
+            actions = None
+            if runs:
+                token = (run[0][0], run[-1][0])
+                actions = core.on_run("sensors.dev00", [v for _, v in run], token, now, 101.0)
+            if actions is not None:
+                fast += 1
+                take(actions, run[-1][0])
+            else:
+                for offset, value in run:
+                    take(core.on_message("sensors.dev00", 0, offset, None, value, (offset, offset), now, 101.0),
+                         offset)
+        take(core.on_tick(now), None)
+        acc = core.accounting()["dev00"]
+        assert acc["records_in"] == acc["batched"] + acc["dropped"] + acc["buffered"]
+    take(core.flush(now + 1), None)
+    out["accounting"] = core.accounting()
+    return out, fast
+
+
+@pytest.mark.parametrize("overrides", [
+    ("batcher.mode=window", "batcher.max_batch=50", "batcher.window_s=0.5"),
+    ("batcher.mode=window", "batcher.max_batch=20", "batcher.window_overflow=truncate"),
+    ("batcher.mode=fixed", "batcher.batch_size=24"),
+    ("buffer.policy=truncate", "buffer.capacity=30", "batcher.mode=window", "batcher.max_batch=10"),
+    ("buffer.policy=backpressure", "buffer.capacity=100", "batcher.window_s=0.2", "batcher.max_batch=60"),
+    ("buffer.policy=persist", "buffer.capacity=10", "buffer.hard_limit_factor=10", "batcher.window_s=0.2", "batcher.max_batch=60"),
+], ids=["window", "window_truncate", "fixed", "truncate", "backpressure", "persist_hard_limit"])
+def test_runs_give_exactly_what_one_message_at_a_time_gives(overrides):
+    rng = np.random.default_rng(11)
+    traffic, offset, seq, t = [], 0, 0, 0.0
+    for _ in range(60):
+        t += float(rng.exponential(0.2))
+        fetch = []
+        for _ in range(int(rng.integers(1, 30))):
+            if rng.random() < 0.05:
+                value = make_garbage(KINDS[int(rng.integers(len(KINDS)))], "dev00", (4,))
+            elif rng.random() < 0.05:
+                value = message("dev00", seq, 5)  # another record count: another header
+                seq += 5
+            else:
+                value = message("dev00", seq, 3)
+                seq += 3
+            fetch.append((offset, value))
+            offset += 1
+        traffic.append((t, fetch))
+
+    one_by_one, _ = _drive(core_for(*overrides), traffic, runs=False)
+    in_runs, fast = _drive(core_for(*overrides), traffic, runs=True)
+
+    # The one difference: a run enters the buffer at once, so the depth's high-water mark
+    # may be higher by up to one run (8 messages of at most 5 records).
+    high = {mode: run.pop("accounting")["dev00"].pop("max_depth") for mode, run in
+            (("one", one_by_one), ("runs", in_runs))}
+    assert high["one"] <= high["runs"] <= high["one"] + 8 * 5
+    assert in_runs == one_by_one
+    assert fast > 20 and one_by_one["letters"] and one_by_one["batches"]
+    assert one_by_one["acked"] == set(range(offset))  # every message resolved by the end
+
+
+def test_a_run_is_one_chunk_and_one_token():
+    core = core_for("batcher.mode=window", "batcher.max_batch=100")
+    feed(core, "dev00", message("dev00", 0, 3), 0, now=0.0)  # validates the header
+    actions = core.on_run("sensors.dev00", [message("dev00", 3 + 3 * i, 3) for i in range(4)], "run@1-4", 0.1, 101.0)
+    assert actions is not None and not actions
+    (batch,) = core.on_tick(1.0).batches
+    assert batch.records.seq.tolist() == list(range(15)) and batch.released == ["dev00@0", "run@1-4"]
+    acc = core.accounting()["dev00"]
+    assert (acc["messages_in"], acc["records_in"], acc["batched"]) == (5, 15, 15)
+    scrape = Scrape.parse(_exposition(core))
+    assert scrape.get("edgestream_records_in_total", device="dev00") == 15
+
+
+def test_a_run_is_declined_with_nothing_done():
+    core = core_for("buffer.policy=backpressure", "buffer.capacity=10")
+    good = [message("dev00", 3 * i, 3) for i in range(3)]
+    assert core.on_run("sensors.dev00", good, "t", 0.0, 101.0) is None  # no header validated yet
+    feed(core, "dev00", good[0], 0, now=0.0)
+    assert core.on_run("sensors.dev09", good, "t", 0.0, 101.0) is None  # not a device of this worker
+    assert core.on_run("sensors.dev00", [good[1], b"junk"], "t", 0.0, 101.0) is None
+    assert core.on_run("sensors.dev00", good * 2, "t", 0.0, 101.0) is None  # 3 + 18 records reach the pause
+    assert core.accounting()["dev00"]["records_in"] == 3
+    assert core.on_run("sensors.dev00", good[1:], "t", 0.0, 101.0) is not None  # 3 + 6 stays below it

@@ -143,3 +143,53 @@ def test_error_names_its_location():
 def test_encoder_refuses_invalid_device_ids(device):
     with pytest.raises(ValueError):
         codec.encode(make_batch(device=device))
+
+
+@pytest.mark.parametrize("shape", [(), (64,), (3, 32)])
+@pytest.mark.parametrize("labels", [True, False])
+def test_decode_run_equals_the_messages_decoded_one_by_one(shape, labels):
+    messages = [codec.encode(make_batch(shape=shape, labels=labels, seed=s)) for s in range(6)]
+    decoder = codec.Decoder(expected_device="dev01")
+    assert decoder.decode_run(messages) is None  # no header validated yet
+    singles = [decoder.decode(m) for m in messages[:1]] + [codec.decode(m) for m in messages[1:]]
+
+    run = decoder.decode_run(messages)
+
+    assert run is not None and run.count == 6 * singles[0].count and run.feature_shape == shape
+    for column in ("seq", "event_time", "features"):
+        np.testing.assert_array_equal(getattr(run, column), np.concatenate([getattr(b, column) for b in singles]))
+    if labels:
+        np.testing.assert_array_equal(run.labels, np.concatenate([b.labels for b in singles]))
+    else:
+        assert run.labels is None
+
+
+def _with_value(message: bytes, offset_from_end: int, raw: bytes) -> bytes:
+    out = bytearray(message)
+    out[len(out) - offset_from_end : len(out) - offset_from_end + len(raw)] = raw
+    return bytes(out)
+
+
+@pytest.mark.parametrize("bad", [
+    pytest.param(lambda m: _with_value(m, 4, struct.pack("<f", float("nan"))), id="nan_feature"),
+    pytest.param(lambda m: _with_value(m, 4 * 5 * 12 + 4, struct.pack("<i", 10)), id="label_out_of_range"),
+    pytest.param(lambda m: _with_value(m, 4 * 5 * 12 + 4, struct.pack("<i", -1)), id="negative_label"),
+    pytest.param(lambda m: _with_value(m, 4 * 5 * 12 + 4 * 5 + 8, struct.pack("<d", float("inf"))),
+                 id="infinite_event_time"),
+    pytest.param(lambda m: m + b"\0", id="longer"),
+    pytest.param(lambda m: m[:-4], id="shorter"),
+    pytest.param(lambda m: codec.encode(make_batch(count=5, shape=(12,))), id="other_shape_same_size"),
+    pytest.param(lambda m: codec.encode(make_batch(count=5, shape=(3, 4), device="dev02")), id="other_device"),
+    pytest.param(bytearray, id="not_bytes"),
+])
+def test_decode_run_declines_a_run_with_any_message_one_by_one_would_reject_or_read_differently(bad):
+    good = codec.encode(make_batch(count=5, shape=(3, 4)))
+    decoder = codec.Decoder(codec.DecodeLimits(num_classes=10), expected_device="dev01", expected_shape=(3, 4))
+    decoder.decode(good)
+    assert decoder.decode_run([good, good]) is not None
+
+    assert decoder.decode_run([good, bad(good), good]) is None
+    assert decoder.last_layout is not None and decoder.last_layout.size == len(good)  # unchanged
+    if bad is not bytearray:  # a bytearray decodes fine one by one; the run only wants bytes
+        with pytest.raises(RecordDecodeError):
+            codec.Decoder(decoder.limits, expected_device="dev01", expected_shape=(3, 4)).decode(bad(good))

@@ -1,0 +1,48 @@
+"""OffsetTracker: the watermark never passes a message that is seen but not resolved."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.offsets import OffsetTracker
+
+KEY = "sensors.dev00:0"
+
+
+def test_watermark_waits_for_the_oldest_open_message():
+    t = OffsetTracker()
+    for offset in range(3):
+        t.seen(KEY, offset)
+    t.resolved(KEY, 1)
+    t.resolved(KEY, 2)
+    assert t.watermark(KEY) == 0 and t.open_count(KEY) == 1
+    t.resolved(KEY, 0)
+    assert t.watermark(KEY) == 3 and t.open_count(KEY) == 0
+
+
+def test_ranges_behave_like_their_offsets_one_by_one():
+    rng = np.random.default_rng(5)
+    singles, ranges = OffsetTracker({KEY: 0}), OffsetTracker({KEY: 0})
+    open_ranges: list[tuple[int, int]] = []
+    offset = 0
+    for _ in range(400):
+        if open_ranges and rng.random() < 0.5:
+            first, last = open_ranges.pop(int(rng.integers(len(open_ranges))))
+            for o in range(first, last + 1):
+                singles.resolved(KEY, o)
+            ranges.resolved_range(KEY, first, last)
+        else:
+            n = int(rng.integers(1, 6))
+            first, last = offset, offset + n - 1
+            offset += n
+            if rng.random() < 0.1 and first > 3:  # a redelivery overlapping what was seen
+                first -= 3
+            for o in range(first, last + 1):
+                singles.seen(KEY, o)
+            ranges.seen_range(KEY, first, last)
+            open_ranges.append((first, last))
+        assert ranges.watermark(KEY) == singles.watermark(KEY)
+        assert ranges.open_count(KEY) == singles.open_count(KEY)
+    for first, last in open_ranges:
+        ranges.resolved_range(KEY, first, last)
+    assert ranges.watermark(KEY) == offset and ranges.open_count(KEY) == 0
