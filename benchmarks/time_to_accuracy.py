@@ -225,8 +225,9 @@ def _load_ddp_peer():
     return module
 
 
-def simulated(s: Settings, partitions: list[str], modes: list[str]) -> dict[str, Any]:
-    """The same comparison on the simulated clock (plus its oracle)."""
+def simulated(s: Settings, partitions: list[str], modes: list[str],
+              rates: list[float] | None = None) -> dict[str, Any]:
+    """The same comparison on the simulated clock (plus its oracle); other base ``rates`` if given."""
     from trainers import simclock
 
     started = time.monotonic()
@@ -236,7 +237,7 @@ def simulated(s: Settings, partitions: list[str], modes: list[str]) -> dict[str,
             partition=partition, scale=s.scale, window_s=s.window_s, batch=BATCH, target=s.target,
             budget_s=s.budget_s, slowdown=list(s.slowdown), lr=s.lr, momentum=s.momentum, seed=s.seed,
             delta=s.delta, modes=[m for m in modes], eval_every_s=s.eval_every_s,
-            max_batch=MAX_BATCH, epoch_steps=10, message_interval_s=0.05,
+            max_batch=MAX_BATCH, epoch_steps=10, message_interval_s=0.05, rates=rates,
             # Per step on this machine: ~1 ms of torch, but ~20 ms of executor hops and Kafka
             # round trips with ten workers sharing two cores; a 100 Mbit/s, 10 ms link.
             costs=simclock.CostModel(compute_base_s=0.02, compute_per_record_s=2e-5,

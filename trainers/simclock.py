@@ -981,18 +981,21 @@ def benchmark_comparison(
     message_interval_s: float = 0.1,
     max_batch: int = 256,
     epoch_steps: int = 20,
+    rates: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
     """BENCHMARKS.md's time-to-accuracy comparison on the simulated clock, as JSON-able dicts.
 
     Digits (held-out 20 %), ``partition`` ("iid", "dirichlet" with alpha 0.3, or
-    "classes"), the ten ScaDLES rates times ``scale``, :func:`default_modes` (those
+    "classes"), the ten ScaDLES rates (or ``rates``, one per device) times ``scale``, :func:`default_modes` (those
     named in ``modes``; names the runner cannot simulate, such as ``ddp``, are
     skipped) and the oracle first. ``costs`` defaults to ``CostModel(slowdowns=slowdown)``.
     Each dict is ``asdict(RunReport)`` plus ``max_backlog`` / ``p99_backlog`` by device.
     """
+    if rates is not None and not (rates and scale > 0 and all(r > 0 for r in rates)):
+        raise ValueError(f"rates must be positive samples/s and scale > 0; got {rates} x {scale}")
     streams = StreamSet.from_fleet(
         "digits",
-        scadles_rates(scale),
+        scadles_rates(scale) if rates is None else tuple(float(r) * scale for r in rates),
         partition=partition,
         seed=seed,
         message_interval_s=message_interval_s,

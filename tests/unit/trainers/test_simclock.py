@@ -274,6 +274,16 @@ def test_benchmark_comparison_returns_json_rows_and_skips_modes_it_cannot_simula
     json.dumps(rows)
 
 
+def test_benchmark_comparison_streams_at_the_given_rates_times_scale():
+    rates = [10.0, 20.0, 30.0, 40.0]
+    rows = benchmark_comparison(modes=["bsp"], budget_s=2.0, eval_every_s=1.0, rates=rates, scale=2.0)
+
+    for row in rows:
+        assert [d["rate_hz"] for d in row["devices"]] == [20.0, 40.0, 60.0, 80.0]
+    with pytest.raises(ValueError, match="rates must be positive"):
+        benchmark_comparison(modes=["bsp"], rates=[10.0, 0.0])
+
+
 # -- the 10-device ScaDLES comparison (needs trainers/strategies/scadles.py) ---------------------
 
 
