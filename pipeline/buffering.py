@@ -131,6 +131,11 @@ class StreamBuffer:
         self.taken_total += got
         return Taken(parts, released)
 
+    def would_pause(self, n: int) -> bool:
+        """True if ``n`` more records would bring the depth to the pause threshold (under a
+        policy that pauses; whether or not the partition is already paused)."""
+        return self.policy != "truncate" and self.depth + n >= self.pause_at
+
     def pause_needed(self) -> bool:
         """True when the consumer of this device should pause (and was not already)."""
         if not self.paused and self.policy != "truncate" and self.depth >= self.pause_at:

@@ -22,6 +22,7 @@ from pipeline.config import JobConfig
 from pipeline.rates import RateEstimator
 from streams import codec
 from streams.errors import RecordDecodeError, TopicNameError
+from streams.records import RecordBatch
 from streams.topics import device_of, sensor_topic
 
 
@@ -210,67 +211,57 @@ class IngestCore:
             self.expected_shape = batch.feature_shape  # the first good message fixes it
             for other in self._by_topic.values():
                 other.decoder = self._decoder(other.name)
-        count = len(batch.seq)
-        ledger.records_in += count
-        series.records_in.inc(count)
-        state.rate.observe(count, now)
-        state.newest_event_time = float(batch.event_time[-1])
-        state.read_at = wall_now
-        buf = state.buffer
-        pushed = buf.push(batch, token)
-        if pushed.dropped:
-            self.metrics.buffer_dropped.labels(device, "overflow").inc(pushed.dropped)
-            actions.ack += pushed.released
-        for b in state.batcher.on_arrival(now):
-            self._emitted(b, actions)
-        if buf.pause_needed():
-            actions.pause.append(device)
-            self.metrics.partition_paused.labels(device).set(1)
-            self.metrics.partition_pauses.labels(device).inc()
+        self._accept(state, batch, token, now, wall_now, actions)
         return actions
 
     def on_run(self, topic: str, values: list[bytes], token: Any, now: float, wall_now: float) -> IngestActions | None:
         """Consecutive messages of one device topic as one buffer chunk, or None.
 
-        Same outcome as ``on_message`` for each of them (counts, buffer contents, batches,
-        drops), except that the chunk's one ``token`` is released when all their records
-        have left the buffer, and the depth's high-water mark may be higher by up to the
-        run (it enters the buffer at once). None, with nothing done, unless every message shares the
-        stream's last good header and passes every check, and the run cannot make the
-        buffer ask for a pause: the caller then hands them to ``on_message`` one by one
-        (which dead-letters exactly the bad ones and pauses at the exact message).
+        Same outcome as ``on_message`` for each of them (counts, buffer contents,
+        batches, drops), except that the chunk's one ``token`` is released when all
+        their records have left the buffer, and the depth's high-water mark may be
+        higher by up to the run (it enters the buffer at once). None, with nothing done,
+        unless every message shares the stream's last good header and passes every
+        check, and the run cannot make the buffer ask for a pause: the caller then hands
+        them to ``on_message`` one by one (which dead-letters exactly the bad ones and
+        pauses at the exact message).
         """
         state = self._by_topic.get(topic)
         if state is None or not values:
             return None
         layout = state.decoder.last_layout
-        if layout is None:
-            return None
-        buf = state.buffer
-        count = layout.count * len(values)
-        if buf.policy != "truncate" and buf.depth + count >= buf.pause_at:
+        if layout is None or state.buffer.would_pause(layout.count * len(values)):
             return None
         batch = state.decoder.decode_run(values)
         if batch is None:
             return None
+        state.ledger.messages_in += len(values)
+        state.series.messages_in.inc(len(values))
+        state.series.bytes_in.inc(layout.size * len(values))
         actions = IngestActions()
-        ledger = state.ledger
-        series = state.series
-        ledger.messages_in += len(values)
-        series.messages_in.inc(len(values))
-        series.bytes_in.inc(layout.size * len(values))
-        ledger.records_in += count
-        series.records_in.inc(count)
+        self._accept(state, batch, token, now, wall_now, actions)
+        return actions
+
+    def _accept(self, state: _Device, batch: RecordBatch, token: Any, now: float, wall_now: float,
+                actions: IngestActions) -> None:
+        """Decoded records of ``state``'s device: count, buffer, batch, maybe pause."""
+        count = batch.count
+        state.ledger.records_in += count
+        state.series.records_in.inc(count)
         state.rate.observe(count, now)
         state.newest_event_time = float(batch.event_time[-1])
         state.read_at = wall_now
+        buf = state.buffer
         pushed = buf.push(batch, token)
         if pushed.dropped:
             self.metrics.buffer_dropped.labels(state.name, "overflow").inc(pushed.dropped)
             actions.ack += pushed.released
         for b in state.batcher.on_arrival(now):
             self._emitted(b, actions)
-        return actions
+        if buf.pause_needed():
+            actions.pause.append(state.name)
+            self.metrics.partition_paused.labels(state.name).set(1)
+            self.metrics.partition_pauses.labels(state.name).inc()
 
     def _decoder(self, device: str) -> codec.Decoder:
         return codec.Decoder(self.limits, expected_device=device, expected_shape=self.expected_shape)

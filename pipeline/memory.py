@@ -2,12 +2,12 @@
 
 ``tune_allocator()`` keeps the C allocator from returning and re-mapping memory on
 every large buffer. The ingest hot path allocates buffers of a few hundred KB to a
-few MB many times a second (a run of messages joined, its columns, the batches). With glibc's defaults
-each such buffer is mmap'd fresh or the heap top is trimmed after it is freed, so
-every allocation page-faults its memory in again: measured on this project's ingest
-benchmark, that made decoding a 64-message run about 6x slower. It raises the
-mmap and trim thresholds so those buffers are reused from the heap; the process keeps
-at most ``keep_bytes`` of freed memory for reuse. A no-op where glibc's ``mallopt`` is
+few MB many times a second (a run of messages joined, its columns, the batches). With
+glibc's defaults each such buffer is mmap'd fresh or the heap top is trimmed after it
+is freed, so every allocation page-faults its memory in again: measured on this
+project's ingest benchmark, that made decoding a 64-message run about 6x slower. It
+raises the mmap and trim thresholds so those buffers are reused from the heap; the
+process keeps at most ``keep_bytes`` of freed memory for reuse. A no-op where glibc's ``mallopt`` is
 not available (musl, macOS).
 
 ``freeze_startup_objects()`` moves everything allocated so far (imported modules, the

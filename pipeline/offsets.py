@@ -55,10 +55,7 @@ class OffsetTracker:
         """Offsets ``first..last`` (inclusive) are fully handled."""
         opened = self._open_set.get(key)
         if opened is not None:
-            if first == last:
-                opened.discard(first)
-            else:
-                opened.difference_update(range(first, last + 1))
+            opened.difference_update(range(first, last + 1))
         self._next[key] = max(self._next.get(key, 0), last + 1)
 
     def watermark(self, key: str) -> int | None:

@@ -168,10 +168,8 @@ class Decoder:
         features, pos = _column(rows, pos, (k * count, *last.dims), last.dtype)
         if not (_isfinite(event_time).all() and _isfinite(features).all()):
             return None
-        if labels is not None:
-            bound = self.limits.num_classes if self.limits.num_classes is not None else 1 << 31
-            if int(_max(labels.view(_U4))) >= bound:
-                return None
+        if labels is not None and not _labels_in_range(labels, self.limits):
+            return None
         return RecordBatch(device=last.device, seq=seq, event_time=event_time, features=features, labels=labels)
 
 
@@ -281,17 +279,19 @@ def _decode_payload(data: bytes | bytearray | memoryview, layout: Layout, limits
     if not _isfinite(features).all():
         bad = int(np.count_nonzero(~np.isfinite(features.reshape(count, -1)).all(axis=1)))
         raise RecordDecodeError("non_finite", f"{bad} of {count} records have NaN or infinite features")
-    if labels is not None:
-        # One reduction checks both bounds: read as unsigned, a negative label is >= 2**31.
-        bound = limits.num_classes if limits.num_classes is not None else 1 << 31
-        if int(_max(labels.view(_U4))) >= bound:
-            lo, hi = int(labels.min()), int(labels.max())
-            raise RecordDecodeError(
-                "bad_label", f"labels span [{lo}, {hi}], allowed [0, {limits.num_classes})"
-            )
+    if labels is not None and not _labels_in_range(labels, limits):
+        lo, hi = int(labels.min()), int(labels.max())
+        raise RecordDecodeError("bad_label", f"labels span [{lo}, {hi}], allowed [0, {limits.num_classes})")
     return RecordBatch(
         device=layout.device, seq=seq, event_time=event_time, features=features, labels=labels
     )
+
+
+def _labels_in_range(labels: np.ndarray, limits: DecodeLimits) -> bool:
+    """All labels in ``[0, num_classes)`` (any non-negative int32 without a class count)."""
+    # One reduction checks both bounds: read as unsigned, a negative label is >= 2**31.
+    bound = limits.num_classes if limits.num_classes is not None else 1 << 31
+    return int(_max(labels.view(_U4))) < bound
 
 
 _U8, _F8, _I4, _U4 = np.dtype("<u8"), np.dtype("<f8"), np.dtype("<i4"), np.dtype("<u4")

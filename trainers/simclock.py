@@ -986,9 +986,9 @@ def benchmark_comparison(
     """BENCHMARKS.md's time-to-accuracy comparison on the simulated clock, as JSON-able dicts.
 
     Digits (held-out 20 %), ``partition`` ("iid", "dirichlet" with alpha 0.3, or
-    "classes"), the ten ScaDLES rates (or ``rates``, one per device) times ``scale``, :func:`default_modes` (those
-    named in ``modes``; names the runner cannot simulate, such as ``ddp``, are
-    skipped) and the oracle first. ``costs`` defaults to ``CostModel(slowdowns=slowdown)``.
+    "classes"), the ten ScaDLES rates (or ``rates``, one per device) times ``scale``,
+    :func:`default_modes` (those named in ``modes``; names the runner cannot simulate,
+    such as ``ddp``, are skipped) and the oracle first. ``costs`` defaults to ``CostModel(slowdowns=slowdown)``.
     Each dict is ``asdict(RunReport)`` plus ``max_backlog`` / ``p99_backlog`` by device.
     """
     if rates is not None and not (rates and scale > 0 and all(r > 0 for r in rates)):

@@ -2,9 +2,10 @@
 
 The jars are resolved once with Maven from ``deploy/kafka/pom.xml`` (the only place
 the Kafka version is written; ``EDGESTREAM_KAFKA_VERSION`` overrides it for one run, to
-test against another release) into a user cache dir, one directory per version. ``LocalBroker`` formats storage,
-starts ``kafka.Kafka`` on free loopback ports with a capped heap, waits until the broker
-answers a metadata request, and stops it (the whole process group) on ``stop()``.
+test against another release) into a user cache dir, one directory per version.
+``LocalBroker`` formats storage, starts ``kafka.Kafka`` on free loopback ports with a
+capped heap, waits until the broker answers a metadata request, and stops it (the
+whole process group) on ``stop()``.
 """
 
 from __future__ import annotations

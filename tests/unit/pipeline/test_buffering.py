@@ -69,6 +69,19 @@ def test_pausing_policies_never_drop_and_pause_then_resume(policy, pause_at):
     assert buf.resume_needed() and not buf.paused
 
 
+@pytest.mark.parametrize("policy, pause_at", [("backpressure", 10), ("persist", 40)])
+def test_would_pause_foresees_the_push_that_reaches_the_threshold(policy, pause_at):
+    buf = StreamBuffer("d", capacity=10, policy=policy, hard_limit_factor=4)
+    buf.push(chunk(0, 3), "m0")
+    assert not buf.would_pause(pause_at - 4) and buf.would_pause(pause_at - 3)
+    buf.push(chunk(3, pause_at - 3), "m1")
+    assert buf.pause_needed()  # what would_pause foresaw
+
+
+def test_truncate_never_would_pause():
+    assert not StreamBuffer("d", capacity=2, policy="truncate").would_pause(1000)
+
+
 def test_invariant_depth_equals_pushed_minus_taken_minus_dropped():
     rng = np.random.default_rng(1)
     buf = StreamBuffer("d", capacity=17, policy="truncate")
