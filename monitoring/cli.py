@@ -47,6 +47,8 @@ def cmd_fleet_png(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    from pipeline.cli import positive_float
+
     p = sub.add_parser("dashboards", help="regenerate the Grafana dashboards and Prometheus config")
     p.add_argument("--check", action="store_true", help="only report stale generated files (exit 1)")
     p.set_defaults(func=cmd_dashboards)
@@ -58,8 +60,8 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
 
     p = sub.add_parser("fleet-png", help="render the fleet dashboard's key series to a PNG")
     p.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")
-    p.add_argument("--minutes", type=float, default=15.0, help="how far back (default: %(default)s)")
-    p.add_argument("--step", type=float, default=2.0, help="query step in seconds")
+    p.add_argument("--minutes", type=positive_float, default=15.0, help="how far back (default: %(default)s)")
+    p.add_argument("--step", type=positive_float, default=2.0, help="query step in seconds")
     p.add_argument("--rate-interval", default="30s", help="what $__rate_interval becomes")
     p.add_argument("--out", type=Path, default=Path("docs/img/fleet.png"))
     p.set_defaults(func=cmd_fleet_png)

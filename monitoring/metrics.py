@@ -23,6 +23,11 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 #: ``reason`` values of ``edgestream_buffer_dropped_records_total`` (pipeline/ingest.py).
 DROP_REASONS = ("overflow", "window_truncate")
+#: ``reason`` values of ``edgestream_rejected_steps_total`` (trainers/guard.py ``REASONS``;
+#: kept here so monitoring does not import torch).
+STEP_REJECT_REASONS = ("bad_batch", "non_finite_loss", "non_finite_gradient", "gradient_norm", "gradient_spike")
+#: ``reason`` values of ``edgestream_dead_letter_records_total``: out of range at ingest, or a rejected step.
+DEAD_RECORD_REASONS = ("out_of_range", *STEP_REJECT_REASONS)
 STALENESS_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 STALENESS_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
@@ -82,6 +87,29 @@ class Metrics:
             "Messages routed to a dead-letter topic",
             ["device", "reason"],
             registry=r,
+        )
+        self.dead_letter_records = Counter(
+            "edgestream_dead_letter_records_total",
+            "Records of decoded messages routed to sensors.dlq (out of their declared range at ingest, "
+            "or in a training step that was rejected)",
+            ["device", "reason"],
+            registry=r,
+        )
+        self.trained_device_records = Counter(
+            "edgestream_device_trained_records_total",
+            "Records of the device settled as trained (without training: taken by the sink)",
+            ["device"], registry=r,
+        )
+        self.ledger_records = Gauge(
+            "edgestream_ledger_records",
+            "The worker's record ledger of the device, continued across restarts from the checkpoint: "
+            "read = trained + dropped + dead_lettered + pending",
+            ["device", "state"], registry=r,
+        )
+        self.ledger_dead_letter_messages = Gauge(
+            "edgestream_ledger_dead_letter_messages",
+            "Messages of the device dead-lettered whole, continued across restarts from the checkpoint",
+            ["device"], registry=r,
         )
         self.batches = Counter(
             "edgestream_batches_total", "Batches emitted by the batcher", ["device"], registry=r
@@ -165,6 +193,12 @@ class Metrics:
             "edgestream_commits_total", "Updates committed to the shared model (ADSP commits)",
             ["worker"], registry=r,
         )
+        self.rejected_steps = Counter(
+            "edgestream_rejected_steps_total",
+            "Local training steps not applied nor published (non-finite loss or gradient, gradient "
+            "norm above its bound); their records were dead-lettered",
+            ["worker", "reason"], registry=r,
+        )
         self.updates_rejected = Counter(
             "edgestream_updates_rejected_total", "Gradient / model messages rejected before use",
             ["worker", "reason"], registry=r,
@@ -209,8 +243,11 @@ class Metrics:
             self.buffer_dropped.labels(device, reason)
         for reason in RecordDecodeError.REASONS:
             self.dead_letters.labels(device, reason)
+        for reason in DEAD_RECORD_REASONS:
+            self.dead_letter_records.labels(device, reason)
         for counter in (self.records_in, self.messages_in, self.bytes_in, self.batches, self.batched_records,
-                        self.sink_records, self.partition_pauses, self.duplicates_skipped):
+                        self.sink_records, self.partition_pauses, self.duplicates_skipped,
+                        self.trained_device_records):
             counter.labels(device)
 
     def init_worker(self, worker: str) -> None:
@@ -218,6 +255,8 @@ class Metrics:
         for counter in (self.steps, self.trained_records, self.compressed_steps, self.commits,
                         self.injected_records):
             counter.labels(worker)
+        for reason in STEP_REJECT_REASONS:
+            self.rejected_steps.labels(worker, reason)
 
     # --- small recording helpers (the hot path binds ``.labels(...)`` children itself) -----
     def record_step(

@@ -36,7 +36,7 @@ from mode import Service
 from monitoring.metrics import Metrics, consumer_lag
 from pipeline.batching import Batch
 from pipeline.config import JobConfig
-from pipeline.ingest import DeadLetter, IngestActions, IngestCore
+from pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
 from pipeline.offsets import OffsetTracker
 from streams import topics
 
@@ -139,8 +139,11 @@ class SensorSource(Protocol):
 
     running: bool
 
+    def token_range(self, token: Any) -> tuple[str, int, int]:
+        """``(tracker key, first offset, last offset)`` of the messages of ``token``."""
+
     async def ack(self, tokens: list[Any]) -> None:
-        """The messages of ``tokens`` are fully handled."""
+        """The messages of ``tokens`` are fully handled (the tracker already knows)."""
 
     def pause(self, devices: list[str]) -> None: ...
 
@@ -153,9 +156,11 @@ class SensorSource(Protocol):
 class IngestDriver:
     """Performs ``IngestActions`` against a source, the sink and the dead-letter topic.
 
-    Invariant: a token is acked (and marked resolved in the tracker) only after its
-    records left the buffer (batched and handed to the sink; with ``defer_acks``,
-    once the sink says so) or after its dead letter was written.
+    Invariant: a token is acked (and marked resolved in the tracker) only once every
+    record it carried is settled: consumed by the sink (with ``defer_acks``, once the
+    sink says so through ``settle``), dropped by a counted policy, or in a dead letter
+    that is durable. The core's resolved ledger and the tracker change together, in one
+    synchronous step, so a checkpoint always sees them agree.
     """
 
     def __init__(
@@ -172,25 +177,40 @@ class IngestDriver:
         self.source: SensorSource | None = None
         self.defer_acks = bool(getattr(sink, "defer_acks", False))
         if self.defer_acks:
-            sink.ack_tokens = self.ack_tokens  # type: ignore[attr-defined]
+            sink.settle = self.settle  # type: ignore[attr-defined]
         # Timer and fetch loop both perform actions; one at a time keeps batches in order.
         self._lock = asyncio.Lock()
 
+    async def settle(self, batch: Batch, outcome: str = CONSUMED, reason: str | None = None) -> None:
+        """The sink is done with ``batch`` (trained, or dead-lettered for ``reason``)."""
+        await self.ack_tokens(self.core.settle_batch(batch, outcome, reason))
+
     async def ack_tokens(self, tokens: list[Any]) -> None:
         assert self.source is not None
-        if tokens:
-            await self.source.ack(tokens)
+        if not tokens:
+            return
+        resolved, token_range = self.tracker.resolved_range, self.source.token_range
+        for token in tokens:
+            resolved(*token_range(token))
+        await self.source.ack(tokens)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Where the device topics resume and the ledger up to there, taken at one instant:
+        the checkpoint's ``sensors`` offsets, the offsets above them already settled
+        (``sensors_done``: skipped after a restore) and the resolved ``ledger``."""
+        return {"sensors": self.tracker.watermarks(), "sensors_done": self.tracker.done_ranges(),
+                "ledger": self.core.resolved_ledgers()}
 
     async def perform(self, actions: IngestActions) -> None:
         assert self.source is not None
         async with self._lock:
             for letter in actions.dead_letters:
                 await self.send_dead_letter(letter)  # durable before the ack below
-                await self.source.ack([letter.token])
+                await self.ack_tokens(self.core.letter_sent(letter))
             for batch in actions.batches:
                 await self.sink.submit(batch)
                 if not self.defer_acks:
-                    await self.ack_tokens(batch.released)
+                    await self.ack_tokens(self.core.settle_batch(batch))
                 actions.resume += self.core.after_sink(batch.device).resume
             await self.ack_tokens(actions.ack)
             if actions.pause:
@@ -355,9 +375,11 @@ class DirectSensorSource(Service):
         for start in range(0, len(records), RUN):
             run = records[start : start + RUN]
             first, last = run[0].offset, run[-1].offset
-            actions = core.on_run(
-                topic, [r.value for r in run], SensorToken(topic, partition, first, last), now, wall_now
-            )
+            actions = None
+            if not self.tracker.has_done(key, first, last):
+                actions = core.on_run(
+                    topic, [r.value for r in run], SensorToken(topic, partition, first, last), now, wall_now
+                )
             if actions is not None:
                 self.tracker.seen_range(key, first, last)
                 part.handled = last
@@ -367,6 +389,11 @@ class DirectSensorSource(Service):
                 for index, record in enumerate(run):
                     offset = record.offset
                     self.tracker.seen(key, offset)
+                    if self.tracker.is_done(key, offset):
+                        # Settled before the checkpoint this worker restored: not again.
+                        self.tracker.resolved(key, offset)
+                        part.handled = offset
+                        continue
                     actions = core.on_message(
                         topic, partition, offset, record.key, record.value,
                         SensorToken(topic, partition, offset, offset), now, wall_now,
@@ -387,10 +414,11 @@ class DirectSensorSource(Service):
             now, wall_now = self.clock(), time.time()
 
     # --- SensorSource ------------------------------------------------------------------
+    def token_range(self, token: SensorToken) -> tuple[str, int, int]:
+        return OffsetTracker.key(token.topic, token.partition), token.offset, token.last
+
     async def ack(self, tokens: list[SensorToken]) -> None:
-        resolved, key = self.tracker.resolved_range, OffsetTracker.key
-        for token in tokens:
-            resolved(key(token.topic, token.partition), token.offset, token.last)
+        """Nothing beyond the tracker: commits are its watermarks (``commit``)."""
 
     def pause(self, devices: list[str]) -> None:
         parts = [p for p in self.parts.values() if p.device in devices]
@@ -492,7 +520,13 @@ class FaustSensorSource:
                         metrics.duplicates_skipped.labels(topics.device_of(msg.topic)).inc()
                         continue
                     last_offset[msg.tp] = msg.offset
-                    tracker.seen(OffsetTracker.key(msg.topic, msg.partition), msg.offset)
+                    key = OffsetTracker.key(msg.topic, msg.partition)
+                    tracker.seen(key, msg.offset)
+                    if tracker.is_done(key, msg.offset):
+                        # Settled before the checkpoint this worker restored: not again.
+                        tracker.resolved(key, msg.offset)
+                        await manual.ack(event)
+                        continue
                     partitions.setdefault(topics.device_of(msg.topic), msg.tp)
                     actions.extend(core.on_message(
                         msg.topic, msg.partition, msg.offset, msg.key, event.value, event,
@@ -510,11 +544,13 @@ class FaustSensorSource:
 
         _ = (ingest, assigned)  # registered with the app by their decorators
 
+    def token_range(self, token: Any) -> tuple[str, int, int]:
+        msg = token.message
+        return OffsetTracker.key(msg.topic, msg.partition), msg.offset, msg.offset
+
     async def ack(self, tokens: list[Any]) -> None:
         for token in tokens:
             await self.stream.ack(token)
-            msg = token.message
-            self.tracker.resolved(OffsetTracker.key(msg.topic, msg.partition), msg.offset)
 
     def pause(self, devices: list[str]) -> None:
         assert self.app is not None
@@ -578,6 +614,9 @@ def create_app(
     devices: list[str] | None = None,
     expected_shape: tuple[int, ...] | None = None,
     num_classes: int | None = None,
+    value_range: tuple[Any, Any] | None = None,
+    restored_ledger: dict[str, dict[str, Any]] | None = None,
+    require_labels: bool = False,
     clock: Callable[[], float] = time.monotonic,
     on_ready: Callable[[], None] | None = None,
     tracker: OffsetTracker | None = None,
@@ -588,8 +627,9 @@ def create_app(
     ``tracker`` learns which sensor offsets are fully handled (a checkpoint's resume
     point; restoring it is the caller's job: ``kafka_io.set_group_offsets`` for
     ``sensor_group``); ``extend(app)`` registers more agents and tasks (training).
-    A sink with ``defer_acks = True`` gets an async ``ack_tokens(tokens)`` attribute
-    and must call it once a batch is fully handled. ``on_ready`` is called once the
+    A sink with ``defer_acks = True`` gets an async ``settle(batch, outcome, reason)``
+    attribute and must call it once it is done with a batch (``IngestDriver.settle``).
+    ``value_range``, ``restored_ledger`` and ``require_labels`` go to ``IngestCore``. ``on_ready`` is called once the
     device partitions are assigned (and, if ``extend`` added agents, Faust's too).
     """
     tracker = tracker if tracker is not None else OffsetTracker()
@@ -597,7 +637,8 @@ def create_app(
     max_bytes = cfg.kafka.max_message_bytes
     app = new_faust_app(cfg, worker, bootstrap, datadir)
     core = IngestCore(
-        cfg, devices, metrics, start=clock(), expected_shape=expected_shape, num_classes=num_classes
+        cfg, devices, metrics, start=clock(), expected_shape=expected_shape, num_classes=num_classes,
+        value_range=value_range, restored=restored_ledger, require_labels=require_labels,
     )
     dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
 
@@ -614,12 +655,16 @@ def create_app(
             topics.DLQ_HEADER_OFFSET: str(letter.offset).encode(),
             topics.DLQ_HEADER_WORKER: worker.encode(),
         }
+        if letter.records:
+            headers[topics.DLQ_HEADER_RECORDS] = str(letter.records).encode()
         # An oversized value cannot be forwarded whole; the headers still say everything.
         value = letter.value if len(letter.value) <= max_bytes // 2 else letter.value[:1024]
         fut = await dlq.send(key=letter.key, value=value, headers=headers)
         await fut  # the caller acks only once the dead letter is durable
 
     driver = IngestDriver(core, sink, tracker, send_dead_letter)
+    if hasattr(sink, "ingest_snapshot"):
+        sink.ingest_snapshot = driver.snapshot  # what a training checkpoint stores of ingest
     readiness = _Readiness(on_ready)
     source: DirectSensorSource | FaustSensorSource
     if cfg.kafka.ingest_source == "direct":

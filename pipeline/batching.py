@@ -11,20 +11,20 @@ Two modes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from pipeline.buffering import StreamBuffer, concat
+from pipeline.buffering import Sources, StreamBuffer, concat
 from streams.records import RecordBatch
 
 
 @dataclass
 class Batch:
-    """A training batch of one device plus the tokens its emission released."""
+    """A training batch of one device, and the message chunks its records came from."""
 
     device: str
     records: RecordBatch
     created_at: float
-    released: list[Any] = field(default_factory=list)
+    #: ``(token, records)`` in order: which ingest chunk each part of ``records`` came from.
+    sources: Sources = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -37,7 +37,7 @@ class WindowDrop:
 
     device: str
     dropped: int
-    released: list[Any]
+    sources: Sources
 
 
 class AdaptiveBatcher:
@@ -102,7 +102,7 @@ class AdaptiveBatcher:
             if self.window_overflow == "truncate" and self.buffer.depth > 0:
                 dropped = self.buffer.drop_oldest(self.buffer.depth)
                 self.window_dropped_total += dropped.dropped
-                self.drops.append(WindowDrop(self.buffer.device, dropped.dropped, dropped.released))
+                self.drops.append(WindowDrop(self.buffer.device, dropped.dropped, dropped.sources))
         return out
 
     def flush(self, now: float) -> Batch | None:
@@ -120,7 +120,7 @@ class AdaptiveBatcher:
 
     def _emit(self, n: int, now: float) -> Batch:
         taken = self.buffer.take(n)
-        batch = Batch(self.buffer.device, concat(taken.parts), now, taken.released)
+        batch = Batch(self.buffer.device, concat(taken.parts), now, taken.sources)
         self.batches_total += 1
         self.batched_records_total += batch.size
         return batch

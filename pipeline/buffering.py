@@ -1,10 +1,11 @@
 """Per-device stream buffer with explicit, counted overflow policies (pure, synchronous).
 
-The buffer holds decoded record chunks (one per Kafka message) in arrival order.
-Every chunk carries an opaque *token* (the ingest agent uses the Kafka event): a token
-is *released* once every record of its chunk has left the buffer, by being batched or
-by being dropped under a counted policy. Only then may the message be acknowledged,
-so committed offsets never run ahead of what was consumed.
+The buffer holds decoded record chunks (one per Kafka message, or one per run of
+messages) in arrival order. Every chunk carries an opaque *token* (the ingest source's
+acknowledgement handle). Whatever leaves the buffer, taken for a batch or dropped under
+a counted policy, is reported as ``sources``: ``(token, records)`` pairs in order, so
+the owner (``pipeline.ingest.IngestCore``) knows which message each record came from
+and acknowledges a message only once all its records are settled.
 """
 
 from __future__ import annotations
@@ -31,20 +32,24 @@ class _Chunk:
         return self.batch.count - self.start
 
 
+#: ``(token, records)``: how many records that left the buffer came from the chunk of ``token``.
+Sources = list[tuple[Any, int]]
+
+
 @dataclass
 class PushResult:
-    """What a push did: records dropped (oldest first) and tokens released by the drop."""
+    """What a push did: records dropped (oldest first) and where they came from."""
 
     dropped: int = 0
-    released: list[Any] = field(default_factory=list)
+    sources: Sources = field(default_factory=list)
 
 
 @dataclass
 class Taken:
-    """Records taken from the head of the buffer, and tokens fully consumed by the take."""
+    """Records taken from the head of the buffer, and the chunk each part came from."""
 
     parts: list[RecordBatch]
-    released: list[Any]
+    sources: Sources
 
     @property
     def count(self) -> int:
@@ -104,7 +109,7 @@ class StreamBuffer:
         result = PushResult()
         taken = self._take(n)
         result.dropped = taken.count
-        result.released = taken.released
+        result.sources = taken.sources
         self.dropped_total += taken.count
         self.taken_total -= taken.count  # _take counted them as taken
         return result
@@ -115,21 +120,21 @@ class StreamBuffer:
 
     def _take(self, n: int) -> Taken:
         parts: list[RecordBatch] = []
-        released: list[Any] = []
+        sources: Sources = []
         want = n
         while want > 0 and self._chunks:
             chunk = self._chunks[0]
             k = min(want, chunk.remaining)
             parts.append(slice_records(chunk.batch, chunk.start, chunk.start + k))
+            sources.append((chunk.token, k))
             chunk.start += k
             want -= k
             if chunk.remaining == 0:
                 self._chunks.popleft()
-                released.append(chunk.token)
         got = n - want
         self.depth -= got
         self.taken_total += got
-        return Taken(parts, released)
+        return Taken(parts, sources)
 
     def would_pause(self, n: int) -> bool:
         """True if ``n`` more records would bring the depth to the pause threshold (under a

@@ -1,23 +1,130 @@
-"""The `edgestream` command line: broker, simulate, worker, run, bench."""
+"""The `edgestream` command line: broker, simulate, worker, run, bench.
+
+``main`` owns how a command fails: every error becomes one line on stderr naming the
+problem and the fix, exit status 2 for configuration errors and 1 for runtime errors;
+tracebacks go to the debug log (``--debug`` or ``EDGESTREAM_DEBUG=1`` prints them).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
+import re
 import sys
 import tempfile
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
-from pipeline.config import ConfigError, JobConfig, load_config
+from pipeline.config import JobConfig, load_config
+
+log = logging.getLogger("edgestream")
 
 DEFAULT_BROKER_STATE = Path(".edgestream/broker")
+#: Set to 1 to print the traceback of a failed command (as ``--debug`` does).
+DEBUG_ENV = "EDGESTREAM_DEBUG"
+#: Exit status of a command stopped by a configuration error (bad flag, key, name, topic layout).
+EXIT_CONFIG = 2
+#: Exit status of a command stopped by a runtime error (Kafka unreachable, a crash).
+EXIT_RUNTIME = 1
+#: Seconds `broker status` gives a broker to answer (the command must answer within 2 s).
+STATUS_TIMEOUT_S = 1.0
+LOGLEVELS = ("debug", "info", "warning", "error", "critical")
+#: Error classes (by name, anywhere in the exception's MRO: matching by name keeps torch
+#: and the Kafka clients out of the import path of a failing command) that mean "the
+#: configuration is wrong": exit status 2.
+CONFIG_ERRORS = frozenset({
+    "ConfigError", "TopicNameError", "ModelConfigError", "UnknownStrategyError",
+    "CompressorConfigError", "TopicLayoutError", "ArgumentTypeError",
+})
+#: Client errors (kafka-python, aiokafka) that mean "the cluster did not answer".
+KAFKA_CONNECTION_ERRORS = frozenset({
+    "NoBrokersAvailable", "KafkaTimeoutError", "KafkaConnectionError", "NodeNotReadyError",
+    "RequestTimedOutError",
+})
 
 #: Modules that add subcommands: each has ``register(subparsers, add_job_args)``, which
 #: adds its parsers with ``set_defaults(func=...)``; ``func(args) -> int``.
 EXTENSIONS: tuple[str, ...] = ("monitoring.cli", "pipeline.record_cli")
+
+
+class CommandError(Exception):
+    """A command cannot proceed; the message says what to do, ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_RUNTIME) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (``edgestream simulate: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+# --- argument types: a bad value is refused by argparse, before anything starts ----------
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text})")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be an integer > 0 (got {text})")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (got {text})")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, or 0 for "a free one"."""
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 0..65535, 0 for a free one (got {text})")
+    return value
+
+
+def bootstrap_address(text: str) -> str:
+    """``HOST:PORT[,HOST:PORT...]`` with ports in 1..65535."""
+    from deploy.kafka.broker import host_port
+
+    try:
+        for address in text.split(","):
+            host_port(address)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. 127.0.0.1:9092)") from None
+    return text
+
+
+def heap_size(text: str) -> str:
+    """A JVM heap size as ``-Xmx`` takes it: digits with an optional k/m/g suffix."""
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a heap size like 512m or 2g")
+    return text
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def job_config(args: argparse.Namespace) -> JobConfig:
@@ -28,17 +135,17 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", type=Path, help="job file (TOML); defaults built in")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set buffer.policy=truncate")
-    p.add_argument("--bootstrap", metavar="HOST:PORT",
+    p.add_argument("--bootstrap", metavar="HOST:PORT", type=bootstrap_address,
                    help="use this Kafka cluster instead of the local broker")
 
 
 def _local_broker_bootstrap(state_dir: Path) -> str | None:
-    from deploy.kafka.broker import BrokerInfo, pid_alive
+    from deploy.kafka.broker import BrokerInfo, is_broker_pid
 
     info_file = state_dir / "broker.json"
     if info_file.exists():
         info = BrokerInfo.load(info_file)
-        if pid_alive(info.pid):
+        if is_broker_pid(info.pid):
             return info.bootstrap
     return None
 
@@ -52,12 +159,17 @@ def _bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str | None:
 
 
 def need_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str:
+    """The cluster this command uses, checked to answer (``KafkaUnreachable`` within seconds)."""
+    from pipeline.kafka_io import check_reachable
+
     bootstrap = _bootstrap(args, cfg)
     if not bootstrap:
-        raise SystemExit(
-            "edgestream: no Kafka broker. Start the local one with `edgestream broker start`, "
-            "or pass --bootstrap HOST:PORT (or set kafka.bootstrap in the job file)."
+        raise CommandError(
+            "no Kafka broker. Start the local one with `edgestream broker start`, "
+            "or pass --bootstrap HOST:PORT (or set kafka.bootstrap in the job file)"
         )
+    args.resolved_bootstrap = bootstrap  # named by main if Kafka fails later
+    check_reachable(bootstrap)
     return bootstrap
 
 
@@ -66,9 +178,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import (
         BrokerInfo,
         LocalBroker,
+        is_broker_pid,
         kafka_version,
-        metadata_ok,
         pid_alive,
+        probe,
         stop_pid,
     )
 
@@ -77,9 +190,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
     info_file = state / "broker.json"
     if args.action == "start":
         if args.bootstrap:
-            ok = metadata_ok(args.bootstrap)
-            console.print(f"using existing cluster {args.bootstrap}: {'reachable' if ok else 'NOT reachable'}")
-            return 0 if ok else 1
+            problem = probe(args.bootstrap, STATUS_TIMEOUT_S)
+            console.print(f"using existing cluster {args.bootstrap}: "
+                          f"{'reachable' if problem is None else f'NOT reachable ({problem})'}")
+            return 0 if problem is None else 1
         running = _local_broker_bootstrap(state)
         if running:
             console.print(f"local broker already running at {running}")
@@ -93,23 +207,29 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print(broker.bootstrap)
         return 0
     if args.action == "status":
+        # Answers within ~STATUS_TIMEOUT_S: a raw metadata probe, no client bootstrap retries.
         if args.bootstrap:
-            ok = metadata_ok(args.bootstrap)
-            console.print(f"{args.bootstrap}: {'up' if ok else 'down'}")
-            return 0 if ok else 1
+            problem = probe(args.bootstrap, STATUS_TIMEOUT_S)
+            console.print(f"{args.bootstrap}: {'up' if problem is None else f'down ({problem})'}", soft_wrap=True)
+            return 0 if problem is None else 1
         if not info_file.exists():
-            console.print("no local broker started from this directory")
+            console.print(f"no local broker started with --state-dir {state}")
             return 1
         info = BrokerInfo.load(info_file)
-        alive = pid_alive(info.pid) and metadata_ok(info.bootstrap)
-        console.print(f"local Kafka {info.version} at {info.bootstrap} (pid {info.pid}): {'up' if alive else 'down'}")
-        return 0 if alive else 1
+        if not is_broker_pid(info.pid):
+            problem = (f"process {info.pid} is not a Kafka broker; {info_file} is stale" if pid_alive(info.pid)
+                       else f"process {info.pid} is gone")
+        else:
+            problem = probe(info.bootstrap, STATUS_TIMEOUT_S)
+        console.print(f"local Kafka {info.version} at {info.bootstrap} (pid {info.pid}): "
+                      f"{'up' if problem is None else f'down ({problem})'}", soft_wrap=True)
+        return 0 if problem is None else 1
     if args.action == "stop":
         if not info_file.exists():
-            console.print("no local broker started from this directory")
+            console.print(f"no local broker started with --state-dir {state}")
             return 0
         info = BrokerInfo.load(info_file)
-        if pid_alive(info.pid):
+        if is_broker_pid(info.pid):  # never signal a process that reused a dead broker's pid
             stop_pid(info.pid)
         info_file.unlink()
         console.print(f"local broker at {info.bootstrap} stopped")
@@ -122,9 +242,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from monitoring.metrics import serve_process
-    from pipeline.simulate import simulate
+    from pipeline.simulate import check_stream_options, stream_devices
 
     cfg = job_config(args)
+    check_stream_options(cfg, args.garbage)
     bootstrap = need_bootstrap(args, cfg)
     duration = args.duration or cfg.run.duration_s
     metrics, metrics_url = serve_process(args.metrics_port, cfg.workers.metrics_host)
@@ -136,8 +257,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         def on_progress(report):
             progress.update(task, completed=report.duration_s, records=sum(report.records.values()))
 
-        report = simulate(cfg, bootstrap, duration, garbage_per_device=args.garbage,
-                          progress=on_progress, report_path=args.report, metrics=metrics)
+        report = stream_devices(cfg, bootstrap, duration, garbage_per_device=args.garbage,
+                                progress=on_progress, report_path=args.report, metrics=metrics)
     Console().print(f"produced {sum(report.records.values())} records in "
                     f"{sum(report.messages.values())} messages ({report.bytes} bytes) in {report.duration_s:.1f}s")
     return 0
@@ -145,37 +266,73 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 # --- worker -----------------------------------------------------------------------------
 def cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline.worker import run_worker
+    from pipeline.worker import check_training_config, run_worker
 
-    cfg = job_config(args)
-    bootstrap = need_bootstrap(args, cfg)
-    logging.basicConfig(level=getattr(logging, args.loglevel.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg, bootstrap = _process_config(args, args.worker)
+    check_training_config(cfg)  # before any side effect (topics, state, /metrics)
     run_worker(cfg, args.worker, bootstrap, args.metrics_port, loglevel=args.loglevel)
     return 0
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from pipeline.worker import run_server
+    from pipeline.worker import SERVER_NAME, check_training_config, run_server
 
-    cfg = job_config(args)
-    bootstrap = need_bootstrap(args, cfg)
-    logging.basicConfig(level=getattr(logging, args.loglevel.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg, bootstrap = _process_config(args, SERVER_NAME)
+    check_training_config(cfg)
+    from trainers.strategies import roles
+
+    if not cfg.train.enabled or "server" not in roles(cfg.train.strategy):
+        raise CommandError(f"train.strategy={cfg.train.strategy!r} (train.enabled={cfg.train.enabled}) has "
+                           "no server role; `edgestream server` runs with e.g. --set train.enabled=true "
+                           "--set train.strategy=asp", EXIT_CONFIG)
     run_server(cfg, bootstrap, args.metrics_port, loglevel=args.loglevel)
     return 0
+
+
+def _process_config(args: argparse.Namespace, name: str) -> tuple[JobConfig, str]:
+    """Config and cluster of a worker/server process, checked without side effects (the
+    cluster answers; worker, device and job names make valid topic names). Sets up its
+    log and where ``main`` reports how it ended (``exit.json``, read by `run`)."""
+    from pipeline.worker import (
+        EXIT_FILE,
+        SERVER_NAME,
+        process_topics,
+        quiet_tracebacks,
+        worker_state_dir,
+    )
+
+    level = getattr(logging, args.loglevel.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_tracebacks(logging.getLogger(), level)
+    cfg = job_config(args)
+    if name != SERVER_NAME:
+        cfg.devices_of(name)  # a worker of this job
+    args.exit_file = worker_state_dir(cfg, name) / EXIT_FILE
+    args.exit_file.unlink(missing_ok=True)  # a previous run's verdict is not this one's
+    bootstrap = need_bootstrap(args, cfg)  # before torch is imported: unreachable is reported in seconds
+    process_topics(cfg, name)
+    return cfg, bootstrap
 
 
 # --- run --------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
-    from pipeline.run import RunError, run_job
+    from pipeline.kafka_io import check_reachable
+    from pipeline.run import run_job
+    from pipeline.worker import check_training_config, process_topics
 
     cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
-    console = Console() if sys.stdout.isatty() else Console(width=140)
     bootstrap = _bootstrap(args, cfg)
+    if bootstrap:  # first, before torch is imported: an unreachable cluster is reported in seconds
+        args.resolved_bootstrap = bootstrap
+        check_reachable(bootstrap)
+    # Everything a process of the run would refuse, refused now: before a broker or topic exists.
+    for name in cfg.worker_names():
+        process_topics(cfg, name)
+    check_training_config(cfg)
+    console = Console() if sys.stdout.isatty() else Console(width=140)
     broker = None
     try:
         if not bootstrap:
@@ -184,11 +341,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 "(first run resolves the jars from Maven Central)"):
                 broker = LocalBroker(work).start()
             bootstrap = broker.bootstrap
+            args.resolved_bootstrap = bootstrap
             console.print(f"local Kafka {kafka_version()} broker at {bootstrap}")
         result = run_job(cfg, bootstrap, garbage_per_device=args.garbage, console=console)
-    except RunError as exc:
-        console.print(f"[red]run failed:[/red] {exc}")
-        return 1
     except KeyboardInterrupt:
         console.print("interrupted; stopped every process this run started")
         return 130
@@ -222,48 +377,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="edgestream",
         description="Online deep learning on edge sensor streams over Kafka.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help=f"print the traceback of a failed command (or set {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("broker", help="start, stop or check the local Kafka broker")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--state-dir", type=Path, default=DEFAULT_BROKER_STATE,
                    help="where the broker's data, log and pid file live (default: %(default)s)")
-    p.add_argument("--port", type=int, default=0, help="client port (default: a free one)")
-    p.add_argument("--heap", default="512m", help="JVM heap (default: %(default)s)")
-    p.add_argument("--bootstrap", metavar="HOST:PORT", help="check an existing cluster instead")
+    p.add_argument("--port", type=port, default=0, help="client port (default: a free one)")
+    p.add_argument("--heap", default="512m", type=heap_size, help="JVM heap (default: %(default)s)")
+    p.add_argument("--bootstrap", metavar="HOST:PORT", type=bootstrap_address,
+                   help="check an existing cluster instead")
     p.set_defaults(func=cmd_broker)
 
-    p = sub.add_parser("simulate", help="stream simulated devices into their topics")
+    p = sub.add_parser("simulate", help="stream the job's devices into their topics (simulated, or its recording)")
     _add_job_args(p)
-    p.add_argument("--duration", type=float, help="seconds (default: run.duration_s)")
-    p.add_argument("--garbage", type=int, default=0, metavar="N",
+    p.add_argument("--duration", type=positive_float, help="seconds (default: run.duration_s)")
+    p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N",
                    help="also send N malformed messages per device (tests the dead-letter path)")
     p.add_argument("--report", type=Path, help="write what was produced as JSON here")
-    p.add_argument("--metrics-port", type=int, default=0,
+    p.add_argument("--metrics-port", type=port, default=0,
                    help="serve /metrics (records produced per device) on this port (0: a free one)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("worker", help="run one worker (a Faust worker) until stopped")
     _add_job_args(p)
     p.add_argument("--worker", required=True, help="worker name, w0 .. w{workers.count-1}")
-    p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: a free one)")
-    p.add_argument("--loglevel", default="warning")
+    p.add_argument("--metrics-port", type=port, default=0, help="/metrics port (0: a free one)")
+    p.add_argument("--loglevel", default="warning", type=str.lower, choices=LOGLEVELS,
+                   help="log level; debug also logs the traceback of a crash (default: %(default)s)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("server", help="run the parameter server of a strategy that has one (asp)")
     _add_job_args(p)
-    p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: a free one)")
-    p.add_argument("--loglevel", default="warning")
+    p.add_argument("--metrics-port", type=port, default=0, help="/metrics port (0: a free one)")
+    p.add_argument("--loglevel", default="warning", type=str.lower, choices=LOGLEVELS,
+                   help="log level; debug also logs the traceback of a crash (default: %(default)s)")
     p.set_defaults(func=cmd_server)
 
     p = sub.add_parser("run", help="broker + simulated devices + workers, with a live view")
     _add_job_args(p)
-    p.add_argument("--duration", type=float, help="seconds of streaming (default: run.duration_s)")
-    p.add_argument("--garbage", type=int, default=0, metavar="N",
+    p.add_argument("--duration", type=positive_float, help="seconds of streaming (default: run.duration_s)")
+    p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N",
                    help="inject N malformed messages per device")
     p.set_defaults(func=cmd_run)
 
@@ -276,17 +436,117 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in EXTENSIONS:
         importlib.import_module(module).register(sub, _add_job_args)
+    for name, command in sub.choices.items():
+        if name != "bench":  # bench passes everything after its name to the benchmark
+            # SUPPRESS: absent after the command, the top-level value stands.
+            command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                 help="print the traceback if the command fails")
     return parser
+
+
+def one_line(text: object) -> str:
+    """The first line of ``text``, whitespace collapsed; ' (...)' if lines were left out."""
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = " ".join(lines[0].split())
+    return first + (" (more with --debug)" if len(lines) > 1 else "")
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str, str]:
+    """How a command that raised ``exc`` ends: exit status, the problem as one line, and
+    the reason alone (what `run` shows for a worker: ``CheckpointError: ...``)."""
+    names = _names(exc)
+    kind = f"{type(exc).__name__}: "
+    if "ProcessCrashed" in names:
+        cause = getattr(exc, "reason", None)
+        if cause is not None and _names(cause) & KAFKA_CONNECTION_ERRORS:  # lost the cluster
+            _, line, reason = failure(cause, args)
+            return EXIT_RUNTIME, f"crashed: {line}", reason
+        reason = one_line(exc)
+        return EXIT_RUNTIME, f"crashed: {reason}", reason
+    if names & CONFIG_ERRORS:
+        reason = one_line(exc)
+        return EXIT_CONFIG, f"configuration error: {reason}", reason
+    if "KafkaUnreachable" in names:
+        reason = one_line(exc)
+        return EXIT_RUNTIME, reason, reason
+    if names & KAFKA_CONNECTION_ERRORS:
+        from pipeline.kafka_io import KAFKA_HINT
+
+        where = getattr(args, "resolved_bootstrap", None) or getattr(args, "bootstrap", None) or "?"
+        reason = f"cannot reach Kafka at {where}: {kind}{one_line(exc)}"
+        return EXIT_RUNTIME, f"{reason}. {KAFKA_HINT}", reason
+    if isinstance(exc, CommandError):
+        return exc.code, one_line(exc), one_line(exc)
+    if names & {"RunError", "BrokerError", "TopicSetupError", "StreamsError", "PrometheusError"}:
+        return EXIT_RUNTIME, one_line(exc), one_line(exc)
+    reason = kind + one_line(exc)
+    if args.command in ("worker", "server"):
+        return EXIT_RUNTIME, f"crashed: {reason}", reason
+    return EXIT_RUNTIME, f"failed: {reason} (--debug shows the traceback)", reason
+
+
+def _label(args: argparse.Namespace) -> str:
+    worker = getattr(args, "worker", None) if args.command == "worker" else None
+    return f"edgestream {args.command}" + (f" {worker}" if worker else "")
+
+
+def _report_exit(args: argparse.Namespace, code: int, reason: str | None) -> None:
+    """Write how a worker/server ended where `run` looks (``args.exit_file``, if set)."""
+    path: Path | None = getattr(args, "exit_file", None)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"code": code, "reason": reason, "pid": os.getpid()}))
+        tmp.replace(path)
+    except OSError as exc:  # the state dir itself may be what failed
+        log.debug("could not write %s: %s", path, exc)
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
-        return args.func(args)
-    except ConfigError as exc:
-        print(f"edgestream: configuration error: {exc}", file=sys.stderr)
-        return 2
+        code = args.func(args)
+    except KeyboardInterrupt:
+        _report_exit(args, 130, "interrupted")
+        return 130
+    except Exception as exc:
+        code, line, reason = failure(exc, args)
+        log.debug("%s failed", _label(args), exc_info=exc)
+        if debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        _report_exit(args, code, reason)
+        print(f"{_label(args)}: {line}", file=sys.stderr, flush=True)
+        _end_process(args, argv, code)
+        return code
+    _report_exit(args, code, None)
+    _end_process(args, argv, code)
+    return code
+
+
+def _end_process(args: argparse.Namespace, argv: list[str] | None, code: int) -> None:
+    """End a worker/server process now, skipping interpreter teardown.
+
+    Everything is written and flushed by now; teardown only adds noise after the
+    process's last line: torch's optimizer imports triton, whose bindings print a page
+    of "nanobind: leaked ..." at finalisation. Only when ``main`` is the program
+    (``argv is None``), never when a caller (a test) passes its own arguments.
+    """
+    if argv is not None or args.command not in ("worker", "server"):
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 from streams.profiles import SCADLES_RATES
 
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
+#: Values of ``data.source``.
+DATA_SOURCES = ("digits", "synthetic", "recording")
 #: Values of ``kafka.ingest_source``.
 INGEST_SOURCES = ("direct", "faust")
 
@@ -45,12 +48,25 @@ class KafkaSection:
 
 @dataclass
 class DataSection:
-    source: str = "digits"  # digits | synthetic
+    #: digits | synthetic | recording (an `edgestream import` recording: ``data.recording``)
+    source: str = "digits"
+    #: Directory of the recording when ``source = "recording"``; its manifest gives the
+    #: devices, their rates, the feature shape, the classes and the held-out split.
+    recording: str = ""
+    #: Speed of streaming a recording source: 1 (as recorded), k (k times faster) or "max".
+    replay_speed: str = "1"
     partition: str = "iid"  # iid | dirichlet | classes
     dirichlet_alpha: float = 0.3
     classes_per_device: int = 2
     heldout_fraction: float = 0.2
     synthetic_samples: int = 6000
+    #: Declared range of every feature value; records outside are dead-lettered as
+    #: ``out_of_range``. ``auto``: the source's own declaration (digits: [0, 1]; synthetic
+    #: and recordings: per-feature min/max of the data, widened by ``value_margin``);
+    #: ``none``: no range check; ``"LO,HI"``: every feature in [LO, HI].
+    value_range: str = "auto"
+    #: For ranges derived from data: widen [min, max] by this fraction of (max - min) on each side.
+    value_margin: float = 1.0
 
 
 @dataclass
@@ -128,6 +144,20 @@ class TrainSection:
     strategy_params: list[str] = field(default_factory=list)
     eval_every_s: float = 2.0
     checkpoint_every_steps: int = 20
+    #: Checkpoints kept (newest first); a restore that finds the newest unusable falls back
+    #: to the next one, with a warning.
+    checkpoint_keep: int = 3
+    #: A checkpoint whose model, optimizer or strategy state holds a value above this (in
+    #: absolute value) is refused when saved and skipped when restored, like a non-finite
+    #: one. 0: only non-finite values are refused.
+    max_abs_weight: float = 1.0e6
+    #: A local step whose gradient L2 norm exceeds this is not applied nor published; its
+    #: records are dead-lettered (``gradient_norm``). Gradient messages from peers above it
+    #: are rejected too. 0: no absolute bound.
+    max_grad_norm: float = 1.0e4
+    #: Also reject a local step whose gradient norm exceeds this many times the median of
+    #: the last accepted steps' norms (after a warm-up). 0: off.
+    grad_norm_spike: float = 100.0
     #: `run` stops streaming early once every worker's held-out accuracy reached this (0: off).
     target_accuracy: float = 0.0
     #: torch threads per training process (the machine's cores are shared).
@@ -147,6 +177,11 @@ class RunSection:
     drain_timeout_s: float = 30.0
     #: Directory for run state (worker data dirs, summaries); default .edgestream/runs/<job>.
     state_dir: str = ""
+    #: A worker process that dies during `edgestream run` is restarted up to this many
+    #: times (0: the run stops at the first death).
+    max_restarts: int = 3
+    #: Wait before the first restart of a worker; doubles with each further restart.
+    restart_backoff_s: float = 1.0
 
 
 @dataclass
@@ -170,7 +205,15 @@ class JobConfig:
 
     def validate(self) -> JobConfig:
         _choice("kafka.ingest_source", self.kafka.ingest_source, INGEST_SOURCES)
-        _choice("data.source", self.data.source, ("digits", "synthetic"))
+        _choice("data.source", self.data.source, DATA_SOURCES)
+        if self.data.source == "recording" and not self.data.recording:
+            raise ConfigError(
+                "data.source='recording' needs data.recording = the directory `edgestream import` wrote"
+            )
+        parse_value_range(self.data.value_range)
+        _non_negative("data.value_margin", self.data.value_margin)
+        if not 0 < self.data.heldout_fraction < 1:
+            raise ConfigError(f"data.heldout_fraction must lie in (0, 1) (got {self.data.heldout_fraction})")
         _choice("data.partition", self.data.partition, ("iid", "dirichlet", "classes"))
         _choice("buffer.policy", self.buffer.policy, ("persist", "truncate", "backpressure"))
         _choice("batcher.mode", self.batcher.mode, ("window", "fixed"))
@@ -187,8 +230,14 @@ class JobConfig:
             raise ConfigError(
                 f"devices.ids lists {len(self.devices.ids)} ids but devices.count is {self.devices.count}"
             )
-        if not self.devices.rates_hz or any(r <= 0 for r in self.devices.rates_hz):
+        if not self.devices.rates_hz or not all(0 < r < float("inf") for r in self.devices.rates_hz):
             raise ConfigError("devices.rates_hz must be a non-empty list of positive rates")
+        from streams.profiles import parse_profile
+
+        try:
+            parse_profile(self.devices.profile, 1.0)
+        except ValueError as exc:
+            raise ConfigError(f"devices.profile: {exc}") from None
         if self.workers.count > self.devices.count:
             raise ConfigError(
                 f"workers.count={self.workers.count} exceeds devices.count={self.devices.count}: "
@@ -198,6 +247,21 @@ class JobConfig:
         _positive("train.lr", self.train.lr)
         _positive("train.eval_every_s", self.train.eval_every_s)
         _positive("train.checkpoint_every_steps", self.train.checkpoint_every_steps)
+        _positive("train.checkpoint_keep", self.train.checkpoint_keep)
+        _non_negative("train.max_grad_norm", self.train.max_grad_norm)
+        _non_negative("train.max_abs_weight", self.train.max_abs_weight)
+        if self.train.grad_norm_spike != 0 and self.train.grad_norm_spike <= 1:
+            raise ConfigError(f"train.grad_norm_spike must be > 1, or 0 for off (got {self.train.grad_norm_spike})")
+        _positive("train.torch_threads", self.train.torch_threads)
+        _non_negative("train.momentum", self.train.momentum)
+        _non_negative("train.target_accuracy", self.train.target_accuracy)
+        _positive("run.duration_s", self.run.duration_s)
+        _positive("run.drain_timeout_s", self.run.drain_timeout_s)
+        _non_negative("run.max_restarts", self.run.max_restarts)
+        _non_negative("run.restart_backoff_s", self.run.restart_backoff_s)
+        _positive("limits.max_record_message_bytes", self.limits.max_record_message_bytes)
+        _positive("limits.max_records_per_message", self.limits.max_records_per_message)
+        _positive("kafka.max_message_bytes", self.kafka.max_message_bytes)
         if any(f < 1 for f in self.workers.slowdown):
             raise ConfigError(f"workers.slowdown factors must be >= 1 (got {self.workers.slowdown})")
         if not 0 <= self.train.injection_alpha <= 1 or self.train.injection_beta < 0:
@@ -237,8 +301,30 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _positive(key: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key} must be > 0 (got {value})")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ConfigError(f"{key} must be a finite number > 0 (got {value})")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{key} must be a finite number >= 0 (got {value})")
+
+
+def parse_value_range(text: str) -> tuple[float, float] | str:
+    """``data.value_range``: ``"auto"``, ``"none"``, or ``"LO,HI"`` -> ``(lo, hi)``."""
+    spec = str(text).strip().lower()
+    if spec in ("auto", "none"):
+        return spec
+    parts = [p.strip() for p in spec.split(",")]
+    try:
+        lo, hi = (float(p) for p in parts)
+    except ValueError:
+        raise ConfigError(
+            f"data.value_range={text!r}: use auto, none, or LO,HI (e.g. \"-50,50\")"
+        ) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ConfigError(f"data.value_range={text!r}: need finite LO < HI")
+    return lo, hi
 
 
 def _coerce(key: str, raw: Any, typ: Any) -> Any:
@@ -322,6 +408,9 @@ def load_config(
             raise ConfigError(f"override {item!r} must look like section.key=value")
         dotted, value = item.split("=", 1)
         _set(cfg, dotted.strip(), value.strip())
+    from pipeline.sources import apply_recording_source  # imports this module: not at the top
+
+    apply_recording_source(cfg)
     return cfg.validate()
 
 

@@ -1,10 +1,26 @@
 """`edgestream import`: turn a user's labelled table into a recording of device streams.
 
-The table (CSV, .npy/.npz, or Parquet when pyarrow is installed) is split over devices
-(iid / dirichlet / classes, ``streams.partition``) and each device's share is streamed
-by a ``DeviceSimulator`` at its own rate; the simulator's micro-batches are encoded as
-sensor messages (``streams.codec``) into ``sensors.<device>`` topics of a recording, with
-Kafka timestamps at each message's send time. ``edgestream replay`` then streams it.
+The table (CSV, .npy/.npz, or Parquet when pyarrow is installed) first loses a
+stratified, seeded held-out share (``streams.datasets.split_heldout``); only the rest
+is split over devices (iid / dirichlet / classes, ``streams.partition``) and each
+device's share is streamed by a ``DeviceSimulator`` at its own rate; the simulator's
+micro-batches are encoded as sensor messages (``streams.codec``) into
+``sensors.<device>`` topics of a recording, with Kafka timestamps at each message's
+send time. ``edgestream replay`` then streams it.
+
+Besides the recording it owns the files a job needs to train on it without the
+original table (``data.source = "recording"``, ``pipeline.sources``):
+
+- ``heldout.npz``: the held-out rows (``features`` float32, ``labels`` int64), never streamed;
+- ``train.npz``: the streamed rows (``features``, ``labels``) and each device's share of
+  them (``share_indices`` concatenated in device order, cut at ``share_bounds``);
+- ``import.json``: what was imported and how (version 2: ``data`` holds the feature
+  shape, classes, label names, the per-feature min/max/mean/std of the streamed part,
+  the device ids and rates and the recording's duration).
+
+Invariant: the held-out rows and the streamed rows are disjoint and together are the
+whole table; ``import.json`` is written last, so a directory with a version-2
+``import.json`` is complete.
 """
 
 from __future__ import annotations
@@ -12,6 +28,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from streams import codec, topics
-from streams.datasets import Dataset
+from streams.datasets import Dataset, split_heldout
 from streams.errors import StreamsError
 from streams.partition import DeviceSampler, label_histogram, partition
 from streams.profiles import parse_profile
@@ -27,6 +44,10 @@ from streams.recording import RecordedMessage, RecordingWriter
 from streams.simulator import DeviceSimulator
 
 IMPORT_INFO = "import.json"
+#: Version of ``import.json``: 1 had no held-out split and no stored data; 2 adds ``data``.
+IMPORT_VERSION = 2
+TRAIN_FILE = "train.npz"
+HELDOUT_FILE = "heldout.npz"
 
 
 class TableImportError(StreamsError):
@@ -50,9 +71,39 @@ class ImportSpec:
     device_prefix: str = "dev"
     seed: int = 0
     start_time_s: float | None = None  # epoch seconds of the first message; default now
+    #: Stratified share of every class kept out of the streams for evaluation (in (0, 1)).
+    heldout_fraction: float = 0.2
 
     def device_ids(self) -> list[str]:
         return [f"{self.device_prefix}{i:02d}" for i in range(self.devices)]
+
+    def validate(self) -> None:
+        """Refuse impossible specs with one line naming the option (before any file is written)."""
+        if (self.duration_s is None) == (self.records_per_device is None):
+            raise TableImportError("give exactly one of --duration or --records-per-device")
+        if self.devices < 1:
+            raise TableImportError(f"--devices must be >= 1 (got {self.devices})")
+        if not self.rates_hz or not all(0 < r < math.inf for r in self.rates_hz):
+            raise TableImportError(f"--rates must be positive finite records/s (got {self.rates_hz})")
+        if self.duration_s is not None and not 0 < self.duration_s < math.inf:
+            raise TableImportError(f"--duration must be a positive number of seconds (got {self.duration_s})")
+        if self.records_per_device is not None and self.records_per_device < 1:
+            raise TableImportError(f"--records-per-device must be >= 1 (got {self.records_per_device})")
+        if not 0 < self.message_interval_s < math.inf:
+            raise TableImportError(
+                f"--message-interval must be a positive number of seconds (got {self.message_interval_s})"
+            )
+        if not 0 < self.heldout_fraction < 1:
+            raise TableImportError(f"--heldout-fraction must lie in (0, 1) (got {self.heldout_fraction})")
+        try:
+            parse_profile(self.profile, 1.0)
+        except ValueError as exc:
+            raise TableImportError(f"--profile: {exc}") from None
+        for device in self.device_ids():
+            try:
+                topics.sensor_topic(device)
+            except StreamsError as exc:
+                raise TableImportError(f"--device-prefix {self.device_prefix!r}: {exc}") from None
 
 
 @dataclass
@@ -218,35 +269,71 @@ class ImportReport:
     records: int
     duration_s: float
     source: dict
+    #: What a job needs to train on the recording (``import.json``'s ``data``; see the module doc).
+    data: dict = field(default_factory=dict)
+    format: str = "edgestream-import"
+    version: int = IMPORT_VERSION
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def feature_stats(features: np.ndarray) -> dict[str, list[float]]:
+    """Per-feature (flattened) min, max, mean and std of ``features`` [N, ...], as JSON lists.
+
+    Computed in float64 so a column of large values does not lose its mean; the lists
+    hold Python floats, which round-trip float32 values exactly through JSON.
+    """
+    flat = np.asarray(features, dtype=np.float64).reshape(features.shape[0], -1)
+    return {
+        "min": flat.min(axis=0).tolist(),
+        "max": flat.max(axis=0).tolist(),
+        "mean": flat.mean(axis=0).tolist(),
+        "std": flat.std(axis=0).tolist(),
+    }
+
+
+def _save_npz(path: Path, **arrays: np.ndarray) -> None:
+    # Plain arrays only (no object dtype), so readers can load with allow_pickle=False.
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+    tmp.replace(path)
+
+
 def import_table(
     path: str | Path, label_column: str, out: str | Path, spec: ImportSpec
 ) -> ImportReport:
-    """Write a recording of ``spec.devices`` streams over the table at ``path``."""
-    if (spec.duration_s is None) == (spec.records_per_device is None):
-        raise TableImportError("give exactly one of --duration or --records-per-device")
-    if spec.devices < 1 or not spec.rates_hz or any(r <= 0 for r in spec.rates_hz):
-        raise TableImportError("need at least one device and positive rates")
+    """Write a recording of ``spec.devices`` streams over the table at ``path``.
+
+    A stratified ``spec.heldout_fraction`` of every class is held out first; only the
+    remaining rows are partitioned over the devices and streamed. Both parts and the
+    job-facing description are stored next to the recording (see the module doc).
+    """
+    spec.validate()
     table = load_table(path, label_column)
     num_classes = len(table.label_names)
+    if num_classes < 2:
+        raise TableImportError(f"{path}: the label column {label_column!r} has a single class "
+                               f"({table.label_names[0]!r}); a classifier needs at least two")
     dataset = Dataset(table.features, table.labels, num_classes, Path(path).stem)
+    train, heldout = split_heldout(dataset, fraction=spec.heldout_fraction, seed=spec.seed)
+    if len(heldout) == 0:
+        raise TableImportError(f"{path}: too few rows for a held-out split (every class has a single row)")
     params: dict = {}
     if spec.partition == "dirichlet":
         params = {"alpha": spec.dirichlet_alpha, "min_size": 1}
     elif spec.partition == "classes":
         params = {"k": spec.classes_per_device}
     try:
-        shares = partition(dataset.labels, spec.devices, spec.partition, spec.seed, **params)
+        shares = partition(train.labels, spec.devices, spec.partition, spec.seed, **params)
     except ValueError as exc:
-        raise TableImportError(f"{path}: cannot split {len(dataset)} rows over {spec.devices} devices: {exc}") from None
+        raise TableImportError(f"{path}: cannot split the {len(train)} streamed rows "
+                               f"over {spec.devices} devices: {exc}") from None
     devices = spec.device_ids()
     rates = {d: float(spec.rates_hz[i % len(spec.rates_hz)]) for i, d in enumerate(devices)}
     sims = [
-        DeviceSimulator(d, DeviceSampler(dataset, share, seed=spec.seed * 1000 + i),
+        DeviceSimulator(d, DeviceSampler(train, share, seed=spec.seed * 1000 + i),
                         parse_profile(spec.profile, rates[d]),
                         np.random.default_rng(spec.seed * 1000 + 500 + i))
         for i, (d, share) in enumerate(zip(devices, shares, strict=True))
@@ -290,7 +377,30 @@ def import_table(
                     produced[sim.device] += batch.count
                     total_messages += 1
             tick += 1
-    hist = label_histogram(dataset.labels, shares, num_classes)
+    out_dir = Path(out)
+    bounds = np.cumsum([0] + [len(s) for s in shares]).astype(np.int64)
+    _save_npz(out_dir / TRAIN_FILE, features=train.features, labels=train.labels,
+              share_indices=np.concatenate(shares).astype(np.int64), share_bounds=bounds)
+    _save_npz(out_dir / HELDOUT_FILE, features=heldout.features, labels=heldout.labels)
+    hist = label_histogram(train.labels, shares, num_classes)
+    data = {
+        "feature_shape": list(train.feature_shape),
+        "num_classes": num_classes,
+        "label_names": table.label_names,
+        "feature_names": table.feature_names,
+        "heldout_fraction": spec.heldout_fraction,
+        "partition": spec.partition,
+        "seed": spec.seed,
+        "train": {"file": TRAIN_FILE, "rows": len(train)},
+        "heldout": {"file": HELDOUT_FILE, "rows": len(heldout),
+                    "label_histogram": np.bincount(heldout.labels, minlength=num_classes).tolist()},
+        "stats": feature_stats(train.features),
+        "device_ids": devices,
+        "rates_hz": [rates[d] for d in devices],
+        "profile": spec.profile,
+        "message_interval_s": interval,
+        "duration_s": round(tick * interval, 9),
+    }
     report = ImportReport(
         directory=str(out),
         devices={d: {"rate_hz": rates[d], "records": produced[d], "messages": offsets[d],
@@ -302,7 +412,55 @@ def import_table(
         duration_s=tick * interval,
         source={"file": str(path), "rows": len(dataset), "label_column": label_column,
                 "label_names": table.label_names, "feature_shape": list(dataset.feature_shape),
-                "partition": spec.partition, "spec": asdict(spec)},
+                "partition": spec.partition, "spec": asdict(spec),
+                "streamed_rows": len(train), "heldout_rows": len(heldout)},
+        data=data,
     )
-    (Path(out) / IMPORT_INFO).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    # Written last: a directory whose import.json has ``data`` holds every file it names.
+    tmp = out_dir / (IMPORT_INFO + ".tmp")
+    tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    tmp.replace(out_dir / IMPORT_INFO)
     return report
+
+
+def job_file_text(report: ImportReport, *, workers: int | None = None) -> str:
+    """A job file (TOML) that trains on the recording of ``report``: ``edgestream run --job FILE``.
+
+    ``[data]`` points at the recording (absolute path), ``[run] duration_s`` covers the
+    recorded span at speed 1 (streaming stops earlier when the recording ends),
+    training is on, ``workers.count`` is two (one per device if fewer) and
+    ``batcher.max_batch`` takes a whole window of the fastest device.
+    """
+    directory = Path(report.directory).resolve()
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", directory.name).strip("-")[:64] or "imported"
+    count = workers if workers is not None else min(2, len(report.devices))
+    duration = math.ceil(report.duration_s) + 5  # the replayer's start-up and last interval
+    # One batch takes a whole window (1 s) of the fastest device, so no device's backlog
+    # grows while it streams.
+    max_batch = max(64, math.ceil(max(d["rate_hz"] for d in report.devices.values())))
+    lines = [
+        f"# Train on {report.source.get('file', 'an imported table')} as recorded by `edgestream import`.",
+        "# Run it with: edgestream run --job THIS_FILE",
+        "[job]",
+        f"name = {json.dumps(name)}",
+        "",
+        "[data]",
+        'source = "recording"',
+        f"recording = {json.dumps(str(directory))}",
+        'replay_speed = "1"  # or "k" (k times faster) or "max"',
+        "",
+        "[workers]",
+        f"count = {count}",
+        "",
+        "[batcher]",
+        f"max_batch = {max_batch}  # records per device per 1 s window: the fastest device's rate",
+        "",
+        "[run]",
+        f"duration_s = {duration}",
+        "",
+        "[train]",
+        "enabled = true",
+        'model = "mlp"',
+        "",
+    ]
+    return "\n".join(lines)

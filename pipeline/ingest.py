@@ -1,13 +1,25 @@
 """Ingest logic of one worker: decode -> buffer -> batch, as a synchronous core.
 
-``IngestCore`` is what the Faust agent calls for every message and on every timer
+``IngestCore`` is what the ingest source calls for every message and on every timer
 tick; it returns ``IngestActions`` (batches to hand to the sink, messages to
-dead-letter, tokens to acknowledge, partitions to pause or resume) and the agent
+dead-letter, tokens to acknowledge, partitions to pause or resume) and the driver
 performs them. It reads no clock and does no I/O, so it is unit-tested directly.
 
-Accounting invariant, per device, at any moment:
-    records decoded = records batched + records dropped (by policy) + buffer depth
-and every message read is either decoded or dead-lettered.
+Every message read gets its token registered here with the number of records it
+carries (0 for a message rejected whole). Each record is later *settled* exactly once:
+consumed by the sink (trained, in a training job), dropped by a counted buffer or
+window policy, or dead-lettered (out of its declared range at ingest, or in a training
+step that was rejected). A token is acknowledged once all its records are settled
+(and its dead letter, if any, is durable), never before.
+
+Accounting invariant, per device, at any moment (``DeviceLedger``)::
+
+    records_in == consumed + dropped + dead_records + buffered + in_sink
+
+where ``buffered`` is the buffer depth and ``in_sink`` the records of batches handed
+to the sink and not settled yet; every message read is decoded or dead-lettered whole.
+``resolved`` ledgers count only fully settled tokens: with the tracker's watermarks
+they are what a checkpoint stores, so a restarted worker continues the ledger exactly.
 """
 
 from __future__ import annotations
@@ -15,9 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from monitoring.metrics import Metrics
 from pipeline.batching import AdaptiveBatcher, Batch
-from pipeline.buffering import StreamBuffer
+from pipeline.buffering import Sources, StreamBuffer
 from pipeline.config import JobConfig
 from pipeline.rates import RateEstimator
 from streams import codec
@@ -28,7 +42,12 @@ from streams.topics import device_of, sensor_topic
 
 @dataclass
 class DeadLetter:
-    """A rejected message, with where it came from and why; ``token`` acks it once sent."""
+    """A rejected message (or the rejected records of one), with where it came from and why.
+
+    ``value`` is what goes to the dead-letter topic: the message itself, or the rejected
+    records re-encoded (``records`` > 0). ``token`` is acknowledged once the letter is
+    durable and the message's other records are settled.
+    """
 
     device: str
     topic: str
@@ -39,6 +58,7 @@ class DeadLetter:
     reason: str
     detail: str
     token: Any = None
+    records: int = 0  # > 0: these records of a decoded message, not the whole message
 
 
 @dataclass
@@ -61,14 +81,64 @@ class IngestActions:
         self.resume += other.resume
 
 
+#: Outcomes a record can be settled with.
+CONSUMED, DROPPED, DEAD = "consumed", "dropped", "dead"
+
+
 @dataclass
 class DeviceLedger:
-    """Per-device counts behind the accounting invariant."""
+    """Per-device counts behind the accounting invariant (records unless named messages)."""
 
     messages_in: int = 0
     records_in: int = 0
+    consumed: int = 0
+    dropped: int = 0
+    dead_records: int = 0
     dead_letter_messages: int = 0
-    dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
+    dead_letters_by_reason: dict[str, int] = field(default_factory=dict)  # messages rejected whole
+    dead_records_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "messages_in": self.messages_in, "records_in": self.records_in, "consumed": self.consumed,
+            "dropped": self.dropped, "dead_records": self.dead_records,
+            "dead_letter_messages": self.dead_letter_messages,
+            "dead_letters_by_reason": dict(self.dead_letters_by_reason),
+            "dead_records_by_reason": dict(self.dead_records_by_reason),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeviceLedger:
+        ints = {k: int(data.get(k, 0)) for k in ("messages_in", "records_in", "consumed", "dropped",
+                                                 "dead_records", "dead_letter_messages")}
+        return cls(**ints,
+                   dead_letters_by_reason={str(k): int(v) for k, v in data.get("dead_letters_by_reason", {}).items()},
+                   dead_records_by_reason={str(k): int(v) for k, v in data.get("dead_records_by_reason", {}).items()})
+
+    def copy(self) -> DeviceLedger:
+        return DeviceLedger.from_dict(self.to_dict())
+
+    def add_dead_records(self, reason: str, n: int) -> None:
+        self.dead_records += n
+        self.dead_records_by_reason[reason] = self.dead_records_by_reason.get(reason, 0) + n
+
+
+class _OpenToken:
+    """One registered token whose records are not all settled yet."""
+
+    __slots__ = ("device", "messages", "records", "remaining", "consumed", "dropped", "dead", "dead_reasons",
+                 "whole_reason")
+
+    def __init__(self, device: str, messages: int, records: int) -> None:
+        self.device = device
+        self.messages = messages
+        self.records = records
+        self.remaining = records
+        self.consumed = 0
+        self.dropped = 0
+        self.dead = 0
+        self.dead_reasons: dict[str, int] | None = None
+        self.whole_reason: str | None = None  # the message was dead-lettered whole, for this reason
 
 
 class _DeviceSeries:
@@ -90,7 +160,7 @@ class _Device:
     """Everything ``on_message`` touches for one device, behind one lookup (the hot path)."""
 
     __slots__ = ("name", "buffer", "batcher", "rate", "ledger", "series", "decoder", "newest_event_time",
-                 "read_at")
+                 "read_at", "in_sink")
 
     def __init__(self, name: str, buffer: StreamBuffer, batcher: AdaptiveBatcher, rate: RateEstimator,
                  ledger: DeviceLedger, series: _DeviceSeries, decoder: codec.Decoder) -> None:
@@ -103,17 +173,25 @@ class _Device:
         self.decoder = decoder
         self.newest_event_time: float | None = None  # event time of the newest record read
         self.read_at = 0.0  # wall clock when it was read
+        self.in_sink = 0  # records of batches handed to the sink, not settled yet
 
     def event_time_lag_s(self) -> float:
         if self.newest_event_time is None:
             return 0.0
         return max(0.0, self.read_at - self.newest_event_time)
 
+    @property
+    def pending(self) -> int:
+        """Records read and not settled: in the buffer or in batches the sink holds."""
+        return self.buffer.depth + self.in_sink
+
 
 class IngestCore:
-    """Buffers and batchers for the devices one worker consumes.
+    """Buffers and batchers for the devices one worker consumes, and the record ledger.
 
-    Invariant: for every device, ``records_in == batched + dropped + depth``.
+    Invariant: for every device, ``records_in == consumed + dropped + dead_records +
+    buffer depth + in_sink`` (see the module docstring), and a token appears in
+    ``IngestActions.ack`` exactly once, when its last record was settled.
     """
 
     def __init__(
@@ -125,11 +203,20 @@ class IngestCore:
         start: float = 0.0,
         expected_shape: tuple[int, ...] | None = None,
         num_classes: int | None = None,
+        value_range: tuple[np.ndarray, np.ndarray] | None = None,
+        restored: dict[str, dict[str, Any]] | None = None,
+        require_labels: bool = False,
     ) -> None:
+        """``value_range``: declared (lo, hi) of every feature (records outside are
+        dead-lettered as ``out_of_range``); ``restored``: the resolved ledgers of a
+        checkpoint (``resolved_ledgers()``), which both ledgers continue from;
+        ``require_labels``: dead-letter messages without labels (a training job)."""
         self.cfg = cfg
         self.devices = list(devices)
         self.metrics = metrics or Metrics()
         self.expected_shape = expected_shape
+        self.value_range = value_range
+        self.require_labels = require_labels
         self.limits = codec.DecodeLimits(
             max_message_bytes=cfg.limits.max_record_message_bytes,
             max_records=cfg.limits.max_records_per_message,
@@ -139,8 +226,12 @@ class IngestCore:
         self.batchers: dict[str, AdaptiveBatcher] = {}
         self.rates: dict[str, RateEstimator] = {}
         self.ledgers: dict[str, DeviceLedger] = {}
+        self.resolved: dict[str, DeviceLedger] = {}
+        self._open: dict[Any, _OpenToken] = {}
         self._series: dict[str, _DeviceSeries] = {}  # labelled children, bound once (hot path)
         self._by_topic: dict[str, _Device] = {}  # sensors.<device> -> its state (hot path)
+        self._by_name: dict[str, _Device] = {}
+        restored = restored or {}
         for device in self.devices:
             buf = StreamBuffer(
                 device, cfg.buffer.capacity, cfg.buffer.policy, cfg.buffer.hard_limit_factor
@@ -156,21 +247,31 @@ class IngestCore:
                 start=start,
             )
             self.rates[device] = RateEstimator(tau_s=max(2.0, 2 * cfg.batcher.window_s), start=start)
-            self.ledgers[device] = DeviceLedger()
+            self.resolved[device] = DeviceLedger.from_dict(restored.get(device, {}))
+            self.ledgers[device] = self.resolved[device].copy()
             self._series[device] = series = _DeviceSeries(self.metrics, device)
             self._by_topic[sensor_topic(device)] = state = _Device(
                 device, buf, self.batchers[device], self.rates[device], self.ledgers[device], series,
                 self._decoder(device),
             )
+            self._by_name[device] = state
             self.metrics.init_device(device)
             self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
             # Read when scraped, so the hot path sets no gauge per message.
             series.buffer_depth.set_function(lambda buf=buf: buf.depth)
             series.event_time_lag.set_function(state.event_time_lag_s)
+            ledger = self.ledgers[device]
+            for kind, read in (
+                ("read", lambda ledger=ledger: ledger.records_in),
+                ("trained", lambda ledger=ledger: ledger.consumed),
+                ("dropped", lambda ledger=ledger: ledger.dropped),
+                ("dead_lettered", lambda ledger=ledger: ledger.dead_records),
+                ("pending", lambda state=state: state.pending),
+            ):
+                self.metrics.ledger_records.labels(device, kind).set_function(read)
+            self.metrics.ledger_dead_letter_messages.labels(device).set_function(
+                lambda ledger=ledger: ledger.dead_letter_messages)
             self.metrics.arrival_rate.labels(device).set(0)
-            # Create the labelled series up front so dashboards show zeros, not gaps.
-            self.metrics.records_in.labels(device)
-            self.metrics.batched_records.labels(device)
             self.metrics.partition_paused.labels(device).set(0)
 
     # --- inputs -----------------------------------------------------------------
@@ -202,15 +303,24 @@ class IngestCore:
         series.bytes_in.inc(len(data))
         try:
             batch = state.decoder.decode(data)
+        except codec.OutOfRange as exc:
+            self._split_out_of_range(state, topic, partition, offset, key, exc, token, now, wall_now, actions)
+            return actions
         except RecordDecodeError as exc:
             actions.dead_letters.append(
                 self._dead_letter(device, topic, partition, offset, key, data, exc.reason, exc.detail, token)
             )
             return actions
+        if self.require_labels and batch.labels is None:
+            actions.dead_letters.append(self._dead_letter(
+                device, topic, partition, offset, key, data, "no_labels",
+                "this job trains, and the message carries no labels", token))
+            return actions
         if self.expected_shape is None:
             self.expected_shape = batch.feature_shape  # the first good message fixes it
             for other in self._by_topic.values():
                 other.decoder = self._decoder(other.name)
+        self._register(token, device, 1, batch.count)
         self._accept(state, batch, token, now, wall_now, actions)
         return actions
 
@@ -218,13 +328,13 @@ class IngestCore:
         """Consecutive messages of one device topic as one buffer chunk, or None.
 
         Same outcome as ``on_message`` for each of them (counts, buffer contents,
-        batches, drops), except that the chunk's one ``token`` is released when all
-        their records have left the buffer, and the depth's high-water mark may be
-        higher by up to the run (it enters the buffer at once). None, with nothing done,
-        unless every message shares the stream's last good header and passes every
-        check, and the run cannot make the buffer ask for a pause: the caller then hands
-        them to ``on_message`` one by one (which dead-letters exactly the bad ones and
-        pauses at the exact message).
+        batches, drops), except that the chunk's one ``token`` is acknowledged when all
+        their records are settled, and the depth's high-water mark may be higher by up
+        to the run (it enters the buffer at once). None, with nothing done, unless every
+        message shares the stream's last good header and passes every check, and the run
+        cannot make the buffer ask for a pause: the caller then hands them to
+        ``on_message`` one by one (which dead-letters exactly the bad ones and pauses at
+        the exact message).
         """
         state = self._by_topic.get(topic)
         if state is None or not values:
@@ -239,23 +349,45 @@ class IngestCore:
         state.series.messages_in.inc(len(values))
         state.series.bytes_in.inc(layout.size * len(values))
         actions = IngestActions()
+        self._register(token, state.name, len(values), batch.count)
         self._accept(state, batch, token, now, wall_now, actions)
         return actions
 
+    def _split_out_of_range(self, state: _Device, topic: str, partition: int, offset: int, key: bytes | None,
+                            exc: codec.OutOfRange, token: Any, now: float, wall_now: float,
+                            actions: IngestActions) -> None:
+        """A decoded message with records outside the declared range: those records go to
+        the dead-letter topic (re-encoded, with the reason), the others on as usual."""
+        batch, bad = exc.batch, exc.bad
+        n_bad = int(bad.sum())
+        self._register(token, state.name, 1, batch.count)
+        rejected = _select(batch, bad)
+        actions.dead_letters.append(DeadLetter(
+            state.name, topic, partition, offset, key, codec.encode(rejected), exc.reason, exc.detail, token,
+            records=n_bad,
+        ))
+        self.metrics.dead_letter_records.labels(state.name, exc.reason).inc(n_bad)
+        if n_bad < batch.count:
+            if self.expected_shape is None:
+                self.expected_shape = batch.feature_shape
+            self._accept(state, _select(batch, ~bad), token, now, wall_now, actions)
+
+    def _register(self, token: Any, device: str, messages: int, records: int) -> None:
+        self._open[token] = _OpenToken(device, messages, records)
+        self._by_name[device].ledger.records_in += records
+        self._series[device].records_in.inc(records)
+
     def _accept(self, state: _Device, batch: RecordBatch, token: Any, now: float, wall_now: float,
                 actions: IngestActions) -> None:
-        """Decoded records of ``state``'s device: count, buffer, batch, maybe pause."""
-        count = batch.count
-        state.ledger.records_in += count
-        state.series.records_in.inc(count)
-        state.rate.observe(count, now)
+        """Decoded records of ``state``'s device: buffer, batch, maybe pause."""
+        state.rate.observe(batch.count, now)
         state.newest_event_time = float(batch.event_time[-1])
         state.read_at = wall_now
         buf = state.buffer
         pushed = buf.push(batch, token)
         if pushed.dropped:
             self.metrics.buffer_dropped.labels(state.name, "overflow").inc(pushed.dropped)
-            actions.ack += pushed.released
+            actions.ack += self._settle(pushed.sources, DROPPED)
         for b in state.batcher.on_arrival(now):
             self._emitted(b, actions)
         if buf.pause_needed():
@@ -264,7 +396,8 @@ class IngestCore:
             self.metrics.partition_pauses.labels(state.name).inc()
 
     def _decoder(self, device: str) -> codec.Decoder:
-        return codec.Decoder(self.limits, expected_device=device, expected_shape=self.expected_shape)
+        return codec.Decoder(self.limits, expected_device=device, expected_shape=self.expected_shape,
+                             value_range=self.value_range)
 
     def _foreign(
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
@@ -285,7 +418,7 @@ class IngestCore:
                 self._emitted(b, actions)
             for drop in batcher.take_drops():
                 self.metrics.buffer_dropped.labels(device, "window_truncate").inc(drop.dropped)
-                actions.ack += drop.released
+                actions.ack += self._settle(drop.sources, DROPPED)
             self._update_gauges(device, now)
         return actions
 
@@ -306,42 +439,127 @@ class IngestCore:
                 self._emitted(b, actions)
         return actions
 
+    # --- outcomes -------------------------------------------------------------------
+    def settle_batch(self, batch: Batch, outcome: str = CONSUMED, reason: str | None = None) -> list[Any]:
+        """The sink is done with ``batch``: its records were consumed (trained) or, with
+        ``outcome="dead"``, dead-lettered for ``reason`` (a rejected training step; the
+        caller wrote the dead letter first). Returns the tokens now fully settled, to
+        acknowledge."""
+        state = self._by_name[batch.device]
+        state.in_sink -= batch.size
+        if outcome == DEAD:
+            self.metrics.dead_letter_records.labels(batch.device, reason or "rejected").inc(batch.size)
+        else:
+            self.metrics.trained_device_records.labels(batch.device).inc(batch.size)
+        return self._settle(batch.sources, outcome, reason)
+
+    def letter_sent(self, letter: DeadLetter) -> list[Any]:
+        """``letter`` is durable: settle what it carried; returns the tokens now fully settled."""
+        if letter.token is None:
+            return []
+        if letter.records:
+            return self._settle([(letter.token, letter.records)], DEAD, letter.reason)
+        entry = self._open.get(letter.token)
+        if entry is None:  # a foreign topic's message: nothing of ours to settle
+            return [letter.token]
+        return self._settle([(letter.token, 0)], DEAD, letter.reason)
+
+    def _settle(self, sources: Sources, outcome: str, reason: str | None = None) -> list[Any]:
+        done = []
+        for token, n in sources:
+            entry = self._open[token]
+            ledger = self._by_name[entry.device].ledger
+            if outcome == CONSUMED:
+                entry.consumed += n
+                ledger.consumed += n
+            elif outcome == DROPPED:
+                entry.dropped += n
+                ledger.dropped += n
+            else:
+                entry.dead += n
+                key = reason or "rejected"
+                if entry.dead_reasons is None:
+                    entry.dead_reasons = {}
+                entry.dead_reasons[key] = entry.dead_reasons.get(key, 0) + n
+                ledger.add_dead_records(key, n)
+            entry.remaining -= n
+            if entry.remaining == 0:
+                del self._open[token]
+                self._fold(entry)
+                done.append(token)
+        return done
+
+    def _fold(self, entry: _OpenToken) -> None:
+        """A fully settled token enters the resolved ledger of its device."""
+        resolved = self.resolved[entry.device]
+        resolved.messages_in += entry.messages
+        resolved.records_in += entry.records
+        resolved.consumed += entry.consumed
+        resolved.dropped += entry.dropped
+        for key, n in (entry.dead_reasons or {}).items():
+            resolved.add_dead_records(key, n)
+        if entry.whole_reason is not None:
+            resolved.dead_letter_messages += 1
+            resolved.dead_letters_by_reason[entry.whole_reason] = (
+                resolved.dead_letters_by_reason.get(entry.whole_reason, 0) + 1)
+
     # --- bookkeeping --------------------------------------------------------------
     def _emitted(self, batch: Batch, actions: IngestActions) -> None:
         series = self._series[batch.device]
         series.batches.inc()
         series.batched_records.inc(batch.size)
         series.batch_size.observe(batch.size)
+        self._by_name[batch.device].in_sink += batch.size
         actions.batches.append(batch)
 
     def _dead_letter(
         self, device: str, topic: str, partition: int, offset: int, key: bytes | None,
         value: bytes | None, reason: str, detail: str, token: Any,
     ) -> DeadLetter:
+        """A message rejected whole (it has no records to settle)."""
         if device in self.ledgers:
             ledger = self.ledgers[device]
             ledger.dead_letter_messages += 1
             ledger.dead_letters_by_reason[reason] = ledger.dead_letters_by_reason.get(reason, 0) + 1
+            if token is not None:
+                self._open[token] = entry = _OpenToken(device, 1, 0)
+                entry.whole_reason = reason
         self.metrics.dead_letters.labels(device, reason).inc()
         return DeadLetter(device, topic, partition, offset, key, value or b"", reason, detail, token)
 
     def _update_gauges(self, device: str, now: float) -> None:
         self._series[device].arrival_rate.set(self.rates[device].rate_hz(now))
 
-    def accounting(self) -> dict[str, dict[str, int]]:
-        """Per-device counts: decoded, batched, dropped, buffered, dead-lettered."""
+    def pending(self, device: str) -> int:
+        """Records of ``device`` read and not settled (buffered, or held by the sink)."""
+        return self._by_name[device].pending
+
+    def resolved_ledgers(self) -> dict[str, dict[str, Any]]:
+        """Per device, the counts of fully settled tokens (what a checkpoint stores)."""
+        return {device: ledger.to_dict() for device, ledger in self.resolved.items()}
+
+    def accounting(self) -> dict[str, dict[str, Any]]:
+        """Per-device counts: read, trained (consumed), dropped, dead-lettered, pending."""
         out = {}
         for device in self.devices:
             buf = self.buffers[device]
             ledger = self.ledgers[device]
+            state = self._by_name[device]
             out[device] = {
-                "messages_in": ledger.messages_in,
-                "records_in": ledger.records_in,
+                **ledger.to_dict(),
                 "batched": self.batchers[device].batched_records_total,
-                "dropped": buf.dropped_total,
                 "buffered": buf.depth,
+                "in_sink": state.in_sink,
+                "pending": state.pending,
                 "max_depth": buf.max_depth,
                 "pauses": buf.pauses_total,
-                "dead_letter_messages": ledger.dead_letter_messages,
             }
         return out
+
+
+def _select(batch: RecordBatch, mask: np.ndarray) -> RecordBatch:
+    """The records of ``batch`` where ``mask`` is true (copies)."""
+    return RecordBatch(
+        device=batch.device, seq=batch.seq[mask], event_time=batch.event_time[mask],
+        features=batch.features[mask], labels=None if batch.labels is None else batch.labels[mask],
+    )

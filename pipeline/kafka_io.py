@@ -1,24 +1,92 @@
-"""Kafka plumbing shared by the CLI commands: topic creation and producer/consumer factories."""
+"""Kafka plumbing shared by the CLI commands: reachability, topic creation and layout
+checks, producer/consumer factories, consumer-group offsets."""
 
 from __future__ import annotations
 
 import time
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     KafkaError,
+    NoError,
     TopicAlreadyExistsError,
+    for_code,
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from streams import topics
 
+#: What to do when Kafka cannot be reached; part of every such error line.
+KAFKA_HINT = "Start the local broker with `edgestream broker start` or check --bootstrap"
+#: Seconds a command waits for the first answer of the cluster before it gives up.
+PREFLIGHT_TIMEOUT_S = 5.0
+#: The admin client's bootstrap limit (kafka-python retries for 30 s by default).
+ADMIN_BOOTSTRAP_TIMEOUT_MS = 10_000
+#: Topic kinds whose messages need one total order, hence exactly one partition: every
+#: replica must apply the same gradients and control messages in the same order.
+ORDERED_KINDS = frozenset({"gradients"})
+#: Topic kinds that must be compacted (the latest model per key survives retention).
+COMPACTED_KINDS = frozenset({"models"})
 
-def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -> None:
-    """Create missing topics; ``wanted`` maps topic name -> kind (see ``topics.topic_configs``)."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+
+class KafkaUnreachable(ConnectionError):
+    """No server of a bootstrap list answered a metadata request in time."""
+
+    def __init__(self, bootstrap: str, detail: str) -> None:
+        self.bootstrap = bootstrap
+        self.detail = detail
+        super().__init__(f"cannot reach Kafka at {bootstrap}: {detail}. {KAFKA_HINT}")
+
+
+class TopicSetupError(RuntimeError):
+    """A topic a process needs could not be created (not authorised, refused by policy)."""
+
+
+class TopicLayoutError(TopicSetupError):
+    """A topic exists with a layout edgestream cannot work with (partition count, cleanup policy)."""
+
+
+def check_reachable(bootstrap: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """Raise ``KafkaUnreachable`` unless a broker of ``bootstrap`` answers within ``timeout_s``.
+
+    Commands call this first: Kafka clients retry a dead address for 30 s or more and
+    then fail with a long traceback.
+    """
+    from deploy.kafka.broker import probe
+
+    problem = probe(bootstrap, timeout_s)
+    if problem is not None:
+        raise KafkaUnreachable(bootstrap, problem)
+
+
+def admin_client(bootstrap: str) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin",
+                            bootstrap_timeout_ms=ADMIN_BOOTSTRAP_TIMEOUT_MS)
+
+
+def topic_names(bootstrap: str) -> list[str]:
+    """Every topic of the cluster."""
+    admin = admin_client(bootstrap)
+    try:
+        return list(admin.list_topics())
+    finally:
+        admin.close()
+
+
+def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -> list[str]:
+    """Create the missing topics of ``wanted`` (name -> kind, see ``topics.topic_configs``)
+    with ``partitions`` partitions, then check the layout of those whose layout matters.
+
+    Idempotent and safe against concurrent creators (a topic another process created
+    meanwhile is fine). Returns the topics this call created. Raises
+    ``TopicLayoutError`` if an ordered topic (``ORDERED_KINDS``) does not have exactly
+    ``partitions`` partitions or a ``COMPACTED_KINDS`` topic is not compacted, and
+    ``TopicSetupError`` if the cluster refuses to create a topic.
+    """
+    admin = admin_client(bootstrap)
     try:
         existing = set(admin.list_topics())
         missing = {
@@ -30,13 +98,66 @@ def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -
             for name, kind in wanted.items()
             if name not in existing
         }
-        if missing:
-            try:
-                admin.create_topics(missing, wait_for_metadata=True)
-            except TopicAlreadyExistsError:
-                pass  # created concurrently by another process
+        created = _create(admin, missing) if missing else []
+        _check_layout(admin, wanted, partitions)
+        return created
     finally:
         admin.close()
+
+
+def _create(admin: KafkaAdminClient, missing: dict[str, dict]) -> list[str]:
+    try:
+        result = admin.create_topics(missing, raise_errors=False)
+    except KafkaError as exc:
+        if exc.retriable:
+            raise  # connection trouble: reported as such by the caller
+        raise _refused(sorted(missing), type(exc).__name__, str(exc)) from exc
+    created: list[str] = []
+    refused: list[tuple[str, str, str]] = []
+    for entry in result.get("topics", []):
+        error = for_code(entry["error_code"])
+        if error is NoError:
+            created.append(entry["name"])
+        elif error is not TopicAlreadyExistsError:  # already there: created concurrently
+            refused.append((entry["name"], error.__name__, entry.get("error_message") or ""))
+    if refused:
+        name, error, message = refused[0]
+        raise _refused([r[0] for r in refused], error, message)
+    if created:
+        admin.wait_for_topics(created)  # leaders elected before any client uses them
+    return created
+
+
+def _refused(names: list[str], error: str, message: str) -> TopicSetupError:
+    detail = f"{error}: {message}" if message and message not in error else error
+    hint = ("grant this client CREATE on the cluster, or create them beforehand"
+            if "Authorization" in error else "create them beforehand or check the cluster's topic policy")
+    return TopicSetupError(f"cannot create topic(s) {', '.join(names)}: {detail}; {hint}")
+
+
+def _check_layout(admin: KafkaAdminClient, wanted: dict[str, str], partitions: int) -> None:
+    ordered = sorted(name for name, kind in wanted.items() if kind in ORDERED_KINDS)
+    if ordered:
+        for entry in admin.describe_topics(ordered):
+            count = len(entry.get("partitions") or [])
+            if entry.get("error_code", 0) == 0 and count != partitions:
+                raise TopicLayoutError(
+                    f"topic {entry['name']} has {count} partitions but edgestream needs exactly {partitions} "
+                    "(every replica must see one order of updates); delete it "
+                    f"(kafka-topics.sh --delete --topic {entry['name']}) or use another job name (--set job.name=...)"
+                )
+    compacted = sorted(name for name, kind in wanted.items() if kind in COMPACTED_KINDS)
+    if compacted:
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"cleanup.policy": None}) for name in compacted]
+        described = admin.describe_configs(resources, config_filter="all").get("topic", {})
+        for name in compacted:
+            policy = str((described.get(name, {}).get("cleanup.policy") or {}).get("value", ""))
+            if "compact" not in policy.split(","):
+                raise TopicLayoutError(
+                    f"topic {name} has cleanup.policy={policy or '?'} but edgestream needs cleanup.policy=compact "
+                    f"(the latest model per key must survive retention); delete it "
+                    f"(kafka-topics.sh --delete --topic {name}) or use another job name (--set job.name=...)"
+                )
 
 
 def sensor_topics_for(devices: list[str]) -> dict[str, str]:
@@ -91,7 +212,7 @@ def start_groups_at_end(bootstrap: str, groups: dict[str, list[str]]) -> None:
     ``edgestream run`` does this before starting workers so a run consumes exactly the
     records produced during it, even on a cluster whose topics hold older data.
     """
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+    admin = admin_client(bootstrap)
     try:
         for group, topic_names in groups.items():
             ends = end_offsets(bootstrap, topic_names)
@@ -125,7 +246,7 @@ def set_group_offsets(bootstrap: str, group: str, offsets: dict[str, int], timeo
     for key, offset in offsets.items():
         topic, _, partition = key.rpartition(":")
         parsed[TopicPartition(topic, int(partition))] = OffsetAndMetadata(int(offset), "", -1)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+    admin = admin_client(bootstrap)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -158,7 +279,7 @@ def adopt_group_offsets(
     wanted = set(topic_names)
     if not wanted:
         return {}
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin")
+    admin = admin_client(bootstrap)
     deadline = time.monotonic() + timeout_s
     try:
         while True:

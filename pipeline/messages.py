@@ -72,6 +72,7 @@ from compression.base import LayerContext
 from compression.errors import CompressionError
 from compression.pipeline import GradientCodec, decode_tensors, encode_tensors
 from trainers.errors import UpdateRejected
+from trainers.guard import gradient_norm
 from trainers.messages import MESSAGE_KINDS, UpdateMessage
 from trainers.validation import Shape, TensorSpec, validate_update
 
@@ -166,7 +167,8 @@ class MessageRejected(Exception):
     compression decoder rejects or that disagrees with the header, ``non_finite``)
     and every :class:`trainers.errors.UpdateRejected` reason (``unknown_kind``,
     ``missing_tensor``, ``unexpected_tensor``, ``shape_mismatch``, ``bad_dtype``,
-    ``bad_meta``). ``detail`` is human-readable; ``sender`` / ``step`` are set once
+    ``bad_meta``), and ``out_of_range`` for a gradient or delta whose norm is above the
+receiver's bound. ``detail`` is human-readable; ``sender`` / ``step`` are set once
     the header was readable; ``layer`` names the tensor concerned when known.
     """
 
@@ -182,6 +184,7 @@ class MessageRejected(Exception):
             "unknown_codec",
             "codec_not_allowed",
             "payload",
+            "out_of_range",
             *UpdateRejected.REASONS,
         }
     )
@@ -369,6 +372,7 @@ def decode_update(
     allowed_codecs: Collection[str] | None = None,
     job: str | None = None,
     max_numel: int | None = None,
+    max_norm: float | None = None,
 ) -> UpdateMessage:
     """Parse, bound-check and validate one record value; raise :class:`MessageRejected`.
 
@@ -378,7 +382,9 @@ def decode_update(
     ``job``, if given, must equal the header's job. ``max_numel`` bounds the
     total elements of tensors matched by wildcard (``None``) dims, e.g.
     activations (default: ``max_bytes``); all other allocations are bounded
-    exactly by the spec. The returned message has passed ``validate_update``.
+    exactly by the spec. ``max_norm`` (if set) bounds the L2 norm of the tensors of a
+    ``gradient`` or ``delta`` (finite but absurd values). The returned message has passed
+    ``validate_update``.
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
@@ -481,6 +487,11 @@ def decode_update(
         validate_update(msg, spec)
     except UpdateRejected as err:
         raise reject(err.reason, err.detail) from None
+    # Step 6. A finite but absurd update (the step guard's bound, applied on receipt).
+    if max_norm and msg.kind in ("gradient", "delta"):
+        norm = gradient_norm(msg.tensors)
+        if not norm <= max_norm:
+            raise reject("out_of_range", f"{msg.kind} norm {norm:.4g} exceeds the bound {max_norm:g}")
     return msg
 
 

@@ -25,10 +25,12 @@ def _bootstrap(args: argparse.Namespace) -> tuple[str, int]:
 
 
 def _fail(console: Console, command: str, message: object, hint: str | None = None) -> int:
-    """Print an error on one unwrapped line (paths and offsets stay greppable); return 2."""
-    console.print(Text(f"edgestream {command}: ", style="red") + Text(str(message)), soft_wrap=True)
+    """Print an error, and the hint if any, on one unwrapped line (paths and offsets stay
+    greppable); return 2."""
+    line = Text(f"edgestream {command}: ", style="red") + Text(" ".join(str(message).split()))
     if hint:
-        console.print(Text(f"hint: {hint}"), soft_wrap=True)
+        line += Text(f"; hint: {hint}")
+    console.print(line, soft_wrap=True)
     return 2
 
 
@@ -54,10 +56,18 @@ def _mb(n: float) -> str:
 
 # --- record -----------------------------------------------------------------------------
 def cmd_record(args: argparse.Namespace) -> int:
-    from pipeline.record import RecordError, record
+    from pipeline.kafka_io import topic_names
+    from pipeline.record import RecordError, record, resolve_topics
 
     console = Console(stderr=True)
     bootstrap, max_bytes = _bootstrap(args)
+    # Refusals before the progress bar starts, so each is the only line on stderr.
+    if args.out.exists():
+        return _fail(console, "record", f"--out {args.out} already exists; choose a new directory")
+    try:
+        resolve_topics(topic_names(bootstrap), args.topics)
+    except RecordError as exc:
+        return _fail(console, "record", exc)
     with Progress(TextColumn("recording"), BarColumn(bar_width=None if args.max_records else 20),
                   TextColumn("{task.fields[messages]:,} msgs  {task.fields[rate]:,.0f} msgs/s  "
                              "{task.fields[mb]}  ({task.fields[mbps]:.2f} MB/s)"),
@@ -174,25 +184,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 # --- import -----------------------------------------------------------------------------
 def cmd_import(args: argparse.Namespace) -> int:
-    from pipeline.importer import ImportSpec, TableImportError, import_table
+    from pipeline.importer import ImportSpec, TableImportError, import_table, job_file_text
 
     console = Console()
+    err = Console(stderr=True)
     try:
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
     except ValueError:
-        return _fail(Console(stderr=True), "import", f"--rates {args.rates!r} must be numbers, e.g. 92,38,62")
+        return _fail(err, "import", f"--rates {args.rates!r} must be numbers, e.g. 92,38,62")
+    if args.job_out is not None and args.job_out.exists():
+        return _fail(err, "import", f"--job-out {args.job_out} already exists; choose a new file")
     spec = ImportSpec(devices=args.devices, rates_hz=rates, partition=args.partition,
                       dirichlet_alpha=args.alpha, classes_per_device=args.classes_per_device,
                       duration_s=args.duration, records_per_device=args.records_per_device,
                       message_interval_s=args.message_interval, profile=args.profile,
-                      device_prefix=args.device_prefix, seed=args.seed)
+                      device_prefix=args.device_prefix, seed=args.seed,
+                      heldout_fraction=args.heldout_fraction)
     try:
+        spec.validate()  # before the spinner: a bad option is one line, nothing written
         with console.status(f"importing {args.file}"):
             report = import_table(args.file, args.label_column, args.out, spec)
     except TableImportError as exc:
-        return _fail(Console(stderr=True), "import", exc)
+        return _fail(err, "import", exc)
     except FileExistsError as exc:
-        return _fail(Console(stderr=True), "import", exc)
+        return _fail(err, "import", exc)
     table = Table(title=f"{report.directory}: {report.records:,} records in {report.messages:,} messages, "
                         f"{report.duration_s:.1f}s of streams")
     for col in ("device", "rate/s", "records", "share rows", "labels per class"):
@@ -201,20 +216,35 @@ def cmd_import(args: argparse.Namespace) -> int:
         table.add_row(d, f"{info['rate_hz']:g}", f"{info['records']:,}", f"{info['share_rows']:,}",
                       " ".join(map(str, info["label_histogram"])))
     console.print(table)
-    console.print(f"replay it with: edgestream replay {report.directory}")
+    data = report.data
+    console.print(f"held out for evaluation (never streamed): {data['heldout']['rows']:,} of "
+                  f"{report.source['rows']:,} rows ({spec.heldout_fraction:g} of every class); "
+                  f"{data['num_classes']} classes, features {tuple(data['feature_shape'])}")
+    job = job_file_text(report)
+    if args.job_out is not None:
+        args.job_out.parent.mkdir(parents=True, exist_ok=True)
+        args.job_out.write_text(job)
+        console.print(Text(f"job file written: {args.job_out}"))
+        console.print(Text(f"train on it with: edgestream run --job {args.job_out}"))
+    else:
+        console.print("job file (save it, e.g. as job.toml, then run: edgestream run --job job.toml):")
+        console.print(Text(job), soft_wrap=True)
+    console.print(Text(f"or replay the streams alone with: edgestream replay {report.directory}"))
     return 0
 
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the `record`, `replay` and `import` subcommands."""
+    from pipeline.cli import port, positive_float, positive_int
+
     p = sub.add_parser("record", help="record Kafka topics to a recording directory")
     add_job_args(p)
     p.add_argument("--topics", action="append", required=True, metavar="PATTERN",
                    help="topic names or fnmatch patterns, e.g. 'sensors.*' (repeatable; "
                         "sensors.dlq only when named exactly)")
     p.add_argument("--out", type=Path, required=True, help="new directory for the recording")
-    p.add_argument("--duration", type=float, help="stop after this many seconds")
-    p.add_argument("--max-records", type=int, help="stop after this many messages")
+    p.add_argument("--duration", type=positive_float, help="stop after this many seconds")
+    p.add_argument("--max-records", type=positive_int, help="stop after this many messages")
     p.add_argument("--until-end", action="store_true",
                    help="stop when every partition reaches the end offset it had at start")
     p.add_argument("--from-now", action="store_true", help="start at the current end instead of the beginning")
@@ -225,7 +255,7 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
     p.add_argument("directory", type=Path, help="recording directory")
     p.add_argument("--speed", default="1", help="1 (recorded timing), k (k times faster) or max")
     p.add_argument("--loop", action="store_true", help="repeat the recording until stopped (Ctrl-C)")
-    p.add_argument("--max-passes", type=int, help="with --loop: stop after this many passes")
+    p.add_argument("--max-passes", type=positive_int, help="with --loop: stop after this many passes")
     p.add_argument("--rename", action="append", metavar="OLD:NEW",
                    help="send topic OLD to NEW (repeatable); prefix form 'sensors.*:sensors.r1-*'")
     p.add_argument("--rewrite-device-ids", action="store_true",
@@ -236,11 +266,12 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
     p.add_argument("--allow-truncated", action="store_true",
                    help="replay the intact prefix of a truncated or corrupt recording")
     p.add_argument("--report", type=Path, help="write the replay summary as JSON here")
-    p.add_argument("--metrics-port", type=int, default=0,
+    p.add_argument("--metrics-port", type=port, default=0,
                    help="serve /metrics (records produced per device) on 127.0.0.1:PORT (0: a free port)")
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("import", help="turn a labelled CSV / NumPy / Parquet table into a recording")
+    p = sub.add_parser("import", help="turn a labelled CSV / NumPy / Parquet table into a recording, "
+                                      "a held-out split and a job file that trains on it")
     p.add_argument("--file", type=Path, required=True, help=".csv, .tsv, .npy, .npz or .parquet (needs pyarrow)")
     p.add_argument("--label-column", required=True,
                    help="label column name (CSV, Parquet), array name (.npz) or column index (.npy)")
@@ -258,4 +289,9 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
     p.add_argument("--profile", default="constant", help="rate profile, e.g. poisson or bursty:on=2,off=1")
     p.add_argument("--device-prefix", default="dev", help="device ids are <prefix>00, <prefix>01, ...")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heldout-fraction", type=float, default=0.2,
+                   help="stratified share of every class kept out of the streams for evaluation "
+                        "(default: %(default)s)")
+    p.add_argument("--job-out", type=Path, metavar="FILE",
+                   help="write a job file that trains on the recording here (default: print it)")
     p.set_defaults(func=cmd_import)

@@ -109,14 +109,20 @@ _SENSOR_HEADER = struct.Struct("<4sBBBBIHH")
 def rewrite_device(value: bytes, old: str, new: str) -> bytes:
     """``value`` with its sensor-message device id ``old`` replaced by ``new``.
 
-    Only a version-1 sensor message (``streams.codec``) whose device field is exactly
-    ``old`` is changed; anything else (garbage, other formats) is returned unchanged, so
-    a malformed message stays malformed for the same reason.
+    Only a sensor message (``streams.codec``, version 1 or 2) whose device field is
+    exactly ``old`` is changed; anything else (garbage, other formats) is returned
+    unchanged, so a malformed message stays malformed for the same reason.
+
+    A version-2 message gets its CRC32C trailer recomputed, with the input's CRC error
+    carried over: an intact message comes out intact, a corrupted one (e.g. bit flips)
+    still fails its CRC (``bad_checksum``) instead of being vouched for. A version-1
+    message stays version 1 (only the id changes): upgrading it would put a CRC on bytes
+    nobody checked, and workers still read version 1.
     """
     if len(value) < _SENSOR_HEADER.size:
         return value
     magic, version, flags, dtype, ndim, count, device_len, reserved = _SENSOR_HEADER.unpack_from(value)
-    if magic != codec.MAGIC or version != codec.VERSION:
+    if magic != codec.MAGIC or version not in codec.READ_VERSIONS:
         return value
     start = _SENSOR_HEADER.size
     if value[start : start + device_len] != old.encode():
@@ -125,7 +131,14 @@ def rewrite_device(value: bytes, old: str, new: str) -> bytes:
     if not codec.DEVICE_RE.match(new):
         raise ReplayError(f"device id {new!r} is not valid in a sensor message")
     head = _SENSOR_HEADER.pack(magic, version, flags, dtype, ndim, count, len(new_raw), reserved)
-    return head + new_raw + value[start + device_len :]
+    out = head + new_raw + value[start + device_len :]
+    trailer = codec.TRAILER_SIZE
+    if version == 1 or len(value) - (start + device_len) < trailer:
+        return out  # v1: no trailer; too short to hold one: stays truncated either way
+    # XOR of stored and actual CRC: 0 for an intact message; kept, so damage stays damage.
+    error = int.from_bytes(value[-trailer:], "little") ^ codec.checksum(memoryview(value)[:-trailer])
+    crc = codec.checksum(memoryview(out)[:-trailer]) ^ error
+    return out[:-trailer] + crc.to_bytes(trailer, "little")
 
 
 def topic_kind(topic: str) -> str:

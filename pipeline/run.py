@@ -6,7 +6,6 @@ error and on Ctrl-C.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -22,15 +21,16 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
 from pipeline.config import JobConfig
-from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
-from pipeline.simulate import SimulationReport, simulate
-from pipeline.worker import SERVER_NAME
+from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
+from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
+from pipeline.worker import EXIT_FILE, SERVER_NAME
 from streams import topics
 
 
@@ -38,13 +38,34 @@ class RunError(RuntimeError):
     """The run could not proceed; the message says what to do."""
 
 
+class ProcessFailed(RunError):
+    """A process of the run died more often than ``run.max_restarts`` allows (a crash
+    loop), or did not become ready in time; one line, with the process's own reason."""
+
+    def __init__(self, message: str, name: str, deaths: list[dict]) -> None:
+        super().__init__(message)
+        self.name = name
+        #: Every death of the run so far (``RunContext.deaths``).
+        self.deaths = deaths
+
+
+#: Seconds a (re)started process has to join its topics before the run gives up on it.
+READY_TIMEOUT_S = 90.0
+
+
 @dataclass
 class WorkerProc:
+    """One incarnation of a worker (or server) process of a run."""
+
     name: str
     proc: subprocess.Popen
     devices: list[str]
     metrics_url: str | None = None
     log_path: Path | None = None
+    #: ``time.monotonic()`` when this incarnation was started.
+    started_at: float = field(default_factory=time.monotonic)
+    #: Joined its topics (its ``edgestream_worker_ready`` gauge is 1).
+    ready: bool = False
 
 
 @dataclass
@@ -56,7 +77,11 @@ class RunResult:
     duration_s: float
     workers: dict[str, str] = field(default_factory=dict)
     training: dict[str, dict] = field(default_factory=dict)
+    #: One process name per restart the supervisor made, in order.
     restarted: list[str] = field(default_factory=list)
+    #: Every death of a process during the run (``RunContext.deaths``): process, exit
+    #: code, reason, seconds into the run, and the backoff before its restart.
+    deaths: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return self.__dict__
@@ -98,13 +123,19 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 20.0) -> int | None:
     return proc.returncode
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2, on_fail=None):
-    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2, on_fail=None,
+             since: Callable[[], float] | None = None):
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes.
+
+    The deadline is ``timeout_s`` after the call, or after ``since()`` if that is later
+    (the run's drain counts from the last time a restarted process became ready).
+    """
+    started = time.monotonic()
     while True:
         value = predicate()
         if value:
             return value
+        deadline = max(started, since() if since is not None else started) + timeout_s
         if time.monotonic() >= deadline:
             detail = on_fail() if on_fail else ""
             raise RunError(f"timed out after {timeout_s:.0f}s waiting for {what}{detail}")
@@ -122,11 +153,16 @@ def scrape_all(workers: list[WorkerProc]) -> dict[str, Scrape]:
 
 
 def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationReport | None) -> dict:
-    """Per-device figures merged from every worker's metrics."""
+    """Per-device figures merged from every worker's metrics.
+
+    The record columns come from each worker's ledger (``edgestream_ledger_records``),
+    which a restarted worker continues from its checkpoint, so they stay comparable with
+    what was produced across restarts."""
     rows = {}
     for i, device in enumerate(cfg.devices.device_ids()):
         row = {"target_hz": cfg.devices.rate_of(i), "produced": 0, "rate_hz": 0.0, "depth": 0,
-               "batches": 0, "batched": 0, "dropped": 0, "dlq": 0, "records_in": 0}
+               "batches": 0, "read": 0, "trained": 0, "dropped": 0, "dead_records": 0, "pending": 0,
+               "dlq": 0}
         if report is not None:
             row["produced"] = report.records.get(device, 0)
             row["garbage"] = sum(report.garbage.get(device, {}).values())
@@ -134,10 +170,10 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
             row["rate_hz"] += s.get("edgestream_arrival_rate_hz", device=device)
             row["depth"] += int(s.get("edgestream_buffer_depth_records", device=device))
             row["batches"] += int(s.get("edgestream_batches_total", device=device))
-            row["batched"] += int(s.get("edgestream_batched_records_total", device=device))
-            row["dropped"] += int(s.get("edgestream_buffer_dropped_records_total", device=device))
-            row["dlq"] += int(s.get("edgestream_dead_letter_messages_total", device=device))
-            row["records_in"] += int(s.get("edgestream_records_in_total", device=device))
+            for key, state in (("read", "read"), ("trained", "trained"), ("dropped", "dropped"),
+                               ("dead_records", "dead_lettered"), ("pending", "pending")):
+                row[key] += int(s.get("edgestream_ledger_records", device=device, state=state))
+            row["dlq"] += int(s.get("edgestream_ledger_dead_letter_messages", device=device))
             lag = s.get("edgestream_consumer_lag_records", -1, device=device)
             if lag >= 0:
                 row["lag"] = row.get("lag", 0) + int(lag)
@@ -147,33 +183,28 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
 
 def render(cfg: JobConfig, rows: dict, title: str) -> Table:
     table = Table(title=title, expand=False)
-    for col in ("device", "target/s", "produced", "arrival/s", "buffer", "batches", "batched",
-                "dropped", "dead-lettered"):
+    trained = "trained" if cfg.train.enabled else "batched"
+    for col in ("device", "target/s", "produced", "arrival/s", "buffer", "batches", trained,
+                "dropped", "dead-lettered", "pending", "bad msgs"):
         table.add_column(col, justify="right")
     for device, r in rows.items():
         table.add_row(device, f"{r['target_hz']:.0f}", str(r["produced"]), f"{r['rate_hz']:.1f}",
-                      str(r["depth"]), str(r["batches"]), str(r["batched"]), str(r["dropped"]),
-                      str(r["dlq"]))
+                      str(r["depth"]), str(r["batches"]), str(r["trained"]), str(r["dropped"]),
+                      str(r["dead_records"]), str(r["pending"]), str(r["dlq"]))
     return table
 
 
-def drained(cfg: JobConfig, rows: dict, report: SimulationReport, restarted: set[str] | None = None) -> bool:
-    """Every produced record consumed and out of the buffers (or, in fixed mode, left as a
-    remainder smaller than one batch), and every garbage message dead-lettered.
-
-    A restarted worker's counters start again at its checkpoint, so for its devices
-    "consumed" means no consumer lag left instead of counting every record."""
-    restarted = restarted or set()
+def drained(cfg: JobConfig, rows: dict, report: SimulationReport) -> bool:
+    """Every produced record read and settled (trained, dropped or dead-lettered; in fixed
+    mode a remainder smaller than one batch may stay buffered), and every garbage
+    message dead-lettered."""
     for device, r in rows.items():
         produced = report.records.get(device, 0)
         garbage = sum(report.garbage.get(device, {}).values())
-        if _owner(cfg, device) in restarted:
-            if r.get("lag", -1) != 0:
-                return False
-        elif r["records_in"] < produced or r["dlq"] < garbage:
+        if r["read"] < produced or r["dlq"] < garbage:
             return False
-        remainder_ok = cfg.batcher.mode == "fixed" and r["depth"] < cfg.batcher.batch_size
-        if r["depth"] and not remainder_ok:
+        remainder_ok = cfg.batcher.mode == "fixed" and r["pending"] < cfg.batcher.batch_size
+        if r["pending"] and not remainder_ok:
             return False
     return True
 
@@ -210,6 +241,7 @@ def run_job(
     (tests use it to kill and restart a worker mid-run).
     """
     console = console or Console()
+    check_stream_options(cfg, garbage_per_device)
     state, cfg_path = prepare_state(cfg)
     devices = cfg.devices.device_ids()
     training = cfg.train.enabled
@@ -239,8 +271,7 @@ def run_job(
     try:
         for name in names:
             ctx.start(name)
-        for w in ctx.workers:
-            ctx.wait_ready(w)
+        ctx.wait_all_ready()  # supervised: a process that dies starting is restarted (or ends the run)
         sim_metrics, sim_url = serve_process(0, cfg.workers.metrics_host)
         ctx.simulator_url = sim_url
         ctx.publish_targets()
@@ -253,7 +284,7 @@ def run_job(
 
         def produce() -> None:
             try:
-                report_box["final"] = simulate(
+                report_box["final"] = stream_devices(
                     cfg, bootstrap, cfg.run.duration_s, garbage_per_device=garbage_per_device,
                     stop=stop, progress=lambda r: report_box.__setitem__("live", r), metrics=sim_metrics,
                     report_path=state / "simulation.json",
@@ -270,14 +301,13 @@ def run_job(
         title = f"edgestream run '{cfg.job.name}' - {len(devices)} devices, {len(cfg.worker_names())} worker(s)"
         with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as view:
             while sim.is_alive():
-                if not ctx.restarting:
-                    _check_alive(ctx.workers)
+                ctx.supervise()
                 scrapes = scrape_all(ctx.workers)
                 rows = device_view(cfg, scrapes, report_box.get("live"))
                 elapsed = time.monotonic() - t_start
                 if live:
-                    view.update(render_all(cfg, rows, scrapes, f"{title} - streaming {elapsed:.0f}/{cfg.run.duration_s:.0f}s"),
-                                refresh=True)
+                    view.update(render_all(cfg, rows, scrapes, f"{title} - streaming {elapsed:.0f}/{cfg.run.duration_s:.0f}s",
+                                           ctx.restarts_line()), refresh=True)
                 if training and cfg.train.target_accuracy > 0 and _reached(cfg, scrapes):
                     stop.set()
                 sim.join(timeout=0.5)
@@ -287,23 +317,30 @@ def run_job(
             if errors:
                 raise errors[0]
             report = report_box["final"]
+            for device, n in ctx.injected_records.items():
+                report.records[device] = report.records.get(device, 0) + n
+            for device, n in ctx.injected_garbage.items():
+                report.garbage.setdefault(device, {})["injected"] = n
 
             settle = {"key": None, "since": time.monotonic()}
 
             def check() -> bool:
-                _check_alive(ctx.workers)
+                ctx.supervise()
                 scrapes = scrape_all(ctx.workers)
                 rows = device_view(cfg, scrapes, report)
                 if live:
-                    view.update(render_all(cfg, rows, scrapes, f"{title} - draining"), refresh=True)
-                if drained(cfg, rows, report, set(ctx.restarts)):
+                    view.update(render_all(cfg, rows, scrapes, f"{title} - draining", ctx.restarts_line()),
+                                refresh=True)
+                if not ctx.all_ready():
+                    return False  # a process is restarting: its figures are not in yet
+                if drained(cfg, rows, report):
                     return True
                 if not training:
                     return False
                 # Training can hold records it cannot use yet (BSP waits for peers whose
                 # streams ended). Settled = nothing left to read and no progress for 3 s;
-                # what is held shows up as buffered (not acknowledged, re-read on restart).
-                progress = {d: [r["records_in"], r["batched"], r["depth"], r.get("lag")] for d, r in rows.items()}
+                # what is held shows up as pending (not acknowledged, re-read on restart).
+                progress = {d: [r["read"], r["trained"], r["pending"], r.get("lag")] for d, r in rows.items()}
                 key = json.dumps([progress, {w: s.get("edgestream_trained_records_total", worker=w)
                                              for w, s in scrapes.items()}], sort_keys=True)
                 if key != settle["key"]:
@@ -315,12 +352,19 @@ def run_job(
             if drain:
                 wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered",
                          on_fail=lambda: "; per device: " + json.dumps(
-                             device_view(cfg, scrape_all(ctx.workers), report)))
+                             device_view(cfg, scrape_all(ctx.workers), report)),
+                         since=ctx.last_ready_at)
             if training and drain:
                 # Replicas that read the whole update log agree on the version.
-                with contextlib.suppress(RunError):
-                    wait_for(lambda: _versions_settled(cfg, scrape_all(ctx.workers)), 30,
+                try:
+                    wait_for(lambda: ctx.supervise() or _versions_settled(cfg, scrape_all(ctx.workers)), 30,
                              "workers to apply every published update")
+                except ProcessFailed:
+                    raise
+                except RunError:
+                    pass  # not settled in time: the summary's versions and digests show it
+        if not console.is_terminal:
+            console.line()  # rich ends a live view on a non-terminal without a newline
     finally:
         stop.set()
         codes = {w.name: stop_process(w.proc) for w in reversed(ctx.workers)}
@@ -341,24 +385,17 @@ def run_job(
     assert report is not None
     produced = dict(report.records)
     garbage = {d: sum(v.values()) for d, v in report.garbage.items()}
-    restarted = set(ctx.restarts)
-    balanced = all(
-        (produced[d] == a["batched"] + a["dropped"] + a["buffered"] or _owner(cfg, d) in restarted)
-        and a["dead_letter_messages"] == garbage[d]
-        for d, a in accounting.items()
-    )
+    balanced = all(balances(produced[d], garbage[d], a) for d, a in accounting.items())
     result = RunResult(produced, garbage, accounting, balanced, time.monotonic() - t_start,
                        {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
-                       sorted(restarted))
+                       list(ctx.restarts), list(ctx.deaths))
     (state / "summary.json").write_text(json.dumps(result.to_dict(), indent=2))
-    console.print(summary_table(result))
+    console.print(summary_table(result, training))
     if training:
         console.print(training_table(result))
+    if result.deaths:
+        console.print(deaths_table(result))
     return result
-
-
-def _owner(cfg: JobConfig, device: str) -> str:
-    return next(w for w in cfg.worker_names() if device in cfg.devices_of(w))
 
 
 def _guard(fn, ctx, errors) -> None:
@@ -387,7 +424,15 @@ def _versions_settled(cfg: JobConfig, scrapes: dict[str, Scrape]) -> bool:
 
 @dataclass
 class RunContext:
-    """The processes of a run, for the orchestrator and for hooks (fault tests)."""
+    """The processes of a run, for the orchestrator and for hooks (fault tests), and their
+    supervision: ``supervise()`` notices a process that died, restarts it after a backoff
+    (``run.restart_backoff_s``, doubled per restart of that process) at most
+    ``run.max_restarts`` times, and then ends the run (``ProcessFailed``). A restarted
+    worker resumes from its checkpoint (``pipeline.training``).
+
+    Invariant: ``restarts`` holds one name per restart made, ``deaths`` one entry per
+    death noticed; a name is in ``_due`` while its restart waits for its backoff.
+    """
 
     cfg: JobConfig
     bootstrap: str
@@ -395,10 +440,36 @@ class RunContext:
     cfg_path: Path
     workers: list[WorkerProc]
     restarts: list[str] = field(default_factory=list)
-    restarting: bool = False
+    #: One dict per death: process, code, reason, at_s (into the run), restart_in_s (None: none).
+    deaths: list[dict] = field(default_factory=list)
     simulator_url: str | None = None
+    #: The supervisor's clock (a fake one in unit tests) and the run's start on it.
+    clock: Callable[[], float] = time.monotonic
+    started_at: float = field(default_factory=time.monotonic)
+    #: Process name -> ``clock()`` time its restart is due.
+    _due: dict[str, float] = field(default_factory=dict)
+    _last_ready_at: float = 0.0
     #: Set to end streaming early (the run then drains as after ``run.duration_s``).
     stop: threading.Event = field(default_factory=threading.Event)
+    #: What hooks produced beside the simulators (``inject``): records and bad messages per device.
+    injected_records: dict[str, int] = field(default_factory=dict)
+    injected_garbage: dict[str, int] = field(default_factory=dict)
+
+    def inject(self, device: str, values: list[bytes], *, records: int = 0) -> None:
+        """Produce ``values`` into ``device``'s topic (fault tests) and count them in the run's
+        accounting: ``records`` > 0 is how many records the messages carry in all (they join
+        what was produced); 0 means bad messages (each must be dead-lettered whole)."""
+        prod = producer(self.bootstrap, self.cfg.kafka.max_message_bytes)
+        try:
+            for value in values:
+                prod.send(topics.sensor_topic(device), value=value, key=device.encode())
+            prod.flush()
+        finally:
+            prod.close()
+        if records:
+            self.injected_records[device] = self.injected_records.get(device, 0) + records
+        else:
+            self.injected_garbage[device] = self.injected_garbage.get(device, 0) + len(values)
 
     def stop_streaming(self) -> None:
         """End the simulators now; the run drains, summarises and stops its processes."""
@@ -417,49 +488,154 @@ class RunContext:
         base = self.cfg.workers.metrics_port_base
         port = base + len(self.workers) if base else 0
         log_path = self.state / "logs" / f"{name}.log"
-        endpoint = self.state / "workers" / name / "endpoint.json"
-        if endpoint.exists():
-            endpoint.unlink()
+        for stale in ("endpoint.json", EXIT_FILE):  # the previous incarnation's
+            (self.state / "workers" / name / stale).unlink(missing_ok=True)
         proc = start_worker_process(self.cfg_path, name, self.bootstrap, port, log_path)
         devices = self.cfg.devices_of(name) if name != SERVER_NAME else []
-        w = WorkerProc(name, proc, devices, log_path=log_path)
+        w = WorkerProc(name, proc, devices, log_path=log_path, started_at=self.clock())
         self.workers = [x for x in self.workers if x.name != name] + [w]
         return w
 
-    def wait_ready(self, w: WorkerProc) -> None:
-        w.metrics_url = wait_for(
-            lambda: _endpoint(self.state, w), 90, f"{w.name} to start", on_fail=lambda: _log_hint(w),
-        )
-        wait_for(
-            lambda: (s := scrape(w.metrics_url)) is not None
-            and s.get("edgestream_worker_ready", worker=w.name) == 1,
-            90, f"{w.name} to join its topics", on_fail=lambda: _log_hint(w),
-        )
+    # --- supervision (called from the orchestrating thread only) ----------------------
+    def supervise(self) -> None:
+        """One supervision pass: record deaths, start restarts that are due, track readiness.
+
+        Raises ``ProcessFailed`` when a process dies once more than ``run.max_restarts``
+        allows, or a (re)started process is not ready within ``READY_TIMEOUT_S``.
+        """
+        now = self.clock()
+        for w in list(self.workers):
+            if w.name in self._due:
+                continue
+            code = w.proc.poll()
+            if code is None:
+                if not w.ready:
+                    self._check_ready(w, now)
+                continue
+            self._died(w, code, now)
+        for name, due in list(self._due.items()):
+            if now >= due:
+                del self._due[name]
+                self.start(name)
+                self.restarts.append(name)
+
+    def _died(self, w: WorkerProc, code: int, now: float) -> None:
+        done = self.restarts.count(w.name)
+        allowed = self.cfg.run.max_restarts
+        death = {"process": w.name, "code": code, "reason": self._death_reason(w, code),
+                 "at_s": round(now - self.started_at, 1), "restart_in_s": None}
+        self.deaths.append(death)
+        if done >= allowed:
+            deaths = sum(1 for d in self.deaths if d["process"] == w.name)
+            raise ProcessFailed(
+                f"{_role(w.name)} {death['reason']}; it died {deaths} time(s) and run.max_restarts={allowed} "
+                f"allows {allowed} restart(s), so the run stops{_log_hint(w)}",
+                w.name, list(self.deaths),
+            )
+        # Exponential backoff: a process that fails at once does not spin.
+        death["restart_in_s"] = self.cfg.run.restart_backoff_s * 2 ** done
+        self._due[w.name] = now + death["restart_in_s"]
+        w.ready = False
+
+    def _death_reason(self, w: WorkerProc, code: int) -> str:
+        """How a process ended, in words: its own crash reason (``exit.json``) if it wrote one."""
+        verdict: dict = {}
+        path = self.state / "workers" / w.name / EXIT_FILE
+        try:
+            verdict = json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+        if verdict.get("pid") not in (None, w.proc.pid):
+            verdict = {}  # another incarnation's
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        if verdict.get("reason"):
+            return f"crashed (exit {code}): {verdict['reason']}"
+        if code == 0:
+            return "exited (code 0) before the run was over"
+        return f"exited with code {code}"
+
+    def _check_ready(self, w: WorkerProc, now: float) -> None:
+        if w.metrics_url is None:
+            path = self.state / "workers" / w.name / "endpoint.json"
+            if path.exists():
+                w.metrics_url = json.loads(path.read_text())["metrics"]
+                self.publish_targets()
+        if w.metrics_url is not None:
+            s = scrape(w.metrics_url)
+            if s is not None and s.get("edgestream_worker_ready", worker=w.name) == 1:
+                w.ready = True
+                self._last_ready_at = now
+                return
+        if now - w.started_at > READY_TIMEOUT_S:
+            what = "join its topics" if w.metrics_url else "start"
+            raise ProcessFailed(f"{_role(w.name)} did not {what} within {READY_TIMEOUT_S:.0f}s{_log_hint(w)}",
+                                w.name, list(self.deaths))
+
+    def all_ready(self) -> bool:
+        """Every process is running and has joined its topics (no restart pending)."""
+        return not self._due and all(w.ready for w in self.workers)
+
+    def last_ready_at(self) -> float:
+        """``clock()`` time a process last became ready (0.0: none yet)."""
+        return self._last_ready_at
+
+    def wait_all_ready(self, interval_s: float = 0.2) -> None:
+        """Supervise until every process is ready (``ProcessFailed`` if one cannot be)."""
+        while True:
+            self.supervise()
+            if self.all_ready():
+                return
+            time.sleep(interval_s)  # poll interval; supervise() enforces the deadlines
+
+    def restarts_line(self) -> str | None:
+        """The live view's line about deaths and restarts, None while there were none."""
+        if not self.deaths:
+            return None
+        parts = []
+        for name in dict.fromkeys(d["process"] for d in self.deaths):
+            last = next(d for d in reversed(self.deaths) if d["process"] == name)
+            state = ("restart due" if name in self._due
+                     else "running" if self.worker(name).ready else "starting")
+            parts.append(f"{name}: {self.restarts.count(name)}/{self.cfg.run.max_restarts} restarts, "
+                         f"{state}; last death at {last['at_s']:.0f}s: {last['reason']}")
+        return "restarts - " + "; ".join(parts)
 
     def worker(self, name: str) -> WorkerProc:
+        """The current incarnation of process ``name``."""
         return next(w for w in self.workers if w.name == name)
 
     def kill(self, name: str) -> None:
-        """SIGKILL a worker's process group (a crash), as ``kill -9`` would."""
-        self.restarting = True
+        """SIGKILL a worker's process group (a crash), as ``kill -9`` would; the supervisor
+        notices the death and restarts it."""
         w = self.worker(name)
         os.killpg(w.proc.pid, signal.SIGKILL)
         w.proc.wait(timeout=10)
 
-    def restart(self, name: str) -> WorkerProc:
-        w = self.start(name)
-        self.wait_ready(w)
-        self.restarts.append(name)
-        self.restarting = False
-        self.publish_targets()
-        return w
+
+def render_all(cfg: JobConfig, rows: dict, scrapes: dict[str, Scrape], title: str, notes: str | None = None):
+    """The live view: device table, training table (training jobs), then ``notes`` (restarts)."""
+    parts: list = [render(cfg, rows, title)]
+    if cfg.train.enabled:
+        parts.append(training_view(cfg, scrapes))
+    if notes:
+        parts.append(Text(notes, style="yellow"))
+    return parts[0] if len(parts) == 1 else Group(*parts)
 
 
-def render_all(cfg: JobConfig, rows: dict, scrapes: dict[str, Scrape], title: str):
-    table = render(cfg, rows, title)
-    if not cfg.train.enabled:
-        return table
-    return Group(table, training_view(cfg, scrapes))
+def deaths_table(result: RunResult) -> Table:
+    """Every death of a process during the run, and what the supervisor did about it."""
+    table = Table(title=f"process deaths ({len(result.restarted)} restart(s))")
+    for col in ("process", "at", "exit code", "reason", "restarted after"):
+        table.add_column(col, justify="left" if col == "reason" else "right")
+    for d in result.deaths:
+        backoff = d.get("restart_in_s")
+        table.add_row(d["process"], f"{d['at_s']:.0f}s", str(d["code"]), d["reason"],
+                      f"{backoff:g}s" if backoff is not None else "-")
+    return table
 
 
 def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
@@ -486,51 +662,58 @@ def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
 def training_table(result: RunResult) -> Table:
     table = Table(title="training summary")
     for col in ("process", "steps", "trained records", "injected", "version", "held-out acc",
-                "staleness mean/max", "compressed steps", "rejected updates", "digest"):
+                "staleness mean/max", "compressed steps", "rejected steps", "rejected updates", "digest"):
         table.add_column(col, justify="right")
     for name, t in sorted(result.training.items()):
         st = t.get("staleness") or {}
         steps = t["steps"]
         compressed = t.get("compressed_steps", 0)
+        rejected = str(t.get("rejected_steps", 0))
+        if t.get("rejected_by_reason"):
+            rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(t["rejected_by_reason"].items())) + ")"
         table.add_row(name, str(steps), str(t["trained_records"]), str(t.get("injected_records", 0)),
                       str(t["version"]), f"{t['accuracy']:.3f}", f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
                       f"{compressed} ({compressed / steps:.0%})" if steps else "0",
-                      str(t["updates_rejected"]), t["digest"][:12])
+                      rejected, str(t["updates_rejected"]), t["digest"][:12])
     return table
 
 
-def summary_table(result: RunResult) -> Table:
-    table = Table(title="final accounting (produced = batched + dropped + buffered; garbage = dead-lettered)")
-    for col in ("device", "produced", "batched", "dropped", "buffered*", "max depth", "garbage sent",
-                "dead-lettered", "balanced"):
+def balances(produced: int, garbage: int, a: dict) -> bool:
+    """A device's row adds up: every produced record is trained (consumed), dropped by a
+    counted policy, dead-lettered, or pending (read, not settled: buffered or held by the
+    trainer); every garbage message was dead-lettered whole; and what the worker read is
+    exactly what was produced (no record lost or counted twice, also across restarts)."""
+    pending = a["buffered"] + a["in_sink"]
+    settled = a["consumed"] + a["dropped"] + a["dead_records"]
+    return (produced == settled + pending and a["records_in"] == produced
+            and a["dead_letter_messages"] == garbage)
+
+
+def summary_table(result: RunResult, training: bool = True) -> Table:
+    trained = "trained" if training else "batched"
+    table = Table(title=f"final accounting (produced = {trained} + dropped + dead-lettered + pending; "
+                        "bad messages = dead-lettered whole)")
+    for col in ("device", "produced", trained, "dropped", "dead-lettered", "pending*", "max depth",
+                "bad msgs sent", "bad msgs dead-lettered", "balanced"):
         table.add_column(col, justify="right")
     for device, a in sorted(result.accounting.items()):
-        ok = result.produced[device] == a["batched"] + a["dropped"] + a["buffered"] and \
-            a["dead_letter_messages"] == result.garbage[device]
-        table.add_row(device, str(result.produced[device]), str(a["batched"]), str(a["dropped"]),
-                      str(a["buffered"]), str(a["max_depth"]), str(result.garbage[device]),
+        ok = balances(result.produced[device], result.garbage[device], a)
+        dead = str(a["dead_records"])
+        if a.get("dead_records_by_reason"):
+            dead += " (" + ", ".join(f"{k} {v}" for k, v in sorted(a["dead_records_by_reason"].items())) + ")"
+        table.add_row(device, str(result.produced[device]), str(a["consumed"]), str(a["dropped"]), dead,
+                      str(a["buffered"] + a["in_sink"]), str(a["max_depth"]), str(result.garbage[device]),
                       str(a["dead_letter_messages"]), "yes" if ok else "[red]NO[/red]")
-    table.caption = ("* buffered: records not trained yet (a fixed-mode remainder, or records held while "
+    table.caption = ("* pending: read but not trained yet (a fixed-mode remainder, or records held while "
                      "BSP waits for peers whose streams ended); not acknowledged, so re-read on restart")
     return table
 
 
-def _endpoint(state: Path, w: WorkerProc) -> str | None:
-    _check_alive([w])
-    path = state / "workers" / w.name / "endpoint.json"
-    if path.exists():
-        return json.loads(path.read_text())["metrics"]
-    return None
-
-
-def _check_alive(workers: list[WorkerProc]) -> None:
-    for w in workers:
-        if w.proc.poll() is not None:
-            raise RunError(f"worker {w.name} exited with code {w.proc.returncode}{_log_hint(w)}")
+def _role(name: str) -> str:
+    """How a process is named in messages: ``worker w1``, ``server``."""
+    return name if name == SERVER_NAME else f"worker {name}"
 
 
 def _log_hint(w: WorkerProc) -> str:
-    if w.log_path and w.log_path.exists():
-        tail = "\n".join(w.log_path.read_text(errors="replace").splitlines()[-25:])
-        return f"\n--- last lines of {w.log_path} ---\n{tail}"
-    return ""
+    """Where the process's log is, as a suffix of a one-line message."""
+    return f" (log: {w.log_path})" if w.log_path else ""

@@ -1,7 +1,15 @@
-"""Runs device simulators in real time and produces their messages to the device topics."""
+"""Streams a job's devices into their topics: simulated in real time, or a recording replayed.
+
+Owns the job's data (``job_fleet_data``: dataset, held-out split, device shares, declared
+value range and input statistics, deterministic from the config) and the producing side
+of a run (``stream_devices``). Invariant: the ``SimulationReport`` returned counts exactly
+the records and messages handed to the producer per device, which is what the run's
+accounting balances against.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -9,20 +17,50 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from monitoring.metrics import Metrics
-from pipeline.config import JobConfig
+from pipeline.config import ConfigError, JobConfig, parse_value_range
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for
 from streams import codec, topics
 from streams.garbage import KINDS, make_garbage
 from streams.simulator import FleetData, build_simulators, fleet_data
 
 
+def declared_value_range(
+    cfg: JobConfig, auto: tuple[np.ndarray, np.ndarray], *, from_data: bool
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``data.value_range`` resolved: ``none`` -> None, ``LO,HI`` -> scalars, ``auto`` -> ``auto``.
+
+    ``auto`` is the source's own declaration; ``from_data`` says it is the min/max seen
+    in the data, which is then widened by ``data.value_margin`` (later records may lie
+    a little outside what the data happened to contain).
+    """
+    spec = parse_value_range(cfg.data.value_range)
+    if spec == "none":
+        return None
+    if isinstance(spec, tuple):
+        return np.float32(spec[0]).reshape(()), np.float32(spec[1]).reshape(())
+    lo, hi = auto
+    if from_data:
+        # Float64 out of widen; float32 rounding never moves a bound inside the data's [min, max].
+        lo, hi = codec.widen(lo, hi, cfg.data.value_margin)
+    return np.asarray(lo, dtype=np.float32), np.asarray(hi, dtype=np.float32)
+
+
 def job_fleet_data(cfg: JobConfig) -> FleetData:
-    """The job's dataset, held-out split and device shares, deterministic from the config."""
+    """The job's dataset, held-out split, device shares, value range and input statistics.
+
+    Deterministic from the config. For ``data.source = "recording"`` everything comes
+    from the recording's stored files (``pipeline.sources``): the streamed rows, the
+    held-out rows, the device shares, and the streamed rows' per-feature statistics.
+    """
+    if cfg.data.source == "recording":
+        return _recording_fleet_data(cfg)
     source_params = {}
     if cfg.data.source == "synthetic":
         source_params["n"] = cfg.data.synthetic_samples
-    return fleet_data(
+    data = fleet_data(
         cfg.data.source,
         cfg.devices.device_ids(),
         scheme=cfg.data.partition,
@@ -32,6 +70,30 @@ def job_fleet_data(cfg: JobConfig) -> FleetData:
         classes_per_device=cfg.data.classes_per_device,
         source_params=source_params,
     )
+    if cfg.data.source == "digits":
+        # Pixels are scaled to [0, 1] by the loader: that is the declaration, not an estimate.
+        auto = (np.float32(0.0).reshape(()), np.float32(1.0).reshape(()))
+        value_range = declared_value_range(cfg, auto, from_data=False)
+    else:
+        every = np.concatenate([data.train.features, data.heldout.features]).reshape(
+            len(data.train) + len(data.heldout), -1)
+        value_range = declared_value_range(cfg, (every.min(axis=0), every.max(axis=0)), from_data=True)
+    return dataclasses.replace(data, value_range=value_range)
+
+
+def _recording_fleet_data(cfg: JobConfig) -> FleetData:
+    from pipeline.sources import read_recording_info
+
+    info = read_recording_info(cfg.data.recording)
+    train, heldout, shares = info.load_data()
+    devices = cfg.devices.device_ids()
+    if list(shares) != devices:
+        # load_config takes the devices from the recording; a config built another way may not.
+        raise ConfigError(f"devices {devices} are not the devices {list(shares)} of the recording "
+                          f"{cfg.data.recording}; load the job with pipeline.config.load_config")
+    value_range = declared_value_range(cfg, (info.stats.min, info.stats.max), from_data=True)
+    return FleetData(train, heldout, shares, value_range=value_range,
+                     input_stats=(info.stats.mean, info.stats.std))
 
 
 @dataclass
@@ -114,11 +176,161 @@ def simulate(
     finally:
         prod.close()
     report.duration_s = time.monotonic() - start_mono
+    _write_report(report, report_path)
+    return report
+
+
+def _write_report(report: SimulationReport, report_path: Path | None) -> None:
     if report_path is not None:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = report_path.with_suffix(".tmp")
         tmp.write_text(report.to_json())
         tmp.replace(report_path)
+
+
+def check_stream_options(cfg: JobConfig, garbage_per_device: int = 0) -> None:
+    """Raise ``ConfigError`` if ``stream_devices`` would refuse these options (call it before
+    starting processes, so the user gets the one-line error at once)."""
+    if garbage_per_device and cfg.data.source == "recording":
+        raise ConfigError(
+            "garbage injection (--garbage) is not supported with data.source = 'recording': the "
+            "recording is replayed as imported; use a digits or synthetic job to test the dead-letter path"
+        )
+
+
+def stream_devices(
+    cfg: JobConfig,
+    bootstrap: str,
+    duration_s: float,
+    *,
+    garbage_per_device: int = 0,
+    stop: threading.Event | None = None,
+    metrics: Metrics | None = None,
+    progress: Callable[[SimulationReport], None] | None = None,
+    report_path: Path | None = None,
+) -> SimulationReport:
+    """Stream the job's devices for at most ``duration_s`` seconds; what ``edgestream run`` calls.
+
+    ``digits`` / ``synthetic``: ``simulate``. ``recording``: the recording's device topics
+    are replayed at ``data.replay_speed`` (``pipeline.replay.replay``, Kafka timestamps
+    set at send time; the event times inside the records are the recorded ones) until
+    the recording ends, ``duration_s`` passes or ``stop`` is set, whichever comes first.
+    Garbage injection is refused for a recording (``ConfigError``): it is replayed as
+    imported. ``progress`` gets the running report, as with ``simulate``.
+    """
+    check_stream_options(cfg, garbage_per_device)
+    if cfg.data.source != "recording":
+        return simulate(cfg, bootstrap, duration_s, garbage_per_device=garbage_per_device, stop=stop,
+                        metrics=metrics, progress=progress, report_path=report_path)
+    return _replay_recording(cfg, bootstrap, duration_s, stop=stop or threading.Event(), metrics=metrics,
+                             progress=progress, report_path=report_path)
+
+
+@dataclass
+class _SendOrder:
+    """The recording's device messages in the order the replayer sends them.
+
+    ``device[i]`` / ``records[i]``: the device index and record count of the i-th message
+    sent. The replayer stops only between messages, so what it sent is always a prefix
+    of this order, and its message count alone gives the exact per-device figures.
+    """
+
+    devices: list[str]
+    device: np.ndarray
+    records: np.ndarray
+
+    def counts(self, sent: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """(records, good messages, undecodable messages) per device after ``sent`` messages."""
+        n = len(self.devices)
+        dev, rec = self.device[:sent], self.records[:sent]
+        records = np.bincount(dev, weights=rec, minlength=n)
+        good = np.bincount(dev[rec > 0], minlength=n)
+        bad = np.bincount(dev[rec == 0], minlength=n)
+        return ({d: int(records[i]) for i, d in enumerate(self.devices)},
+                {d: int(good[i]) for i, d in enumerate(self.devices)},
+                {d: int(bad[i]) for i, d in enumerate(self.devices)})
+
+
+def _send_order(directory: Path, devices: list[str]) -> _SendOrder:
+    from pipeline.replay import _ordered_messages, sensor_record_count
+    from streams.recording import RecordingReader
+
+    reader = RecordingReader(directory)
+    index = {topics.sensor_topic(d): i for i, d in enumerate(devices)}
+    missing = sorted(set(index) - set(reader.topics))
+    if missing:
+        raise ConfigError(f"the recording {directory} has no topic {', '.join(missing)}")
+    dev: list[int] = []
+    rec: list[int] = []
+    for msg in _ordered_messages(reader, list(index)):
+        dev.append(index[msg.topic])
+        # Imports write only valid messages; a zero count marks one a worker dead-letters.
+        rec.append(sensor_record_count(msg.value))
+    return _SendOrder(devices, np.asarray(dev, dtype=np.int64), np.asarray(rec, dtype=np.int64))
+
+
+def _replay_recording(
+    cfg: JobConfig,
+    bootstrap: str,
+    duration_s: float,
+    *,
+    stop: threading.Event,
+    metrics: Metrics | None,
+    progress: Callable[[SimulationReport], None] | None,
+    report_path: Path | None,
+) -> SimulationReport:
+    from pipeline.replay import ReplayError, parse_speed, replay
+    from pipeline.sources import read_recording_info
+
+    info = read_recording_info(cfg.data.recording)
+    try:
+        speed = parse_speed(cfg.data.replay_speed)
+    except ReplayError as exc:
+        raise ConfigError(f"data.replay_speed: {exc}") from None
+    devices = cfg.devices.device_ids()
+    order = _send_order(info.directory, devices)
+    report = SimulationReport(records={d: 0 for d in devices}, messages={d: 0 for d in devices},
+                              garbage={d: {} for d in devices})
+
+    def fill(sent: int) -> None:
+        records, good, bad = order.counts(sent)
+        report.records, report.messages = records, good
+        report.garbage = {d: ({"recorded": bad[d]} if bad[d] else {}) for d in devices}
+
+    # The replayer knows one stop event; end it on the caller's stop or at the deadline.
+    ended = threading.Event()
+    start_mono = time.monotonic()
+    deadline = start_mono + duration_s
+
+    def watch() -> None:
+        while not ended.is_set():
+            if stop.wait(min(0.1, max(0.0, deadline - time.monotonic()))) or time.monotonic() >= deadline:
+                ended.set()
+
+    def on_progress(p) -> None:
+        fill(p.messages)
+        report.bytes = p.bytes
+        report.duration_s = time.monotonic() - start_mono
+        if progress is not None:
+            progress(report)
+
+    watcher = threading.Thread(target=watch, name="replay-deadline", daemon=True)
+    report.started_at = time.time()
+    watcher.start()
+    try:
+        result = replay(info.directory, bootstrap, speed=speed, topics_filter=[topics.sensor_topic(d) for d in devices],
+                        rewrite_timestamps=True, max_message_bytes=cfg.kafka.max_message_bytes,
+                        stop=ended, progress=on_progress, metrics=metrics)
+    finally:
+        ended.set()
+        watcher.join()
+    fill(result.messages)
+    sent_per_topic = {topics.sensor_topic(d): report.messages[d] + sum(report.garbage[d].values()) for d in devices}
+    if sent_per_topic != result.per_topic:
+        raise ReplayError(f"replay sent {result.per_topic} messages per topic, expected the prefix {sent_per_topic}")
+    report.bytes = result.bytes
+    report.duration_s = time.monotonic() - start_mono
+    _write_report(report, report_path)
     return report
 
 

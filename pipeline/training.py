@@ -6,13 +6,19 @@ responsive. It is the batch sink of the ingest agent (``defer_acks``: a batch's
 messages are acknowledged only after it was trained), consumes the job's update
 topics (``gradients.<job>``, ``models.<job>``, ``control.<job>``), publishes what the
 strategy returns, evaluates on the held-out set, and checkpoints model + optimizer +
-strategy state + resume offsets atomically.
+strategy state + resume offsets + the ingest ledger atomically.
 
-Delivery guarantee: on restart the worker restores its checkpoint and seeks every
-topic to the checkpoint's offsets, so the sensor records trained after the last
-checkpoint are trained again (at most ``train.checkpoint_every_steps`` steps' worth
-per worker), and the update log is replayed from the same point, which brings the
-strategy back to where its peers are.
+Every local step passes the ``StepGuard`` before the strategy sees it: a step whose
+loss or gradient is non-finite, or whose gradient norm is above its bound, is neither
+applied nor published; its records go to ``sensors.dlq`` with the reason, are settled
+as dead-lettered (neither trained nor lost) and the worker takes its next batch.
+
+Delivery guarantee: on restart the worker restores its newest usable checkpoint and
+seeks every topic to the checkpoint's offsets, so the sensor records trained after the
+last checkpoint are trained again (at most ``train.checkpoint_every_steps`` steps' worth
+per worker), messages settled above those offsets before the checkpoint are skipped,
+and the update log is replayed from the same point, which brings the strategy back to
+where its peers are.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -40,13 +47,15 @@ from monitoring.metrics import Metrics
 from pipeline.batching import Batch
 from pipeline.buffering import concat
 from pipeline.config import ConfigError, JobConfig
+from pipeline.ingest import CONSUMED, DEAD
 from pipeline.messages import HEADER_CODEC, HEADER_TO, MessageRejected, decode_update, encode_update
 from pipeline.offsets import OffsetTracker
-from streams import topics
+from streams import codec, topics
 from streams.simulator import FleetData
 from trainers import LocalTrainer, build_model, evaluate, limit_torch_threads
-from trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
-from trainers.errors import CheckpointNotFound
+from trainers.checkpoint import CheckpointStore
+from trainers.errors import BatchError, CheckpointNotFound, CheckpointRefused
+from trainers.guard import StepGuard, StepRejection
 from trainers.injection import DataInjector, shared_pool
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies import StrategyContext, create
@@ -99,6 +108,9 @@ class TrainingStats:
     accuracy: float = 0.0
     loss: float = 0.0
     last_checkpoint_step: int = -1
+    rejected_steps: int = 0
+    dead_lettered_records: int = 0
+    rejected_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class TrainingRuntime:
@@ -126,11 +138,15 @@ class TrainingRuntime:
         self.data = data
         self.metrics = metrics
         self.state_dir = state_dir
-        self.checkpoint_path = state_dir / "checkpoint.bin"
+        self.checkpoints = CheckpointStore(state_dir / "checkpoints", keep=cfg.train.checkpoint_keep,
+                                           max_abs=cfg.train.max_abs_weight or None,
+                                           legacy_path=state_dir / "checkpoint.bin")
         self.evaluations_path = state_dir / "evaluations.jsonl"
+        self.guard = StepGuard(cfg.train.max_grad_norm, cfg.train.grad_norm_spike)
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"train-{name}")
         self.executor.submit(limit_torch_threads, cfg.train.torch_threads).result()
-        model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed)
+        model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
+                            standardize=data.input_stats)
         self.trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
         self.spec = TensorSpec.from_trainer(self.trainer)
         try:
@@ -170,12 +186,18 @@ class TrainingRuntime:
         self.sensor_offsets = OffsetTracker()
         self.update_offsets: dict[str, int] = {}  # "topic:partition" -> next offset to handle
         self.resume_offsets: dict[str, int] = {}
+        #: The ingest ledger of the restored checkpoint (``IngestCore(restored=...)``).
+        self.restored_ledger: dict[str, dict[str, Any]] = {}
         self.batches: asyncio.Queue[Batch] | None = None
         self.inbox: asyncio.Queue[tuple[str, int, int, bytes, dict[str, bytes]]] | None = None
         self.wakeup: asyncio.Event | None = None
         self.publish: Callable[[str, bytes, dict[str, bytes], bytes], Awaitable[None]] | None = None
         self.dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
-        self.ack_tokens: Callable[[list[Any]], Awaitable[None]] | None = None
+        self.sensor_dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
+        #: Set by the ingest driver (``IngestDriver.settle``): the sink is done with a batch.
+        self.settle: Callable[..., Awaitable[None]] | None = None
+        #: Set by the ingest driver (``IngestDriver.snapshot``): what a checkpoint stores of ingest.
+        self.ingest_snapshot: Callable[[], dict[str, Any]] | None = None
         self.stats = TrainingStats()
         metrics.init_worker(name)
         self._last_eval = 0.0
@@ -183,32 +205,47 @@ class TrainingRuntime:
         self.heldout_x = data.heldout.features
         self.heldout_y = data.heldout.labels
         self.restored_from: int | None = None
+        self.restored_skipped: list[str] = []
         self._restore()
 
     # --- checkpoint --------------------------------------------------------------------
     def _restore(self) -> None:
-        def load():
-            return restore_training_checkpoint(self.checkpoint_path, self.trainer, self.strategy)
-
+        """Load the newest usable checkpoint (older ones if the newest are bad) and take
+        its offsets, ingest ledger and counters; a fresh start if there is none."""
         try:
-            checkpoint = self.executor.submit(load).result()
+            restored = self.executor.submit(self.checkpoints.restore, self.trainer, self.strategy).result()
         except CheckpointNotFound:
             return
+        checkpoint = restored.checkpoint  # the store logged a warning for each file it skipped
         offsets = checkpoint.offsets
-        self.resume_offsets = {k: int(v) for k, v in offsets.get("sensors", {}).items()}
+        sensors = {k: int(v) for k, v in offsets.get("sensors", {}).items()}
+        self.sensor_offsets = OffsetTracker(start=sensors, done=offsets.get("sensors_done", {}))
         self.update_offsets = {k: int(v) for k, v in offsets.get("updates", {}).items()}
-        self.resume_offsets.update(self.update_offsets)
+        self.resume_offsets = {**sensors, **self.update_offsets}
+        self.restored_ledger = dict(checkpoint.meta.get("ledger", {}))
         self.stats.steps = int(checkpoint.meta.get("steps", 0))
         self.stats.trained_records = int(checkpoint.meta.get("trained_records", 0))
         self.restored_from = self.trainer.version
-        log.warning("%s restored checkpoint at model version %d (step %d)", self.name,
-                    self.trainer.version, self.stats.steps)
+        self.restored_skipped = [str(path) for path, _ in restored.skipped]
+        log.warning("%s restored checkpoint %s at model version %d (step %d)", self.name,
+                    checkpoint.path.name, self.trainer.version, self.stats.steps)
 
-    def _checkpoint(self) -> None:
-        offsets = {"sensors": self.sensor_offsets.watermarks(), "updates": dict(self.update_offsets)}
+    def _checkpoint_payload(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Offsets and meta of a checkpoint, taken on the event loop at one instant (the
+        ingest ledger and the sensor watermarks must agree)."""
+        ingest = self.ingest_snapshot() if self.ingest_snapshot is not None else {}
+        offsets = {"sensors": ingest.get("sensors", {}), "sensors_done": ingest.get("sensors_done", {}),
+                   "updates": dict(self.update_offsets)}
         meta = {"steps": self.stats.steps, "trained_records": self.stats.trained_records,
-                "worker": self.name, "saved_at": time.time()}
-        save_training_checkpoint(self.checkpoint_path, self.trainer, self.strategy, offsets, meta)
+                "worker": self.name, "saved_at": time.time(), "ledger": ingest.get("ledger", {})}
+        return offsets, meta
+
+    async def _checkpoint(self) -> None:
+        """Save a checkpoint. Raises ``CheckpointRefused`` if the model state is unsound
+        (non-finite): the worker must not go on training on it, so the train loop crashes
+        and a restart restores the last good checkpoint."""
+        offsets, meta = self._checkpoint_payload()
+        await self._call(self.checkpoints.save, self.trainer, self.strategy, offsets, meta)
         self.stats.last_checkpoint_step = self.stats.steps
         self.metrics.last_checkpoint.labels(self.name).set(time.time())
 
@@ -226,6 +263,7 @@ class TrainingRuntime:
         publish_topics = {ch: app.topic(channel_topic(job, ch), key_serializer="raw", value_serializer="raw")
                           for ch in ("gradients", "models", "control")}
         dlq = app.topic(topics.gradients_dlq_topic(job), key_serializer="raw", value_serializer="raw")
+        sensor_dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
         source = app.topic(*subscribed, key_serializer="raw", value_serializer="raw")
 
         async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes) -> None:
@@ -236,8 +274,13 @@ class TrainingRuntime:
             fut = await dlq.send(value=value[:1 << 20], headers=headers)
             await fut
 
+        async def sensor_dead_letter(value: bytes, headers: dict[str, bytes]) -> None:
+            fut = await sensor_dlq.send(value=value, headers=headers)
+            await fut
+
         self.publish = publish
         self.dead_letter = dead_letter
+        self.sensor_dead_letter = sensor_dead_letter
 
         @app.agent(source, concurrency=1)
         async def updates(stream: faust.Stream) -> None:
@@ -335,7 +378,7 @@ class TrainingRuntime:
 
     def _decode(self, value: bytes) -> UpdateMessage:
         return decode_update(value, expected_shapes=self.spec, max_bytes=self.cfg.kafka.max_message_bytes,
-                             job=self.cfg.job.name)
+                             job=self.cfg.job.name, max_norm=self.cfg.train.max_grad_norm or None)
 
     async def _step(self) -> None:
         assert self.batches is not None
@@ -351,18 +394,30 @@ class TrainingRuntime:
             if limit is not None and len(parts) >= limit:
                 break
         records = concat([b.records for b in parts]) if len(parts) > 1 else parts[0].records
-        if records.labels is None:
-            raise RuntimeError("training needs labelled records; this stream has no labels")
-        x = np.ascontiguousarray(records.features, dtype=np.float32)
-        y = np.asarray(records.labels, dtype=np.int64)
         started = time.monotonic()
         wait_s = started - self._ready_since if self._ready_since is not None else 0.0
         self._ready_since = None
+        if records.labels is None:  # ingest dead-letters unlabelled messages of a training job
+            await self._reject(parts, StepRejection("bad_batch", "records carry no labels"))
+            return
+        x = np.ascontiguousarray(records.features, dtype=np.float32)
+        y = np.asarray(records.labels, dtype=np.int64)
+        injected = 0
         if self.injector is not None:
             x, y, injection = self.injector.augment(x, y)
-            self.stats.injected_records += injection.samples
-            self.metrics.injected_records.labels(self.name).inc(injection.samples)
-        result, compute_s = await self._call(self._compute, x, y)
+            injected = injection.samples
+        try:
+            result, compute_s = await self._call(self._compute, x, y)
+        except BatchError as exc:
+            await self._reject(parts, self.guard.reject_batch(exc))
+            return
+        rejection = await self._call(self.guard.check, result)
+        if rejection is not None:
+            await self._reject(parts, rejection)
+            return
+        if injected:
+            self.stats.injected_records += injected
+            self.metrics.injected_records.labels(self.name).inc(injected)
         if self.votes:
             await self._call(self._observe_signal, result.gradients)
         out = await self._call(self.strategy.on_local_step, result)
@@ -377,14 +432,49 @@ class TrainingRuntime:
         self.metrics.record_step(self.name, step_s=time.monotonic() - started, wait_s=wait_s, records=size,
                                  loss=self.stats.loss, compressed=compressed)
         await self._send(out)
-        # The batch is trained (its gradient is published): now its messages are handled.
-        assert self.ack_tokens is not None
+        # The batch is trained (its gradient is published): now its records are settled.
+        assert self.settle is not None
         for batch in parts:
-            await self.ack_tokens(batch.released)
+            await self.settle(batch, CONSUMED)
         self._steps_since_checkpoint += 1
         if self._steps_since_checkpoint >= self.cfg.train.checkpoint_every_steps:
             self._steps_since_checkpoint = 0
-            await self._call(self._checkpoint)
+            await self._checkpoint()
+
+    async def _reject(self, parts: list[Batch], rejection: StepRejection) -> None:
+        """A step the guard refused: nothing applied or published; each batch's records go to
+        ``sensors.dlq`` (re-encoded, with the reason), then are settled as dead-lettered."""
+        records = sum(b.size for b in parts)
+        self.stats.rejected_steps += 1
+        self.stats.dead_lettered_records += records
+        self.stats.rejected_by_reason[rejection.reason] = self.stats.rejected_by_reason.get(rejection.reason, 0) + 1
+        self.metrics.rejected_steps.labels(self.name, rejection.reason).inc()
+        log.warning("%s: step rejected (%s): %s; %d records dead-lettered", self.name, rejection.reason,
+                    rejection.detail, records)
+        assert self.sensor_dead_letter is not None and self.settle is not None
+        for batch in parts:
+            headers = {
+                topics.DLQ_HEADER_REASON: rejection.reason.encode(),
+                topics.DLQ_HEADER_DETAIL: rejection.detail.encode()[:1024],
+                topics.DLQ_HEADER_TOPIC: topics.sensor_topic(batch.device).encode(),
+                topics.DLQ_HEADER_WORKER: self.name.encode(),
+                topics.DLQ_HEADER_RECORDS: str(batch.size).encode(),
+            }
+            offsets = self._source_offsets(batch)
+            if offsets is not None:
+                headers[topics.DLQ_HEADER_PARTITION] = str(offsets[0]).encode()
+                headers[topics.DLQ_HEADER_OFFSET] = str(offsets[1]).encode()
+                headers[topics.DLQ_HEADER_OFFSETS] = f"{offsets[1]}-{offsets[2]}".encode()
+            await self.sensor_dead_letter(codec.encode(batch.records), headers)  # durable first
+            await self.settle(batch, DEAD, rejection.reason)
+
+    @staticmethod
+    def _source_offsets(batch: Batch) -> tuple[int, int, int] | None:
+        """(partition, first, last) offsets of the messages ``batch`` came from, when known."""
+        spans = [(t.partition, t.offset, t.last) for t, _ in batch.sources if hasattr(t, "last")]
+        if not spans:
+            return None
+        return spans[0][0], min(s[1] for s in spans), max(s[2] for s in spans)
 
     def _decision(self) -> bool:
         """The replicated ScaDLES decision for the pending step (False without the vote)."""
@@ -443,7 +533,10 @@ class TrainingRuntime:
     async def shutdown(self) -> dict[str, Any]:
         """Final evaluation and checkpoint; the summary a run prints."""
         await self._evaluate()
-        await self._call(self._checkpoint)
+        try:
+            await self._checkpoint()
+        except CheckpointRefused as exc:  # keep the last good ones; say so
+            log.error("%s: final checkpoint refused, the last good one stays: %s", self.name, exc)
         stats = await self._call(self.strategy.stats)
         digest = await self._call(self.trainer.parameter_digest)
         return {
@@ -458,6 +551,9 @@ class TrainingRuntime:
             "sensor_offsets": {key: {"watermark": mark, "open": self.sensor_offsets.open_count(key)}
                                for key, mark in self.sensor_offsets.watermarks().items()},
             "queued_batches": self.batches.qsize() if self.batches is not None else 0,
+            "rejected_steps": self.stats.rejected_steps, "rejected_by_reason": dict(self.stats.rejected_by_reason),
+            "dead_lettered_records": self.stats.dead_lettered_records,
+            "restored_skipped": self.restored_skipped,
         }
 
 

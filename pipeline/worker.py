@@ -1,4 +1,6 @@
-"""One worker (or server) process: serves /metrics and runs its Faust app until stopped."""
+"""One worker (or server) process: creates the topics it needs, serves /metrics, runs its
+Faust app until stopped, and says how it ended (``exit.json``: code and crash reason).
+"""
 
 from __future__ import annotations
 
@@ -19,14 +21,31 @@ from pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
-from pipeline.config import JobConfig
-from pipeline.kafka_io import adopt_group_offsets, set_group_offsets
+from pipeline.config import ConfigError, JobConfig
+from pipeline.kafka_io import (
+    adopt_group_offsets,
+    ensure_topics,
+    sensor_topics_for,
+    set_group_offsets,
+)
 from pipeline.simulate import job_fleet_data
 from streams import topics
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "server"
+#: How a worker/server process ended, in its state dir: ``{"code": int, "reason": str | None}``.
+EXIT_FILE = "exit.json"
+
+
+class ProcessCrashed(RuntimeError):
+    """The Faust app of a worker or server stopped on an error; ``reason`` is that error."""
+
+    def __init__(self, reason: BaseException | None, code: object) -> None:
+        self.reason = reason
+        self.code = code
+        super().__init__(f"{type(reason).__name__}: {reason}" if reason is not None
+                         else f"the Faust worker stopped with exit code {code} and no crash reason")
 
 
 def worker_state_dir(cfg: JobConfig, worker: str) -> Path:
@@ -55,21 +74,118 @@ def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str]) -> 
     return state, metrics
 
 
+def process_topics(cfg: JobConfig, name: str) -> dict[str, str]:
+    """Topics process ``name`` (a worker or the server) reads or writes, name -> kind:
+    a worker's device topics and ``sensors.dlq``, and the job's training topics."""
+    wanted = {} if name == SERVER_NAME else sensor_topics_for(cfg.devices_of(name))
+    if cfg.train.enabled:
+        from pipeline.training import training_topics
+
+        wanted.update(training_topics(cfg.job.name))
+    return wanted
+
+
+def check_training_config(cfg: JobConfig) -> None:
+    """Build what the training processes of ``cfg`` build from ``train.*`` - the model, the
+    strategy for every role the job runs, the codec - and raise ``ConfigError`` naming the
+    key if one cannot be built. No side effects (no Kafka, no files); imports torch."""
+    if not cfg.train.enabled:
+        return
+    from compression import registry as compressors
+    from pipeline.training import parse_params
+    from trainers import LocalTrainer, build_model
+    from trainers.strategies import StrategyContext, create, roles
+
+    data = job_fleet_data(cfg)
+    try:
+        model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed)
+    except Exception as exc:
+        raise ConfigError(f"train.model={cfg.train.model!r}: {exc}") from exc
+    try:
+        job_roles = ("worker", "server") if "server" in roles(cfg.train.strategy) else ("worker",)
+        params = parse_params(cfg.train.strategy_params)
+        adaptive = False
+        for role in job_roles:
+            trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
+            name = SERVER_NAME if role == "server" else cfg.worker_names()[0]
+            ctx = StrategyContext(name, trainer, role=role, members=tuple(cfg.worker_names()))  # type: ignore[arg-type]
+            adaptive |= bool(getattr(create(cfg.train.strategy, ctx, **params), "adaptive_compression", False))
+    except Exception as exc:
+        given = f" with train.strategy_params={cfg.train.strategy_params}" if cfg.train.strategy_params else ""
+        raise ConfigError(f"train.strategy={cfg.train.strategy!r}{given}: {exc}") from exc
+    try:
+        compressors.create(cfg.train.codec, **parse_params(cfg.train.codec_params))
+    except Exception as exc:
+        given = f" with train.codec_params={cfg.train.codec_params}" if cfg.train.codec_params else ""
+        raise ConfigError(f"train.codec={cfg.train.codec!r}{given}: {exc}") from exc
+    if adaptive and cfg.train.codec == "dense":
+        raise ConfigError(
+            f"train.strategy={cfg.train.strategy!r} with adaptive_compression needs a compressing "
+            "train.codec (e.g. train.codec=topk, train.codec_params=[\"ratio=0.1\"])"
+        )
+
+
+class _NoConsoleTracebacks(logging.Filter):
+    """Above debug level a handler shows log records without their tracebacks: a crash is
+    reported on one line by the CLI, and ``--loglevel debug`` shows every traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = None
+        record.exc_text = None
+        record.stack_info = None
+        return True
+
+
+def quiet_tracebacks(logger: logging.Logger, level: int) -> None:
+    """Hide tracebacks from ``logger``'s handlers unless ``level`` is debug."""
+    if level <= logging.DEBUG:
+        return
+    for handler in logger.handlers:
+        if not any(isinstance(f, _NoConsoleTracebacks) for f in handler.filters):
+            handler.addFilter(_NoConsoleTracebacks())
+
+
+class _FaustWorker(faust.Worker):
+    """``faust.Worker`` whose log handlers (set up by Faust) hide tracebacks above debug."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        super().on_setup_root_logger(logger, level)
+        quiet_tracebacks(logger, level)
+
+
 def _execute(app: faust.App, loglevel: str) -> None:
+    """Run ``app`` until it stops; raise ``ProcessCrashed`` if it stopped on an error.
+
+    ``Worker.execute_from_commandline`` always ends in ``SystemExit``: code 1 after a
+    crash (mode re-raises the crash reason, or the start-up error, inside its
+    ``exiting()`` guard, so it is the exit's ``__context__``), 0 after a signal.
+    """
     memory.freeze_startup_objects()
-    runner = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    runner = _FaustWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    code: object = 0
+    cause: BaseException | None = None
     try:
         runner.execute_from_commandline()
-    except SystemExit:
-        pass
+    except SystemExit as exc:
+        code = exc.code
+        cause = exc.__context__
+    crash = runner.crash_reason or app.crash_reason
+    if code not in (0, None) or crash is not None:
+        reason = cause if isinstance(cause, Exception) else crash
+        raise ProcessCrashed(reason, code) from reason  # the CLI logs the chain at debug level
 
 
 def run_worker(
     cfg: JobConfig, worker: str, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning"
 ) -> None:
-    """Run the worker until SIGINT/SIGTERM; writes its endpoint, accounting and training summary."""
+    """Run the worker until SIGINT/SIGTERM; writes its endpoint, accounting and training summary.
+
+    Creates its topics first (Faust only warns about a missing topic and then barely
+    consumes). Raises ``ProcessCrashed`` if the Faust app stopped on an error.
+    """
     memory.tune_allocator()
     devices = cfg.devices_of(worker)
+    ensure_topics(bootstrap, process_topics(cfg, worker))
     state, metrics = _start(cfg, worker, metrics_port, devices)
     data = job_fleet_data(cfg)
     runtime = None
@@ -96,6 +212,9 @@ def run_worker(
         cfg, worker, bootstrap, sink, metrics,
         datadir=state / "faust", devices=devices,
         expected_shape=data.feature_shape, num_classes=data.num_classes,
+        value_range=data.value_range,
+        restored_ledger=runtime.restored_ledger if runtime else None,
+        require_labels=runtime is not None,
         on_ready=lambda: metrics.worker_ready.labels(worker).set(1),
         tracker=runtime.sensor_offsets if runtime else None,
         extend=runtime.attach if runtime else None,
@@ -116,10 +235,14 @@ def run_worker(
 
 
 def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning") -> None:
-    """The parameter server of strategies with a server role (ASP, SSP, ADSP)."""
+    """The parameter server of strategies with a server role (ASP, SSP, ADSP).
+
+    Creates the training topics first; raises ``ProcessCrashed`` if its Faust app stopped on an error.
+    """
     memory.tune_allocator()
     from pipeline.training import TrainingRuntime
 
+    ensure_topics(bootstrap, process_topics(cfg, SERVER_NAME))
     state, metrics = _start(cfg, SERVER_NAME, metrics_port, [])
     data = job_fleet_data(cfg)
     runtime = TrainingRuntime(cfg, SERVER_NAME, data, metrics, state, role="server")
@@ -132,10 +255,6 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
 
     runtime.attach(app)
 
-    async def noop_ack(tokens) -> None:
-        return None
-
-    runtime.ack_tokens = noop_ack
     summary: dict = {}
 
     @app.on_before_shutdown.connect

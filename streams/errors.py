@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from streams.records import RecordBatch
+
 
 class StreamsError(Exception):
     """Base class of every error raised by ``streams``."""
@@ -18,6 +25,7 @@ class RecordDecodeError(StreamsError):
     REASONS = (
         "truncated", "bad_magic", "bad_version", "bad_dtype", "bad_shape", "bad_count",
         "bad_device", "length_mismatch", "too_large", "non_finite", "bad_label",
+        "bad_checksum", "out_of_range",
     )
 
     def __init__(
@@ -47,6 +55,37 @@ class RecordDecodeError(StreamsError):
         """The same error, annotated with where the message was read from."""
         return RecordDecodeError(
             self.reason, self.detail, topic=topic, partition=partition, offset=offset
+        )
+
+
+class OutOfRange(RecordDecodeError):
+    """Finite feature values outside the declared value range, in some records of a message.
+
+    Unlike every other reason this one condemns records, not the message: the message
+    passed every other check, so ``batch`` is the whole decoded message (all records) and
+    ``bad`` is a bool mask over its records, True where a record has a value outside the
+    range. Whoever catches it keeps ``batch`` minus ``bad`` and dead-letters the rest.
+    Invariant: ``len(bad) == batch.count`` and ``bad.any()``.
+    """
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        batch: RecordBatch,
+        bad: np.ndarray,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__("out_of_range", detail, topic=topic, partition=partition, offset=offset)
+        self.batch = batch
+        self.bad = bad
+
+    def located(self, topic: str, partition: int, offset: int) -> OutOfRange:
+        """The same error (batch and mask included), annotated with where the message was read from."""
+        return OutOfRange(
+            self.detail, batch=self.batch, bad=self.bad, topic=topic, partition=partition, offset=offset
         )
 
 

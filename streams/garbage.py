@@ -1,4 +1,18 @@
-"""Malformed sensor messages of every kind the decoder must reject (for tests and demos)."""
+"""Malformed sensor messages of every kind the decoder must reject (for tests and demos).
+
+Owns the garbage kinds and the dead-letter reason each must produce. Every message is
+built from a real ``codec.encode`` (format version 2) and damaged just enough to hit its
+own check: kinds aimed at a check after the CRC (``nan``, ``wrong_shape``, ...) carry a
+valid CRC, so they reach it.
+
+Invariant: every kind in ``KINDS`` is rejected by ``codec.decode`` with
+``EXPECTED_REASON[kind]`` whatever the stream's value range (none included): callers
+cycle through ``KINDS`` and check "garbage sent == dead-lettered" (``edgestream simulate
+--garbage``, the demo's accounting, the integration tests). ``RANGE_KINDS`` are rejected
+only when the stream declares a value range (``huge_value`` is a valid message with one
+feature at 1e38, finite in float32: without a range it decodes fine), so they are not in
+the default cycle; ``ALL_KINDS`` lists both.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +21,10 @@ import numpy as np
 from streams import codec
 from streams.records import RecordBatch
 
-KINDS = ("random_bytes", "wrong_version", "wrong_shape", "nan", "oversized", "truncated")
+KINDS = ("random_bytes", "wrong_version", "wrong_shape", "nan", "oversized", "truncated", "bitflip")
+#: Kinds rejected only by a stream with a declared value range (``[0, 1]`` suffices).
+RANGE_KINDS = ("huge_value",)
+ALL_KINDS = KINDS + RANGE_KINDS
 
 #: The dead-letter reason each kind must produce.
 EXPECTED_REASON = {
@@ -17,7 +34,13 @@ EXPECTED_REASON = {
     "nan": "non_finite",
     "oversized": "too_large",
     "truncated": "truncated",
+    "bitflip": "bad_checksum",
+    "huge_value": "out_of_range",
 }
+#: Bits ``bitflip`` flips: few, like a real transmission error, and odd: the CRC32C
+#: polynomial has an even number of terms (divisible by x + 1), so it detects every
+#: odd number of flipped bits at any message length: this kind is always caught.
+BITFLIPS = 3
 
 
 def _valid(device: str, shape: tuple[int, ...], count: int, rng: np.random.Generator) -> RecordBatch:
@@ -53,7 +76,22 @@ def make_garbage(
         return codec.encode(_valid(device, shape, oversize_bytes // per_record + 1, rng))
     if kind == "truncated":
         return codec.encode(_valid(device, shape, 4, rng))[:-7]
-    raise ValueError(f"unknown garbage kind {kind!r}; kinds: {', '.join(KINDS)}")
+    if kind == "bitflip":
+        data = bytearray(codec.encode(_valid(device, shape, 4, rng)))
+        # Only payload bits (after the header, device id and dims; before the trailer):
+        # the header checks pass unchanged and the CRC is what catches it.
+        payload_start = 16 + len(device.encode()) + 4 * len(shape)
+        payload_bits = 8 * (len(data) - codec.TRAILER_SIZE - payload_start)
+        for bit in rng.choice(payload_bits, BITFLIPS, replace=False):
+            data[payload_start + int(bit) // 8] ^= 1 << (int(bit) % 8)
+        return bytes(data)
+    if kind == "huge_value":
+        batch = _valid(device, shape, 4, rng)
+        # Every other value in [0, 1), so under a [0, 1] range only record 1 is bad.
+        batch.features[...] = rng.random(batch.features.shape, dtype=np.float32)
+        batch.features[1].flat[0] = 1e38  # finite in float32 (max ~3.4e38)
+        return codec.encode(batch)
+    raise ValueError(f"unknown garbage kind {kind!r}; kinds: {', '.join(ALL_KINDS)}")
 
 
-__all__ = ["KINDS", "EXPECTED_REASON", "make_garbage"]
+__all__ = ["ALL_KINDS", "BITFLIPS", "EXPECTED_REASON", "KINDS", "RANGE_KINDS", "make_garbage"]

@@ -65,11 +65,21 @@ class DeviceSimulator:
 
 @dataclass(frozen=True)
 class FleetData:
-    """The data of a job: streamed part, held-out part, and each device's share."""
+    """The data of a job: streamed part, held-out part, and each device's share.
+
+    ``value_range``: the declared range of every feature value, ``(lo, hi)`` as float32
+    arrays of shape ``()`` or ``(F,)`` (``F`` = features per record, flattened), against
+    which the ingest layer dead-letters absurd records (``out_of_range``); ``None`` = no
+    check. ``input_stats``: per-feature ``(mean, std)`` (float32, shape ``(F,)``) of the
+    streamed part, for a fixed input standardisation of the model; ``None`` where the
+    source is already on a sane scale (digits, synthetic).
+    """
 
     train: Dataset
     heldout: Dataset
     shares: dict[str, np.ndarray]
+    value_range: tuple[np.ndarray, np.ndarray] | None = None
+    input_stats: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:

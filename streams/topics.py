@@ -23,6 +23,10 @@ DLQ_HEADER_TOPIC = "edgestream.source.topic"
 DLQ_HEADER_PARTITION = "edgestream.source.partition"
 DLQ_HEADER_OFFSET = "edgestream.source.offset"
 DLQ_HEADER_WORKER = "edgestream.worker"
+#: On a dead letter that carries records of a decoded message (re-encoded) rather than the
+#: message itself: how many, and the offsets ``first-last`` of the messages they came from.
+DLQ_HEADER_RECORDS = "edgestream.records"
+DLQ_HEADER_OFFSETS = "edgestream.source.offsets"
 
 
 def _check(name: str, what: str) -> str:

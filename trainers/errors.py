@@ -14,7 +14,12 @@ class ModelConfigError(TrainerError, ValueError):
 
 
 class BatchError(TrainerError, ValueError):
-    """A training or evaluation batch is malformed (shapes, dtypes, label range)."""
+    """A training or evaluation batch is malformed (shapes, dtypes, label range), or a step
+    on it went non-finite; ``reason`` is a stable slug (``bad_batch``, ``non_finite_loss``)."""
+
+    def __init__(self, message: str, *, reason: str = "bad_batch") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class AggregationError(TrainerError, ValueError):
@@ -85,3 +90,44 @@ class CheckpointNotFound(CheckpointError, FileNotFoundError):
 
 class CheckpointCorrupt(CheckpointError):
     """A checkpoint exists but is truncated, tampered with or not a checkpoint at all."""
+
+
+class CheckpointRefused(CheckpointError):
+    """State was not saved because it is unsound: NaN/inf, or beyond the ``max_abs`` bound.
+
+    The message names the first offending tensor (``model['fc1.weight']: 12 non-finite
+    values``). Nothing was written, so the previous checkpoints are intact.
+    """
+
+
+class CheckpointUnsound(CheckpointCorrupt):
+    """A checkpoint is intact on disk but holds NaN/inf (or values beyond ``max_abs``).
+
+    It is refused before anything is loaded from it, so the trainer and strategy
+    keep the state they had.
+    """
+
+
+class NoUsableCheckpoint(CheckpointError):
+    """Checkpoint files exist in a directory but every one of them was rejected.
+
+    ``path`` is the directory; ``rejected`` lists ``(file, reason)`` newest first.
+    Starting from scratch is an operator decision, so this is not a
+    :class:`CheckpointNotFound`: the message says how to do it.
+    """
+
+    def __init__(self, path: str | Path, rejected: list[tuple[Path, str]]) -> None:
+        self.rejected = list(rejected)
+        directory = Path(path)
+        # Files outside the directory (a legacy checkpoint.bin) need their full path.
+        lines = "".join(
+            f"\n  {file.name if file.parent == directory else file}: {reason}" for file, reason in self.rejected
+        )
+        super().__init__(
+            directory,
+            f"none of the {len(self.rejected)} checkpoint file(s) is usable:{lines}\n"
+            f"To start this worker from scratch, move these files away (e.g. "
+            f"`mv {directory} {directory}.rejected`; keep them for inspection): the worker then "
+            "starts from the initial model and re-reads its topics from the consumer group's "
+            "committed offsets.",
+        )

@@ -140,7 +140,7 @@ class LocalTrainer:
             raise BatchError(f"label {int(targets.max())} out of range for {logits.shape[1]} classes")
         loss = F.cross_entropy(logits, targets)
         if not torch.isfinite(loss):
-            raise BatchError(f"non-finite training loss {float(loss)}")
+            raise BatchError(f"non-finite training loss {loss.item()}", reason="non_finite_loss")
         loss.backward()
         gradients = {
             name: (

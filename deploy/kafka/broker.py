@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -117,26 +118,92 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True if a broker at ``bootstrap`` answers a metadata request."""
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
+#: Metadata v4 (Kafka >= 1.0, still served by 4.x, which dropped v0-v3): the request
+#: names no topics, so the answer is the broker list only.
+_METADATA_API_KEY = 3
+_METADATA_VERSION = 4
+_PROBE_CORRELATION_ID = 0x45533031  # any value; the reply must echo it
 
+
+def host_port(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); ValueError if it is neither."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _metadata_request(client_id: bytes = b"edgestream-probe") -> bytes:
+    header = struct.pack(">hhih", _METADATA_API_KEY, _METADATA_VERSION, _PROBE_CORRELATION_ID,
+                         len(client_id)) + client_id
+    body = struct.pack(">ib", 0, 0)  # topics: an empty array (not null = all); no auto-create
+    frame = header + body
+    return struct.pack(">i", len(frame)) + frame
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("connection closed before a complete reply")
+        out += chunk
+    return bytes(out)
+
+
+def _probe_one(host: str, port: int, deadline: float) -> str | None:
+    """None if the broker at ``host:port`` lists at least one broker in a metadata reply."""
     try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap,
-            request_timeout_ms=int(timeout_s * 1000),
-            client_id="edgestream-probe",
-        )
-    except (KafkaError, OSError, ValueError):
-        return False
-    try:
-        admin.describe_cluster()
-        return True
-    except (KafkaError, OSError):
-        return False
-    finally:
-        admin.close()
+        with socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic())) as sock:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            sock.sendall(_metadata_request())
+            (size,) = struct.unpack(">i", _recv_exact(sock, 4, deadline))
+            if not 12 <= size <= 64 * 1024 * 1024:
+                return f"{host}:{port} is not a Kafka broker (reply of {size} bytes)"
+            reply = _recv_exact(sock, min(size, 16), deadline)
+    except TimeoutError:
+        return f"{host}:{port} did not answer a metadata request in time"
+    except ConnectionRefusedError:
+        return f"connection to {host}:{port} refused"
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    correlation, _throttle, brokers = struct.unpack(">iii", reply[:12])
+    if correlation != _PROBE_CORRELATION_ID:
+        return f"{host}:{port} is not a Kafka broker (unexpected reply)"
+    if brokers <= 0:
+        return f"{host}:{port} answered but lists no brokers yet (still starting?)"
+    return None
+
+
+def probe(bootstrap: str, timeout_s: float = 2.0) -> str | None:
+    """Ask the servers of ``bootstrap`` (``host:port[,host:port...]``) for cluster metadata.
+
+    Returns None as soon as one answers with a broker list, else what went wrong (one
+    line, the last server's problem). Speaks the Kafka wire protocol over a plain socket,
+    so the whole probe (connect, request, reply) stays within ``timeout_s`` and needs no
+    client library: a client's bootstrap retries for 30 s before it gives up.
+    """
+    deadline = time.monotonic() + timeout_s
+    problem = f"no server in {bootstrap!r}"
+    for address in bootstrap.split(","):
+        if not address.strip():
+            continue
+        try:
+            host, port = host_port(address)
+        except ValueError as exc:
+            return str(exc)
+        problem = _probe_one(host, port, deadline) or ""
+        if not problem:
+            return None
+        if time.monotonic() >= deadline:
+            break
+    return problem
+
+
+def metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True if a broker at ``bootstrap`` answers a metadata request within ``timeout_s``."""
+    return probe(bootstrap, timeout_s) is None
 
 
 @dataclass
@@ -174,6 +241,21 @@ def pid_alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def is_broker_pid(pid: int) -> bool:
+    """True if ``pid`` is alive and is a Kafka broker JVM (``kafka.Kafka`` on its command line).
+
+    A broker.json outlives its broker; after a reboot or a crash its pid may belong to
+    another process, which must be neither reported as the broker nor signalled.
+    """
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"kafka.Kafka" in cmdline.read()
+    except OSError:
+        return True  # no /proc (not Linux) or not ours to read: trust the pid
 
 
 class LocalBroker:

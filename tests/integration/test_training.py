@@ -2,72 +2,26 @@
 
 from __future__ import annotations
 
-import io
-import time
-
 import numpy as np
 import pytest
 import torch
 from kafka import KafkaConsumer
-from rich.console import Console
 
-from pipeline.config import load_config
 from pipeline.kafka_io import end_offsets, producer
 from pipeline.messages import encode_update
 from pipeline.run import RunContext, run_job
 from pipeline.training import channel_topic
 from streams import topics
+from tests.integration.jobs import quiet, train_job, wait_until, workers_of
 from trainers import LocalTrainer, build_model
 from trainers.messages import UpdateMessage
 
 pytestmark = pytest.mark.integration
 
 
-def train_job(unique: str, state_dir, *overrides: str):
-    return load_config(
-        overrides=[
-            f"job.name=t{unique}",
-            f"run.state_dir={state_dir}",
-            f"devices.ids=a{unique},b{unique},c{unique}",
-            "devices.count=3",
-            "devices.rates_hz=240,160,120",
-            "devices.message_interval_s=0.05",
-            "batcher.window_s=0.25",
-            "batcher.max_batch=64",
-            "workers.count=3",
-            "train.enabled=true",
-            "train.model=mlp",
-            "train.lr=0.1",
-            "train.eval_every_s=1",
-            "train.checkpoint_every_steps=10",
-            "run.duration_s=60",
-            "run.drain_timeout_s=60",
-            *overrides,
-        ],
-        env={},
-    )
-
-
-def quiet() -> Console:
-    return Console(file=io.StringIO(), width=160)
-
-
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)  # poll interval of a deadline wait
-    return value
-
-
 # Runs stop streaming once every worker's held-out accuracy passed `train.target_accuracy`;
 # the steps taken while draining may move it a little, so the stop target sits above the
 # accuracy the tests require at the end.
-
-
-def workers_of(result):
-    return {name: t for name, t in result.training.items() if name != "server"}
 
 
 def test_bsp_three_workers_reach_target_with_identical_replicas(kafka_bootstrap, unique, state_dir):
@@ -101,10 +55,11 @@ def test_asp_with_server_reaches_target_and_bounds_staleness(kafka_bootstrap, un
 
 
 def test_killed_worker_resumes_from_checkpoint_and_loses_nothing(kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92")
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92",
+                    "run.restart_backoff_s=0.5")
     seen = {}
 
-    def crash_and_restart(ctx: RunContext) -> None:
+    def crash(ctx: RunContext) -> None:
         from monitoring.scrape import scrape
 
         w1 = ctx.worker("w1")
@@ -112,15 +67,19 @@ def test_killed_worker_resumes_from_checkpoint_and_loses_nothing(kafka_bootstrap
                    and s.get("edgestream_steps_total", worker="w1") >= 25, 90, "w1 to take 25 steps")
         ctx.kill("w1")  # SIGKILL: no shutdown hook, no final checkpoint
         seen["killed"] = True
-        ctx.restart("w1")
+        # The run's supervisor notices the death and restarts w1 after its backoff.
+        wait_until(lambda: ctx.restarts == ["w1"] and ctx.worker("w1").ready, 120, "the supervisor to restart w1")
 
-    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash_and_restart)
+    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash)
 
     assert seen["killed"] and result.restarted == ["w1"]
+    assert [(d["process"], d["code"], d["reason"]) for d in result.deaths] == [("w1", -9, "was killed by SIGKILL")]
+    assert result.deaths[0]["restart_in_s"] == pytest.approx(0.5)
     trained = workers_of(result)
     assert trained["w1"]["restored_from"] is not None and trained["w1"]["restored_from"] >= 10
     assert min(t["accuracy"] for t in trained.values()) >= 0.9
     assert len({t["digest"] for t in trained.values()}) == 1
+    assert result.balanced  # the restarted ledger continues its checkpoint's: nothing lost or counted twice
     # Nothing lost: on the crashed worker's device topic every message below the end
     # offset is resolved (below the final watermark) or still held by the worker.
     device = cfg.devices_of("w1")[0]
@@ -196,7 +155,7 @@ def test_scadles_with_vote_and_injection_learns_non_iid_streams(kafka_bootstrap,
     assert set(trained) == {"w0", "w1", "w2"}
     assert min(t["accuracy"] for t in trained.values()) >= 0.8
     assert len({t["digest"] for t in trained.values()}) == 1  # weighted aggregation, same everywhere
-    assert result.balanced  # produced = batched + dropped + still buffered, per device
+    assert result.balanced  # produced = trained + dropped + dead-lettered + pending, per device
     for t in trained.values():
         counters = t["counters"]
         assert counters["signals"] == t["steps"]  # every gradient's signal reached the vote

@@ -9,8 +9,9 @@ import pytest
 
 from monitoring.metrics import Metrics, consumer_lag, name_of
 
-ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split"}
-UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_hz", "_ratio", "_versions", "_info",
+# ``state``: the five states of a device's record ledger (read, trained, dropped, dead_lettered, pending).
+ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state"}
+UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",
                  "_up", "_ready", "_paused", "_version", "_loss", "_vote")
 
 

@@ -240,3 +240,58 @@ def test_ingest_source_defaults_to_direct_and_rejects_unknown_values():
     assert load_config(env={}).kafka.ingest_source == "direct"
     with pytest.raises(ConfigError, match="kafka.ingest_source='kafka' is not one of direct, faust"):
         load_config(overrides=["kafka.ingest_source=kafka"], env={})
+
+
+class DeferringSink:
+    """A sink that, like the trainer, settles batches later (``defer_acks``)."""
+
+    defer_acks = True
+
+    def __init__(self) -> None:
+        self.batches: list = []
+        self.settle = None  # set by the driver
+        self.ingest_snapshot = None
+
+    async def submit(self, batch) -> None:
+        self.batches.append(batch)
+
+
+def test_a_deferring_sink_settles_and_only_then_the_offsets_resolve():
+    async def scenario():
+        h = Harness("batcher.mode=window", "batcher.window_s=1", "batcher.max_batch=100")
+        sink = DeferringSink()
+        h.driver = driver = IngestDriver(h.core, sink, h.tracker, h.send_dead_letter)
+        h.source.driver = driver
+        driver.source = h.source
+        await h.fetched([Record(i, message(4 * i)) for i in range(3)])
+        await h.tick(1.0)
+        before = (h.tracker.watermark(h.part.key), driver.snapshot()["ledger"][DEVICE]["records_in"])
+        (batch,) = sink.batches
+        await sink.settle(batch, "dead", "gradient_norm")
+        return h, driver, before
+
+    h, driver, before = run(scenario())
+
+    assert before == (0, 0)  # handed to the sink: nothing resolved, nothing in the resolved ledger
+    snapshot = driver.snapshot()
+    assert snapshot["sensors"] == {h.part.key: 3} and snapshot["sensors_done"] == {}
+    assert snapshot["ledger"][DEVICE]["dead_records"] == 12
+    assert snapshot["ledger"][DEVICE]["dead_records_by_reason"] == {"gradient_norm": 12}
+
+
+def test_a_restored_worker_skips_messages_settled_before_its_checkpoint():
+    async def scenario():
+        h = Harness("batcher.mode=window", "batcher.window_s=1", "batcher.max_batch=100")
+        # The checkpoint: resume at 2; offsets 3 and 5..6 were already settled (dead letters).
+        h.tracker = OffsetTracker(start={h.part.key: 2}, done={h.part.key: [[3, 3], [5, 6]]})
+        h.source.tracker = h.driver.tracker = h.tracker
+        await h.fetched([Record(i, message(4 * i)) for i in range(2, 9)])
+        read = h.core.accounting()[DEVICE]["messages_in"]
+        await h.tick(1.0)
+        return h, read
+
+    h, read = run(scenario())
+
+    assert read == 4  # offsets 2, 4, 7, 8: the settled ones are not handled again
+    assert h.sink.records == {DEVICE: 16}
+    assert h.tracker.watermark(h.part.key) == 9 and h.tracker.done_ranges() == {}

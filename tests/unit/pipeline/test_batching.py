@@ -19,7 +19,7 @@ def test_window_emits_what_arrived_once_per_window():
     buf.push(chunk(0, 10), "m0")
     assert b.poll(0.99) == []
     (batch,) = b.poll(1.0)
-    assert batch.size == 10 and batch.released == ["m0"]
+    assert batch.size == 10 and batch.sources == [("m0", 10)]
     assert b.poll(1.5) == [] and b.poll(2.0) == []  # empty window: nothing
 
 
@@ -40,7 +40,7 @@ def test_window_truncation_drops_excess_and_counts():
     assert batch.size == 8 and [int(s) for s in batch.records.seq] == list(range(8))
     assert buf.depth == 0 and b.window_dropped_total == 12
     (drop,) = b.take_drops()
-    assert drop.dropped == 12 and drop.released == ["m0"]
+    assert drop.dropped == 12 and drop.sources == [("m0", 12)]
 
 
 def test_bursts_stay_capped_per_window_even_after_a_stalled_poll():

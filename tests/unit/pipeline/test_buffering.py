@@ -23,15 +23,15 @@ def seqs(parts) -> list[int]:
     return [int(s) for p in parts for s in p.seq]
 
 
-def test_take_is_fifo_across_chunks_and_releases_tokens_when_chunks_empty():
+def test_take_is_fifo_across_chunks_and_names_the_chunk_of_every_part():
     buf = StreamBuffer("d", capacity=100)
     buf.push(chunk(0, 3), "m0")
     buf.push(chunk(3, 3), "m1")
     taken = buf.take(4)
     assert seqs(taken.parts) == [0, 1, 2, 3]
-    assert taken.released == ["m0"]  # m1 still has records inside
+    assert taken.sources == [("m0", 3), ("m1", 1)]  # m1 still has records inside
     taken = buf.take(10)
-    assert seqs(taken.parts) == [4, 5] and taken.released == ["m1"]
+    assert seqs(taken.parts) == [4, 5] and taken.sources == [("m1", 2)]
     assert buf.depth == 0
 
 
@@ -39,16 +39,16 @@ def test_truncate_drops_oldest_and_counts():
     buf = StreamBuffer("d", capacity=5, policy="truncate")
     buf.push(chunk(0, 3), "m0")
     result = buf.push(chunk(3, 4), "m1")
-    assert result.dropped == 2 and result.released == []
+    assert result.dropped == 2 and result.sources == [("m0", 2)]
     assert buf.depth == 5 and buf.dropped_total == 2
     assert seqs(buf.take(5).parts) == [2, 3, 4, 5, 6]
 
 
-def test_truncate_releases_fully_dropped_chunks():
+def test_truncate_reports_the_chunks_it_dropped_from():
     buf = StreamBuffer("d", capacity=2, policy="truncate")
     buf.push(chunk(0, 2), "m0")
     result = buf.push(chunk(2, 2), "m1")
-    assert result.dropped == 2 and result.released == ["m0"]
+    assert result.dropped == 2 and result.sources == [("m0", 2)]
     assert not buf.pause_needed()  # truncate never pauses
 
 

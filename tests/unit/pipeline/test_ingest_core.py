@@ -45,9 +45,13 @@ def test_window_mode_batches_everything_and_acks_in_order():
     assert batches == [] and acks == []  # nothing acked while records sit in the buffer
     actions = core.on_tick(1.0)
     (batch,) = actions.batches
-    assert batch.size == 30 and batch.released == [f"dev00@{i}" for i in range(10)]
+    assert batch.size == 30 and batch.sources == [(f"dev00@{i}", 3) for i in range(10)]
+    assert actions.ack == []  # handed to the sink is not settled yet
     acc = core.accounting()["dev00"]
-    assert acc["records_in"] == acc["batched"] == 30 and acc["buffered"] == 0
+    assert acc["records_in"] == acc["batched"] == acc["in_sink"] == acc["pending"] == 30
+    assert core.settle_batch(batch) == [f"dev00@{i}" for i in range(10)]
+    acc = core.accounting()["dev00"]
+    assert acc["consumed"] == 30 and acc["pending"] == 0 and acc["buffered"] == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -58,6 +62,8 @@ def test_garbage_is_dead_lettered_with_reason_and_never_buffered(kind):
     assert letter.reason == EXPECTED_REASON[kind]
     assert (letter.topic, letter.offset, letter.token) == ("sensors.dev01", 7, "dev01@7")
     assert core.buffers["dev01"].depth == 0
+    assert core.letter_sent(letter) == ["dev01@7"]
+    assert core.resolved_ledgers()["dev01"]["dead_letter_messages"] == 1
     scrape = Scrape.parse(_exposition(core))
     assert scrape.get("edgestream_dead_letter_messages_total", device="dev01", reason=letter.reason) == 1
 
@@ -101,9 +107,12 @@ def test_invariant_holds_under_random_traffic():
         n = int(rng.integers(1, 12))
         feed(core, "dev00", message("dev00", seq, n), offset, now=t)
         seq += n
-        core.on_tick(t)
+        for batch in core.on_tick(t).batches:
+            if rng.random() < 0.5:  # the sink settles some batches now, the rest stay in it
+                core.settle_batch(batch)
         acc = core.accounting()["dev00"]
-        assert acc["records_in"] == acc["batched"] + acc["dropped"] + acc["buffered"] == seq
+        assert acc["records_in"] == seq
+        assert seq == acc["consumed"] + acc["dropped"] + acc["dead_records"] + acc["buffered"] + acc["in_sink"]
 
 
 def _exposition(core: IngestCore) -> str:
@@ -129,11 +138,11 @@ def test_same_header_with_bad_values_or_length_is_still_rejected():
     core = core_for()
     good = message("dev01", 0, 4)
     feed(core, "dev01", good, 0, now=0.0)
-    bad_label = bytearray(good)
-    label_at = len(good) - 4 * 4 * 4 - 4 * 4  # labels precede the 4 x 4 float32 features
-    bad_label[label_at : label_at + 4] = (99).to_bytes(4, "little", signed=True)
+    batch = codec.decode(good)
+    bad_label = codec.encode(RecordBatch(device="dev01", seq=batch.seq, event_time=batch.event_time,
+                                         features=batch.features, labels=np.full(4, 99, np.int32)))
     reasons = [
-        feed(core, "dev01", bytes(bad_label), 1, now=0.0).dead_letters[0].reason,
+        feed(core, "dev01", bad_label, 1, now=0.0).dead_letters[0].reason,
         feed(core, "dev01", good + b"\0", 2, now=0.0).dead_letters[0].reason,
         feed(core, "dev01", good[:-1], 3, now=0.0).dead_letters[0].reason,
     ]
@@ -151,8 +160,11 @@ def _drive(core: IngestCore, traffic, runs: bool):
     def take(actions, at):
         out["batches"] += [(b.device, b.records.seq.tolist()) for b in actions.batches]
         out["letters"] += [(d.offset, d.reason) for d in actions.dead_letters]
-        tokens = actions.ack + [d.token for d in actions.dead_letters]
-        tokens += [t for b in actions.batches for t in b.released]
+        tokens = list(actions.ack)
+        for d in actions.dead_letters:
+            tokens += core.letter_sent(d)
+        for b in actions.batches:
+            tokens += core.settle_batch(b)
         for first, last in tokens:
             out["acked"].update(range(first, last + 1))
         out["pauses"] += [(at, d) for d in actions.pause]
@@ -175,7 +187,8 @@ def _drive(core: IngestCore, traffic, runs: bool):
                          offset)
         take(core.on_tick(now), None)
         acc = core.accounting()["dev00"]
-        assert acc["records_in"] == acc["batched"] + acc["dropped"] + acc["buffered"]
+        assert acc["records_in"] == acc["consumed"] + acc["dropped"] + acc["buffered"] + acc["in_sink"]
+        assert acc["in_sink"] == 0  # ``take`` settles every batch at once
     take(core.flush(now + 1), None)
     out["accounting"] = core.accounting()
     return out, fast
@@ -227,7 +240,8 @@ def test_a_run_is_one_chunk_and_one_token():
     actions = core.on_run("sensors.dev00", [message("dev00", 3 + 3 * i, 3) for i in range(4)], "run@1-4", 0.1, 101.0)
     assert actions is not None and not actions
     (batch,) = core.on_tick(1.0).batches
-    assert batch.records.seq.tolist() == list(range(15)) and batch.released == ["dev00@0", "run@1-4"]
+    assert batch.records.seq.tolist() == list(range(15)) and batch.sources == [("dev00@0", 3), ("run@1-4", 12)]
+    assert core.settle_batch(batch) == ["dev00@0", "run@1-4"]
     acc = core.accounting()["dev00"]
     assert (acc["messages_in"], acc["records_in"], acc["batched"]) == (5, 15, 15)
     scrape = Scrape.parse(_exposition(core))
@@ -244,3 +258,81 @@ def test_a_run_is_declined_with_nothing_done():
     assert core.on_run("sensors.dev00", good * 2, "t", 0.0, 101.0) is None  # 3 + 18 records reach the pause
     assert core.accounting()["dev00"]["records_in"] == 3
     assert core.on_run("sensors.dev00", good[1:], "t", 0.0, 101.0) is not None  # 3 + 6 stays below it
+
+
+def test_a_message_is_acked_only_once_every_record_is_settled():
+    # 10 records per message, 4 per window batch: message m0 ends up in three batches.
+    core = core_for("batcher.mode=window", "batcher.window_s=1", "batcher.max_batch=4")
+    feed(core, "dev00", message("dev00", 0, 10), 0, now=0.0)
+    first = core.on_tick(1.0).batches[0]
+    second = core.on_tick(2.0).batches[0]
+    third = core.on_tick(3.0).batches[0]
+    assert [b.sources for b in (first, second, third)] == [[("dev00@0", 4)], [("dev00@0", 4)], [("dev00@0", 2)]]
+    assert core.settle_batch(first) == [] and core.settle_batch(third, "dead", "gradient_norm") == []
+    assert core.resolved_ledgers()["dev00"]["records_in"] == 0  # not settled whole yet
+    assert core.settle_batch(second) == ["dev00@0"]
+    resolved = core.resolved_ledgers()["dev00"]
+    assert (resolved["records_in"], resolved["consumed"], resolved["dead_records"]) == (10, 8, 2)
+    assert resolved["dead_records_by_reason"] == {"gradient_norm": 2}
+
+
+def test_records_of_a_rejected_step_are_counted_dead_not_trained():
+    core = core_for("batcher.mode=fixed", "batcher.batch_size=6")
+    (batch,) = feed(core, "dev00", message("dev00", 0, 6), 0, now=0.0).batches
+    assert core.settle_batch(batch, "dead", "non_finite_loss") == ["dev00@0"]
+    acc = core.accounting()["dev00"]
+    assert (acc["consumed"], acc["dead_records"], acc["pending"]) == (0, 6, 0)
+    assert acc["dead_records_by_reason"] == {"non_finite_loss": 6}
+    scrape = Scrape.parse(_exposition(core))
+    assert scrape.get("edgestream_dead_letter_records_total", device="dev00", reason="non_finite_loss") == 6
+    assert scrape.get("edgestream_ledger_records", device="dev00", state="dead_lettered") == 6
+    assert scrape.get("edgestream_ledger_records", device="dev00", state="trained") == 0
+
+
+def test_a_restored_ledger_is_continued_and_only_settled_tokens_are_resolved():
+    restored = {"dev00": {"messages_in": 5, "records_in": 50, "consumed": 40, "dropped": 6, "dead_records": 4,
+                          "dead_letter_messages": 1, "dead_letters_by_reason": {"bad_magic": 1},
+                          "dead_records_by_reason": {"gradient_norm": 4}}}
+    cfg = load_config(overrides=["devices.count=2", "batcher.mode=fixed", "batcher.batch_size=3"], env={})
+    core = IngestCore(cfg, ["dev00", "dev01"], Metrics(), expected_shape=(4,), num_classes=10, restored=restored)
+    (batch,) = feed(core, "dev00", message("dev00", 50, 3), 9, now=0.0).batches
+    feed(core, "dev00", message("dev00", 53, 2), 10, now=0.0)  # stays buffered
+    core.settle_batch(batch)
+    acc = core.accounting()["dev00"]
+    assert (acc["records_in"], acc["consumed"], acc["pending"]) == (55, 43, 2)
+    resolved = core.resolved_ledgers()["dev00"]
+    assert (resolved["messages_in"], resolved["records_in"], resolved["consumed"]) == (6, 53, 43)
+    assert resolved["dead_letters_by_reason"] == {"bad_magic": 1}
+    scrape = Scrape.parse(_exposition(core))
+    assert scrape.get("edgestream_ledger_records", device="dev00", state="read") == 55
+
+
+def test_a_training_job_dead_letters_messages_without_labels():
+    cfg = load_config(overrides=["devices.count=2"], env={})
+    core = IngestCore(cfg, ["dev00", "dev01"], Metrics(), expected_shape=(4,), num_classes=10, require_labels=True)
+    unlabelled = codec.encode(RecordBatch(device="dev00", seq=np.arange(2, dtype=np.uint64),
+                                          event_time=np.full(2, 1.0), features=np.ones((2, 4), np.float32)))
+    (letter,) = feed(core, "dev00", unlabelled, 0, now=0.0).dead_letters
+    assert letter.reason == "no_labels" and core.buffers["dev00"].depth == 0
+
+
+def test_records_out_of_the_declared_range_are_dead_lettered_and_the_rest_goes_on():
+    cfg = load_config(overrides=["devices.count=2", "batcher.mode=fixed", "batcher.batch_size=3"], env={})
+    core = IngestCore(cfg, ["dev00", "dev01"], Metrics(), expected_shape=(4,), num_classes=10,
+                      value_range=(np.float32(0.0), np.float32(1.0)))
+    features = np.full((4, 4), 0.5, np.float32)
+    features[1, 2] = 1e38
+    value = codec.encode(RecordBatch(device="dev00", seq=np.arange(4, dtype=np.uint64), event_time=np.full(4, 1.0),
+                                     features=features, labels=np.zeros(4, np.int32)))
+    actions = feed(core, "dev00", value, 0, now=0.0)
+    (letter,) = actions.dead_letters
+    assert (letter.reason, letter.records, letter.token) == ("out_of_range", 1, "dev00@0")
+    assert codec.decode(letter.value).seq.tolist() == [1]  # the bad record itself, re-encoded
+    (batch,) = actions.batches
+    assert batch.records.seq.tolist() == [0, 2, 3]
+    assert core.letter_sent(letter) == []  # the good records are not trained yet
+    assert core.settle_batch(batch) == ["dev00@0"]
+    acc = core.accounting()["dev00"]
+    assert (acc["records_in"], acc["consumed"], acc["dead_records"], acc["dead_letter_messages"]) == (4, 3, 1, 0)
+    scrape = Scrape.parse(_exposition(core))
+    assert scrape.get("edgestream_dead_letter_records_total", device="dev00", reason="out_of_range") == 1

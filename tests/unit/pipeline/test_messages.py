@@ -443,3 +443,19 @@ def test_rejection_reasons_are_a_closed_set():
         "unknown_kind",
         "payload",
     }
+
+
+def test_a_finite_but_absurd_gradient_is_rejected_as_out_of_range():
+    value = encode(gradient(tensors=grads(scale=1e30)))
+
+    with pytest.raises(MessageRejected) as err:
+        decode(value, max_norm=1e4)
+
+    assert err.value.reason == "out_of_range" and "exceeds the bound" in err.value.detail
+    assert decode(value).tensors["b"][2] == pytest.approx(3e30)  # no bound: accepted as before
+    assert decode(encode(gradient()), max_norm=1e4).kind == "gradient"  # a sane one passes
+
+
+def test_the_norm_bound_leaves_model_snapshots_alone():
+    snapshot = gradient(kind="model", tensors=grads(scale=1e6))
+    assert decode(encode(snapshot), max_norm=1.0).kind == "model"

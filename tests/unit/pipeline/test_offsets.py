@@ -46,3 +46,27 @@ def test_ranges_behave_like_their_offsets_one_by_one():
     for first, last in open_ranges:
         ranges.resolved_range(KEY, first, last)
     assert ranges.watermark(KEY) == offset and ranges.open_count(KEY) == 0
+
+
+def test_done_ranges_are_the_resolved_offsets_above_the_watermark():
+    tracker = OffsetTracker()
+    tracker.seen_range("t:0", 0, 9)
+    for offset in (0, 1, 3, 4, 7):
+        tracker.resolved("t:0", offset)
+    assert tracker.watermark("t:0") == 2
+    assert tracker.done_ranges() == {"t:0": [[3, 4], [7, 7]]}
+    tracker.resolved_range("t:0", 2, 2)
+    assert tracker.watermark("t:0") == 5 and tracker.done_ranges() == {"t:0": [[7, 7]]}
+
+
+def test_restored_done_ranges_are_skipped_and_kept_until_read_again():
+    tracker = OffsetTracker(start={"t:0": 10}, done={"t:0": [[12, 13], [20, 20]]})
+    assert tracker.watermark("t:0") == 10
+    assert [o for o in range(10, 22) if tracker.is_done("t:0", o)] == [12, 13, 20]
+    assert tracker.has_done("t:0", 14, 25) and not tracker.has_done("t:0", 14, 19)
+    assert not tracker.has_done("t:1", 0, 100)
+    # Nothing read yet: a checkpoint taken now must still carry them.
+    assert tracker.done_ranges() == {"t:0": [[12, 13], [20, 20]]}
+    tracker.seen_range("t:0", 10, 13)
+    tracker.resolved_range("t:0", 12, 13)
+    assert tracker.done_ranges() == {"t:0": [[12, 13], [20, 20]]}

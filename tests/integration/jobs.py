@@ -1,0 +1,63 @@
+"""Small jobs and helpers shared by the integration tests that run training over the broker."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+
+from pipeline.config import JobConfig, load_config
+
+
+def train_job(unique: str, state_dir, *overrides: str) -> JobConfig:
+    """Three devices at 240 / 160 / 120 records/s, one per worker, digits, an MLP."""
+    return load_config(
+        overrides=[
+            f"job.name=t{unique}",
+            f"run.state_dir={state_dir}",
+            f"devices.ids=a{unique},b{unique},c{unique}",
+            "devices.count=3",
+            "devices.rates_hz=240,160,120",
+            "devices.message_interval_s=0.05",
+            "batcher.window_s=0.25",
+            "batcher.max_batch=64",
+            "workers.count=3",
+            "train.enabled=true",
+            "train.model=mlp",
+            "train.lr=0.1",
+            "train.eval_every_s=1",
+            "train.checkpoint_every_steps=10",
+            "run.duration_s=60",
+            "run.drain_timeout_s=60",
+            *overrides,
+        ],
+        env={},
+    )
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)  # poll interval of a deadline wait
+    return value
+
+
+def workers_of(result) -> dict[str, dict]:
+    return {name: t for name, t in result.training.items() if name != "server"}
+
+
+def steps_of(ctx, worker: str) -> float:
+    """The worker's ``edgestream_steps_total`` now (0 if it cannot be scraped)."""
+    from monitoring.scrape import scrape
+
+    w = ctx.worker(worker)
+    s = scrape(w.metrics_url) if w.metrics_url else None
+    return s.get("edgestream_steps_total", worker=worker) if s is not None else 0.0
