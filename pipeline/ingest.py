@@ -475,7 +475,7 @@ class IngestCore:
             elif outcome == DROPPED:
                 entry.dropped += n
                 ledger.dropped += n
-            else:
+            elif n:  # 0: a message dead-lettered whole (counted as a message when rejected)
                 entry.dead += n
                 key = reason or "rejected"
                 if entry.dead_reasons is None:

@@ -63,7 +63,9 @@ def test_garbage_is_dead_lettered_with_reason_and_never_buffered(kind):
     assert (letter.topic, letter.offset, letter.token) == ("sensors.dev01", 7, "dev01@7")
     assert core.buffers["dev01"].depth == 0
     assert core.letter_sent(letter) == ["dev01@7"]
-    assert core.resolved_ledgers()["dev01"]["dead_letter_messages"] == 1
+    resolved = core.resolved_ledgers()["dev01"]
+    assert resolved["dead_letter_messages"] == 1 and resolved["dead_letters_by_reason"] == {letter.reason: 1}
+    assert resolved["dead_records"] == 0 and resolved["dead_records_by_reason"] == {}  # no records in it
     scrape = Scrape.parse(_exposition(core))
     assert scrape.get("edgestream_dead_letter_messages_total", device="dev01", reason=letter.reason) == 1
 
