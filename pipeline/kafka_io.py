@@ -303,6 +303,38 @@ def adopt_group_offsets(
     return copy
 
 
+def group_positions(bootstrap: str, group: str, topic_names: list[str], timeout_s: float = 30.0) -> dict[str, int]:
+    """Where ``group`` would start reading each partition of ``topic_names`` now:
+    its committed offset, else the partition's beginning (``auto_offset_reset="earliest"``,
+    as every edgestream consumer uses). As ``"topic:partition" -> offset``."""
+    if not topic_names:
+        return {}
+    admin = admin_client(bootstrap)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                committed = admin.list_group_offsets({group: None}).get(group) or {}
+                break
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)  # the offsets topic is created lazily on a new broker, then loads
+    finally:
+        admin.close()
+    cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets")
+    try:
+        tps = [TopicPartition(t, p) for t in topic_names for p in sorted(cons.partitions_for_topic(t) or {0})]
+        beginnings = cons.beginning_offsets(tps)
+    finally:
+        cons.close()
+    out = {}
+    for tp in tps:
+        meta = committed.get(tp)
+        out[f"{tp.topic}:{tp.partition}"] = meta.offset if meta is not None and meta.offset >= 0 else beginnings[tp]
+    return out
+
+
 def _offset_errors(result: dict) -> str:
     """Partition-level errors of an ``alter_group_offsets`` result ({tp: error class}), '' if none."""
     return "; ".join(f"{tp}: {err.__name__}" for tp, err in (result or {}).items() if err.errno != 0)

@@ -30,7 +30,7 @@ from pipeline.app import app_id, sensor_group
 from pipeline.config import JobConfig
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
-from pipeline.worker import EXIT_FILE, SERVER_NAME
+from pipeline.worker import EXIT_FILE, SERVER_NAME, update_topics
 from streams import topics
 
 
@@ -260,8 +260,7 @@ def run_job(
             sensors = [topics.sensor_topic(d) for d in cfg.devices_of(name)]
             groups.setdefault(sensor_group(cfg, name), []).extend(sensors)
         if training:
-            updates = [t for t in training_topics(cfg.job.name) if not t.endswith(".dlq")]
-            groups.setdefault(app_id(cfg, name), []).extend(updates)
+            groups.setdefault(app_id(cfg, name), []).extend(update_topics(cfg))
     # A run consumes what is produced during it, even on a long-lived cluster.
     start_groups_at_end(bootstrap, groups)
     ctx = RunContext(cfg, bootstrap, state, cfg_path, [])

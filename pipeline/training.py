@@ -230,6 +230,19 @@ class TrainingRuntime:
         log.warning("%s restored checkpoint %s at model version %d (step %d)", self.name,
                     checkpoint.path.name, self.trainer.version, self.stats.steps)
 
+    def start_fresh(self, sensors: dict[str, int], updates: dict[str, int]) -> None:
+        """No checkpoint was restored: write checkpoint 0 (the initial model at the positions
+        this process starts reading from: ``"topic:partition" -> offset``), so that a restart
+        before the first periodic checkpoint replays the update log from where this one
+        started instead of from wherever its consumer group has committed to by then (a
+        fresh model on a log read half-way would never rejoin its BSP peers)."""
+        self.sensor_offsets = OffsetTracker(start=sensors)
+        self.update_offsets = dict(updates)
+        self.resume_offsets = {**sensors, **updates}
+        offsets = {"sensors": dict(sensors), "sensors_done": {}, "updates": dict(updates)}
+        meta = {"steps": 0, "trained_records": 0, "worker": self.name, "saved_at": time.time(), "ledger": {}}
+        self.executor.submit(self.checkpoints.save, self.trainer, self.strategy, offsets, meta).result()
+
     def _checkpoint_payload(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Offsets and meta of a checkpoint, taken on the event loop at one instant (the
         ingest ledger and the sensor watermarks must agree)."""

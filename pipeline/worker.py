@@ -25,6 +25,7 @@ from pipeline.config import ConfigError, JobConfig
 from pipeline.kafka_io import (
     adopt_group_offsets,
     ensure_topics,
+    group_positions,
     sensor_topics_for,
     set_group_offsets,
 )
@@ -83,6 +84,14 @@ def process_topics(cfg: JobConfig, name: str) -> dict[str, str]:
 
         wanted.update(training_topics(cfg.job.name))
     return wanted
+
+
+def update_topics(cfg: JobConfig) -> list[str]:
+    """The job's update topics (gradients, models, control): what a training process's
+    Faust app reads, in its own consumer group."""
+    from pipeline.training import training_topics
+
+    return [topic for topic, kind in training_topics(cfg.job.name).items() if kind != "dlq"]
 
 
 def check_training_config(cfg: JobConfig) -> None:
@@ -201,13 +210,16 @@ def run_worker(
         metrics.strategy_info.labels(worker, cfg.train.strategy).set(1)
     else:
         sink = CountingSink(metrics)
+    sensor_topics = [topics.sensor_topic(d) for d in devices]
     if sensor_group(cfg, worker) != app_id(cfg, worker):
         # Device-topic partitions the direct source's group has no offset for start where
         # the Faust group is (a switch of kafka.ingest_source, or a caller that positioned it).
-        adopted = adopt_group_offsets(bootstrap, app_id(cfg, worker), sensor_group(cfg, worker),
-                                      [topics.sensor_topic(d) for d in devices])
+        adopted = adopt_group_offsets(bootstrap, app_id(cfg, worker), sensor_group(cfg, worker), sensor_topics)
         if adopted:
             log.info("%s: sensor offsets taken from the Faust group: %s", worker, adopted)
+    if runtime is not None and runtime.restored_from is None:
+        runtime.start_fresh(group_positions(bootstrap, sensor_group(cfg, worker), sensor_topics),
+                            group_positions(bootstrap, app_id(cfg, worker), update_topics(cfg)))
     app, core = create_app(
         cfg, worker, bootstrap, sink, metrics,
         datadir=state / "faust", devices=devices,
@@ -247,6 +259,8 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     data = job_fleet_data(cfg)
     runtime = TrainingRuntime(cfg, SERVER_NAME, data, metrics, state, role="server")
     set_group_offsets(bootstrap, app_id(cfg, SERVER_NAME), runtime.resume_offsets)
+    if runtime.restored_from is None:
+        runtime.start_fresh({}, group_positions(bootstrap, app_id(cfg, SERVER_NAME), update_topics(cfg)))
     app = new_faust_app(cfg, SERVER_NAME, bootstrap, state / "faust")
 
     @app.on_partitions_assigned.connect
