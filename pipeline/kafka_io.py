@@ -279,20 +279,7 @@ def adopt_group_offsets(
     wanted = set(topic_names)
     if not wanted:
         return {}
-    admin = admin_client(bootstrap)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                listed = admin.list_group_offsets({from_group: None, to_group: None})
-                break
-            except KafkaError as exc:
-                # Retriable: the offsets topic is created lazily on a new broker, then loads.
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    finally:
-        admin.close()
+    listed = _committed(bootstrap, [from_group, to_group], timeout_s)
     have = {tp for tp, meta in (listed.get(to_group) or {}).items() if meta.offset >= 0}
     copy = {
         f"{tp.topic}:{tp.partition}": meta.offset
@@ -309,19 +296,7 @@ def group_positions(bootstrap: str, group: str, topic_names: list[str], timeout_
     as every edgestream consumer uses). As ``"topic:partition" -> offset``."""
     if not topic_names:
         return {}
-    admin = admin_client(bootstrap)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                committed = admin.list_group_offsets({group: None}).get(group) or {}
-                break
-            except KafkaError as exc:
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)  # the offsets topic is created lazily on a new broker, then loads
-    finally:
-        admin.close()
+    committed = _committed(bootstrap, [group], timeout_s).get(group) or {}
     cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets")
     try:
         tps = [TopicPartition(t, p) for t in topic_names for p in sorted(cons.partitions_for_topic(t) or {0})]
@@ -333,6 +308,23 @@ def group_positions(bootstrap: str, group: str, topic_names: list[str], timeout_
         meta = committed.get(tp)
         out[f"{tp.topic}:{tp.partition}"] = meta.offset if meta is not None and meta.offset >= 0 else beginnings[tp]
     return out
+
+
+def _committed(bootstrap: str, groups: list[str], timeout_s: float) -> dict:
+    """``{group: {TopicPartition: OffsetAndMetadata}}`` of ``groups``, retried while the
+    error is retriable (the offsets topic is created lazily on a new broker, then loads)."""
+    admin = admin_client(bootstrap)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                return admin.list_group_offsets(dict.fromkeys(groups))
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)  # retry interval while the coordinator loads
+    finally:
+        admin.close()
 
 
 def _offset_errors(result: dict) -> str:

@@ -19,6 +19,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from deploy.kafka.broker import free_port
 from monitoring.scrape import scrape
 from streams.recording import RecordedMessage, RecordingWriter
+from tests.integration.jobs import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,15 +49,6 @@ def only_line(stream: str) -> str:
     lines = [line for line in stream.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected one line, got {len(lines)}:\n{stream}"
     return lines[0]
-
-
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)  # poll interval of a deadline wait
-    return value
 
 
 def unused_address() -> str:
