@@ -61,3 +61,16 @@ def steps_of(ctx, worker: str) -> float:
     w = ctx.worker(worker)
     s = scrape(w.metrics_url) if w.metrics_url else None
     return s.get("edgestream_steps_total", worker=worker) if s is not None else 0.0
+
+
+def show(result, training: bool = True) -> None:
+    """Print the run's accounting (and training) tables: seen with ``pytest -s``, kept in the
+    captured output of a failing test."""
+    from rich.console import Console
+
+    from pipeline.run import summary_table, training_table
+
+    console = Console(width=200)
+    console.print(summary_table(result, training))
+    if training:
+        console.print(training_table(result))

@@ -17,7 +17,7 @@ from pipeline.run import RunContext, run_job
 from pipeline.simulate import job_fleet_data
 from streams import codec, topics
 from streams.records import RecordBatch
-from tests.integration.jobs import quiet, steps_of, train_job, wait_until, workers_of
+from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until, workers_of
 from trainers.checkpoint import MAGIC, load_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -76,6 +76,7 @@ def test_a_huge_value_and_corrupted_messages_are_dead_lettered_at_ingest(kafka_b
         ctx.inject(corrupt_device, corrupted)
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=inject)
+    show(result)
 
     trained = workers_of(result)
     assert min(t["accuracy"] for t in trained.values()) >= 0.9
@@ -108,6 +109,7 @@ def test_without_a_range_the_step_guard_keeps_the_huge_value_out_of_the_model(ka
         ctx.inject(device, [with_huge_value(real_message(cfg, device))], records=32)
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=inject)
+    show(result)
 
     trained = workers_of(result)
     w0 = trained["w0"]
@@ -160,6 +162,7 @@ def test_a_worker_restarted_on_a_poisoned_checkpoint_falls_back_to_the_previous_
         seen["poisoned"] = newest.name
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash_on_poison)
+    show(result)
 
     assert result.restarted == ["w1"]
     trained = workers_of(result)

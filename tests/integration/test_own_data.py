@@ -12,6 +12,7 @@ from rich.console import Console
 from pipeline.config import load_config
 from pipeline.importer import ImportSpec, import_table
 from pipeline.run import run_job
+from tests.integration.jobs import show
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +59,7 @@ def test_imported_csv_trains_to_accuracy_on_its_heldout_split(kafka_bootstrap, u
     )
     assert cfg.devices.device_ids() == [f"bc{unique}-{i:02d}" for i in range(3)]
     result = run_job(cfg, kafka_bootstrap, console=Console(file=io.StringIO(), width=160), live=False)
+    show(result)
 
     # The whole recording was streamed (it ends before run.duration_s) and accounted for.
     assert result.produced == {d: v["records"] for d, v in imported.devices.items()}

@@ -12,7 +12,7 @@ from pipeline.messages import encode_update
 from pipeline.run import RunContext, run_job
 from pipeline.training import channel_topic
 from streams import topics
-from tests.integration.jobs import quiet, train_job, wait_until, workers_of
+from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 from trainers import LocalTrainer, build_model
 from trainers.messages import UpdateMessage
 
@@ -73,6 +73,7 @@ def test_killed_worker_resumes_from_checkpoint_and_loses_nothing(kafka_bootstrap
         wait_until(lambda: ctx.restarts == ["w1"] and ctx.worker("w1").ready, 120, "the supervisor to restart w1")
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash)
+    show(result)
 
     assert seen["killed"] and result.restarted == ["w1"]
     assert [(d["process"], d["code"], d["reason"]) for d in result.deaths] == [("w1", -9, "was killed by SIGKILL")]
