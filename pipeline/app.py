@@ -34,11 +34,11 @@ from faust.types import TP
 from mode import Service
 
 from monitoring.metrics import Metrics, consumer_lag
-from pipeline.batching import Batch
 from pipeline.config import JobConfig
 from pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
-from pipeline.offsets import OffsetTracker
 from streams import topics
+from streams.batching import Batch
+from streams.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
 

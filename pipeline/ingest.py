@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from monitoring.metrics import Metrics
-from pipeline.batching import AdaptiveBatcher, Batch
-from pipeline.buffering import Sources, StreamBuffer
 from pipeline.config import JobConfig
-from pipeline.rates import RateEstimator
 from streams import codec
+from streams.batching import AdaptiveBatcher, Batch
+from streams.buffering import Sources, StreamBuffer
 from streams.errors import RecordDecodeError, TopicNameError
+from streams.rates import RateEstimator
 from streams.records import RecordBatch
 from streams.topics import device_of, sensor_topic
 

@@ -44,13 +44,12 @@ from compression.controllers.scadles import link_signal
 from compression.memory import ErrorFeedback, NoMemory
 from compression.pipeline import GradientCodec
 from monitoring.metrics import Metrics
-from pipeline.batching import Batch
-from pipeline.buffering import concat
 from pipeline.config import ConfigError, JobConfig
 from pipeline.ingest import CONSUMED, DEAD
-from pipeline.messages import HEADER_CODEC, HEADER_TO, MessageRejected, decode_update, encode_update
-from pipeline.offsets import OffsetTracker
 from streams import codec, topics
+from streams.batching import Batch
+from streams.buffering import concat
+from streams.offsets import OffsetTracker
 from streams.simulator import FleetData
 from trainers import LocalTrainer, build_model, evaluate, limit_torch_threads
 from trainers.checkpoint import CheckpointStore
@@ -60,6 +59,7 @@ from trainers.injection import DataInjector, shared_pool
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies import StrategyContext, create
 from trainers.validation import TensorSpec
+from trainers.wire import HEADER_CODEC, HEADER_TO, MessageRejected, decode_update, encode_update
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,9 @@ class StepResult:
     batch_size: int
     base_version: int
     buffer_deltas: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Per sample, whether the model (before this step) predicted its label: the
+    #: prequential (test-then-train) score of the batch. None if the step cannot tell.
+    correct: np.ndarray | None = None
 
 
 class LocalTrainer:
@@ -139,6 +142,7 @@ class LocalTrainer:
         if int(targets.max()) >= logits.shape[1]:
             raise BatchError(f"label {int(targets.max())} out of range for {logits.shape[1]} classes")
         loss = F.cross_entropy(logits, targets)
+        correct = (logits.detach().argmax(dim=1) == targets).cpu().numpy()
         if not torch.isfinite(loss):
             raise BatchError(f"non-finite training loss {loss.item()}", reason="non_finite_loss")
         loss.backward()
@@ -162,6 +166,7 @@ class LocalTrainer:
             batch_size=int(targets.shape[0]),
             base_version=self._version,
             buffer_deltas=deltas,
+            correct=correct,
         )
 
     def apply_gradient(

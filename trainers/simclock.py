@@ -10,7 +10,7 @@ One run is a discrete-event simulation of N devices, each feeding its own worker
 - **Compute**: an idle worker whose strategy ``can_train()`` and that has a batch
   computes ``trainer.compute_gradient`` at once; the step "finishes" after
   ``(c0 + c1 * batch) * slowdown_i`` seconds, when ``on_local_step`` runs.
-- **Transfer**: every outgoing message is encoded with ``pipeline.messages`` (and
+- **Transfer**: every outgoing message is encoded with ``trainers.wire`` (and
   the worker's ``GradientCodec``); ``len(bytes)`` leaves the worker's uplink at
   ``bandwidth`` after ``latency`` and is appended to ONE totally ordered log (a
   single-partition topic), decoded once and handed to every subscriber in log
@@ -42,10 +42,8 @@ from compression import registry as compressors
 from compression.controllers.scadles import link_signal
 from compression.memory import ErrorFeedback, Memory, NoMemory
 from compression.pipeline import GradientCodec
-from pipeline.batching import AdaptiveBatcher, Batch
-from pipeline.buffering import StreamBuffer, concat, slice_records
-from pipeline.config import JobConfig
-from pipeline.messages import COMPRESSED_KINDS, decode_update, encode_update
+from streams.batching import AdaptiveBatcher, Batch
+from streams.buffering import StreamBuffer, concat, slice_records
 from streams.datasets import Dataset
 from streams.profiles import SCADLES_RATES
 from streams.records import RecordBatch
@@ -57,6 +55,7 @@ from trainers.messages import Outgoing, UpdateMessage
 from trainers.models import build_model
 from trainers.strategies.base import StrategyContext, SyncStrategy
 from trainers.validation import TensorSpec
+from trainers.wire import COMPRESSED_KINDS, decode_update, encode_update
 
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",
@@ -199,19 +198,6 @@ class StreamSet:
         return cls(data, tuple(float(r) for r in rates_hz), profile, message_interval_s, seed)
 
     @classmethod
-    def from_job(cls, cfg: JobConfig, *, profile: str = "poisson") -> StreamSet:
-        """The job's devices, data, partition, rates (times ``time_scale``), interval and seed.
-
-        ``profile`` defaults to Poisson arrivals whatever ``devices.profile`` says; pass
-        ``cfg.devices.profile`` to use the job's own.
-        """
-        from pipeline.simulate import job_fleet_data  # the same data the live simulators stream
-
-        data = job_fleet_data(cfg)
-        rates = tuple(cfg.devices.rate_of(i) for i in range(len(cfg.devices.device_ids())))
-        return cls(data, rates, profile, cfg.devices.message_interval_s, cfg.job.seed)
-
-    @classmethod
     def from_arrays(
         cls,
         shards: Sequence[tuple[np.ndarray, np.ndarray]],
@@ -304,23 +290,6 @@ class RunConfig:
             raise ValueError("eval_every_s, time_budget_s and depth_sample_s must be > 0")
         if self.hold_evals < 1:
             raise ValueError(f"hold_evals must be >= 1, got {self.hold_evals}")
-
-    @classmethod
-    def from_job(cls, cfg: JobConfig, **overrides: Any) -> RunConfig:
-        """Model, lr, momentum, eval cadence, target, seed and torch threads of ``cfg.train``."""
-        train = cfg.train
-        values: dict[str, Any] = {
-            "model": train.model,
-            "lr": train.lr,
-            "momentum": train.momentum,
-            "seed": cfg.job.seed,
-            "eval_every_s": train.eval_every_s,
-            "target_accuracy": train.target_accuracy or None,
-            "torch_threads": train.torch_threads,
-            "max_message_bytes": cfg.kafka.max_message_bytes,
-        }
-        values.update(overrides)
-        return cls(**values)
 
 
 # -- reports ---------------------------------------------------------------------------------

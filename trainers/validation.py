@@ -42,6 +42,7 @@ def validate_update(
     expected_shapes: TensorSpec | Mapping[str, Shape],
     *,
     max_meta_bytes: int = MAX_META_BYTES,
+    partial: bool = False,
 ) -> None:
     """Raise :class:`UpdateRejected` unless ``msg`` is safe to hand to a strategy.
 
@@ -50,7 +51,9 @@ def validate_update(
     their shapes; ``activation``: names exactly the spec's entries; ``control``: no
     tensors at all; ``buffers`` only known buffers of matching shape and dtype class;
     ``optimizer`` slots only on ``model`` and shaped like their parameter; every
-    floating tensor finite. A plain mapping is taken as the parameter shapes.
+    floating tensor finite. A plain mapping is taken as the parameter shapes. With
+    ``partial`` a parameter kind may carry any subset of the parameters (each one it
+    carries is still checked), for strategies that exchange part of the model per link.
     """
     spec = (
         expected_shapes
@@ -69,7 +72,7 @@ def validate_update(
             raise reject("unexpected_tensor", "control messages carry no tensors")
         return
 
-    _check_named(msg.tensors, spec.parameters, "tensor", reject)
+    _check_named(msg.tensors, spec.parameters, "tensor", reject, partial=partial)
     for name, tensor in msg.tensors.items():
         _check_float(name, tensor, reject)
 
@@ -120,10 +123,11 @@ def _check_meta(msg: UpdateMessage, max_meta_bytes: int, reject: Rejector) -> No
 
 
 def _check_named(
-    tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Shape], what: str, reject: Rejector
+    tensors: Mapping[str, torch.Tensor], expected: Mapping[str, Shape], what: str, reject: Rejector,
+    *, partial: bool = False,
 ) -> None:
     missing = sorted(expected.keys() - tensors.keys())
-    if missing:
+    if missing and not partial:
         raise reject("missing_tensor", f"missing {what}s {missing}")
     extra = sorted(tensors.keys() - expected.keys())
     if extra:

@@ -8,13 +8,13 @@ import torch
 from kafka import KafkaConsumer
 
 from pipeline.kafka_io import end_offsets, producer
-from pipeline.messages import encode_update
 from pipeline.run import RunContext, run_job
 from pipeline.training import channel_topic
 from streams import topics
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 from trainers import LocalTrainer, build_model
 from trainers.messages import UpdateMessage
+from trainers.wire import encode_update
 
 pytestmark = pytest.mark.integration
 

@@ -18,6 +18,7 @@ from trainers.errors import StrategyError, UnknownStrategyError
 from trainers.local import LocalTrainer, StepResult
 from trainers.messages import Channel, MessageKind, Outgoing, UpdateMessage
 from trainers.staleness import StalenessTracker
+from trainers.validation import TensorSpec
 
 Role = Literal["worker", "server"]
 
@@ -103,6 +104,59 @@ class SyncStrategy(ABC):
     def on_membership(self, workers: Sequence[str]) -> list[Outgoing]:
         """The pipeline's current view of live workers changed. Default: ignore."""
         return []
+
+    # -- optional hooks: the driver (trainers/driver.py) calls these; defaults suit BSP/ASP --
+
+    #: Whether this role holds a model worth evaluating on the held-out set.
+    evaluates_model: ClassVar[bool] = True
+    #: The batcher mode the strategy is designed for (``window`` for ScaDLES); None: any.
+    preferred_batcher: ClassVar[str | None] = None
+
+    def compression_signal_ratio(self) -> float | None:
+        """Top-k ratio at which the driver computes the compression signal of every new
+        gradient, against the outgoing link's error-feedback residual, and hands it to
+        :meth:`observe_signal` before :meth:`on_local_step`; None: not wanted (default).
+        Needed by ScaDLES's adaptive-compression vote."""
+        return None
+
+    def observe_signal(self, signal: float) -> None:
+        """The compression signal of the gradient :meth:`on_local_step` gets next."""
+        return None
+
+    def compression_decision(self) -> bool | None:
+        """The replicated compress/dense decision for the pending step, if the strategy
+        takes one (ScaDLES); the driver logs each switch. Default None."""
+        return None
+
+    def batch_size_wanted(self) -> int | None:
+        """Most records the next local step should train on (dynamic batching: DLion,
+        EdgeGossip); None: the job's ``train.max_step_batch`` (default)."""
+        return None
+
+    def tensor_spec(self, kind: str, spec: TensorSpec) -> TensorSpec:
+        """What a message of ``kind`` may carry; ``spec`` is the full model's. Stage
+        activations (synthetic gradients) return their own spec. Default: ``spec``."""
+        return spec
+
+    def accepts_partial(self, kind: str) -> bool:
+        """True if a message of ``kind`` may carry a subset of the parameters (per-link
+        top-k exchange: DLion); each tensor it carries is still checked. Default False."""
+        return False
+
+    def local_step(self, trainer: LocalTrainer, features: Any, labels: Any) -> StepResult:
+        """The local step on one batch. Default: full-model cross-entropy
+        (``trainer.compute_gradient``); a stage trainer overrides it (synthetic gradients)."""
+        return trainer.compute_gradient(features, labels)
+
+    def on_evaluation(self, accuracy: float, loss: float) -> list[Outgoing]:
+        """The held-out evaluation of this process's model (accuracy-aware mixing:
+        EdgeGossip). Default: nothing."""
+        return []
+
+    def on_transfer(self, peer: str | None, nbytes: int, seconds: float) -> None:
+        """Feedback on one message this process sent: its size and how long it took to
+        reach ``peer`` (None: a broadcast). Per-link bandwidth estimates: DLion."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume after a restart; tensors and primitives only."""

@@ -3,9 +3,9 @@
 The mechanism (SEEDS.md section 1) is split where each piece belongs:
 
 - **Time-window batching** and the **persistence / truncation** overflow policies are
-  the ingest path's: ``pipeline.batching.AdaptiveBatcher`` in ``window`` mode (window
+  the ingest path's: ``streams.batching.AdaptiveBatcher`` in ``window`` mode (window
   and cap from ``batcher.window_s`` / ``batcher.max_batch``) on a
-  ``pipeline.buffering.StreamBuffer``. A step trains on what the window delivered,
+  ``streams.buffering.StreamBuffer``. A step trains on what the window delivered,
   so ``b_i`` differs per device and per step.
 - **Weighted aggregation** ``b_i / B_t`` and **linear LR scaling** ``lr * B_t / B_ref``
   are the shared rules of :mod:`trainers.aggregation`, applied by the BSP machinery
@@ -87,7 +87,16 @@ class ScadlesStrategy(BSPStrategy):
         self._compress = False  # decision for the pending step; step 0 is dense
         self._local_steps = 0
 
+    preferred_batcher = "window"
+
     # -- the vote ---------------------------------------------------------------------
+
+    def compression_signal_ratio(self) -> float | None:
+        """The top-k ratio of the signal, when the vote is on."""
+        return self.ratio if self.adaptive_compression else None
+
+    def compression_decision(self) -> bool | None:
+        return self._compress if self.adaptive_compression else None
 
     @property
     def compress_next(self) -> bool:

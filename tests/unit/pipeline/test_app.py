@@ -22,9 +22,9 @@ from pipeline.app import (
 )
 from pipeline.config import ConfigError, load_config
 from pipeline.ingest import IngestActions, IngestCore
-from pipeline.offsets import OffsetTracker
 from streams import codec
 from streams.garbage import make_garbage
+from streams.offsets import OffsetTracker
 from streams.records import RecordBatch
 
 DEVICE = "dev00"

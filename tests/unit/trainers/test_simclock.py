@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.config import JobConfig
 from streams.records import RecordBatch
 from trainers.simclock import (
     HETEROGENEOUS_SLOWDOWNS,
@@ -229,28 +228,6 @@ def test_oracle_is_the_zero_cost_run_of_its_mode(two_streams):
     assert report.mode == "oracle"
     zero_cost = run(dataclasses.replace(mode, name="oracle"), two_streams, CostModel.zero(), config)
     assert dataclasses.asdict(report) == dataclasses.asdict(zero_cost)
-
-
-def test_streams_and_run_config_come_from_a_job_config():
-    cfg = JobConfig()
-    cfg.devices.count, cfg.devices.rates_hz, cfg.devices.time_scale = 3, [10.0, 20.0], 2.0
-    cfg.train.model, cfg.train.lr, cfg.train.target_accuracy = "digits_cnn", 0.2, 0.8
-
-    streams = StreamSet.from_job(cfg)
-    config = RunConfig.from_job(cfg, time_budget_s=30.0)
-
-    assert streams.devices == ("dev00", "dev01", "dev02")
-    assert streams.rates_hz == (20.0, 40.0, 20.0)
-    assert (
-        len(streams.data.heldout) > 0
-        and streams.message_interval_s == cfg.devices.message_interval_s
-    )
-    assert (config.model, config.lr, config.target_accuracy, config.time_budget_s) == (
-        "digits_cnn",
-        0.2,
-        0.8,
-        30.0,
-    )
 
 
 def test_explicit_per_device_arrays_stream_only_their_own_shard(digits):

@@ -4,7 +4,7 @@ The buffer holds decoded record chunks (one per Kafka message, or one per run of
 messages) in arrival order. Every chunk carries an opaque *token* (the ingest source's
 acknowledgement handle). Whatever leaves the buffer, taken for a batch or dropped under
 a counted policy, is reported as ``sources``: ``(token, records)`` pairs in order, so
-the owner (``pipeline.ingest.IngestCore``) knows which message each record came from
+the owner (the ingest path's ``IngestCore``, or the simulated clock) knows which message each record came from
 and acknowledges a message only once all its records are settled.
 """
 

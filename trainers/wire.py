@@ -61,7 +61,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -367,12 +367,13 @@ def _raw_bytes(tensor: torch.Tensor) -> bytes:
 def decode_update(
     value: bytes | bytearray | memoryview | None,
     *,
-    expected_shapes: TensorSpec | Mapping[str, Shape],
+    expected_shapes: TensorSpec | Mapping[str, Shape] | Callable[[str], TensorSpec],
     max_bytes: int,
     allowed_codecs: Collection[str] | None = None,
     job: str | None = None,
     max_numel: int | None = None,
     max_norm: float | None = None,
+    partial: bool | Callable[[str], bool] = False,
 ) -> UpdateMessage:
     """Parse, bound-check and validate one record value; raise :class:`MessageRejected`.
 
@@ -384,15 +385,12 @@ def decode_update(
     activations (default: ``max_bytes``); all other allocations are bounded
     exactly by the spec. ``max_norm`` (if set) bounds the L2 norm of the tensors of a
     ``gradient`` or ``delta`` (finite but absurd values). The returned message has passed
-    ``validate_update``.
+    ``validate_update``. ``partial``: a parameter kind may carry a subset of the parameters.
+    ``expected_shapes`` and ``partial`` may also be functions of the message kind (read
+    from the header), for receivers whose kinds carry different tensors.
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
-    spec = (
-        expected_shapes
-        if isinstance(expected_shapes, TensorSpec)
-        else TensorSpec(parameters=dict(expected_shapes))
-    )
     if value is None:
         raise MessageRejected("truncated", "record has no value (tombstone)")
     data = memoryview(value).cast("B")
@@ -435,6 +433,15 @@ def decode_update(
 
     if job is not None and header["job"] != job:
         raise reject("wrong_job", f"record of job {header['job']!r} on a receiver of {job!r}")
+    if callable(expected_shapes):
+        expected_shapes = expected_shapes(header["kind"])
+    if callable(partial):
+        partial = partial(header["kind"])
+    spec = (
+        expected_shapes
+        if isinstance(expected_shapes, TensorSpec)
+        else TensorSpec(parameters=dict(expected_shapes))
+    )
     codec_name = header["codec"]
     if codec_name not in registry.names():
         raise reject("unknown_codec", f"codec {codec_name!r} is not registered")
@@ -442,7 +449,7 @@ def decode_update(
         raise reject("codec_not_allowed", f"codec {codec_name!r} is not accepted here")
 
     # Step 3. Declared names and shapes against the spec, before any allocation.
-    _check_declared(header, spec, reject, max_bytes if max_numel is None else max_numel)
+    _check_declared(header, spec, reject, max_bytes if max_numel is None else max_numel, partial)
     tensors_len, buffers_len, optimizer_len, raw_len = section_lens
     int_entries = [e for e in header["buffers"] if e[1] in _INT_DTYPES]
     float_buffer_entries = [e for e in header["buffers"] if e[1] in _FLOAT_DTYPES]
@@ -484,7 +491,7 @@ def decode_update(
     )
     # Step 5. The same gate every strategy input passes (finiteness, meta, dtypes).
     try:
-        validate_update(msg, spec)
+        validate_update(msg, spec, partial=partial)
     except UpdateRejected as err:
         raise reject(err.reason, err.detail) from None
     # Step 6. A finite but absurd update (the step guard's bound, applied on receipt).
@@ -587,8 +594,11 @@ def _shape_ok(declared: tuple[int, ...], want: Shape) -> bool:
     )
 
 
-def _check_declared(header: dict[str, Any], spec: TensorSpec, reject: Any, max_numel: int) -> None:
-    """``validate_update``'s name/shape rules applied to the header's declarations."""
+def _check_declared(header: dict[str, Any], spec: TensorSpec, reject: Any, max_numel: int,
+                    partial: bool = False) -> None:
+    """``validate_update``'s name/shape rules applied to the header's declarations, before
+    anything is allocated (so a header declaring huge tensors costs nothing); the decoded
+    message then passes ``validate_update`` itself (values, dtypes, meta)."""
     kind = header["kind"]
     tensors, buffers, optimizer = header["tensors"], header["buffers"], header["optimizer"]
     if kind == "control":
@@ -613,7 +623,7 @@ def _check_declared(header: dict[str, Any], spec: TensorSpec, reject: Any, max_n
 
     names = {name for name, _, _ in tensors}
     missing = sorted(spec.parameters.keys() - names)
-    if missing:
+    if missing and not partial:
         raise reject("missing_tensor", f"missing tensors {missing[:10]}")
     extra = sorted(names - spec.parameters.keys())
     if extra:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.batching import AdaptiveBatcher
-from pipeline.buffering import StreamBuffer
-from tests.unit.pipeline.test_buffering import chunk
+from streams.batching import AdaptiveBatcher
+from streams.buffering import StreamBuffer
+from tests.unit.streams.test_buffering import chunk
 
 
 def make(mode="window", **kw):

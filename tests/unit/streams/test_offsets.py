@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.offsets import OffsetTracker
+from streams.offsets import OffsetTracker
 
 KEY = "sensors.dev00:0"
 

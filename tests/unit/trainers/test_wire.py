@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from compression import ErrorFeedback, GradientCodec, encode_tensors, registry
-from pipeline import messages
-from pipeline.messages import (
+from trainers.messages import UpdateMessage
+from trainers.validation import TensorSpec
+from trainers.wire import (
     MAX_HEADER_BYTES,
     PREFIX_SIZE,
     MessageEncodeError,
@@ -19,8 +20,6 @@ from pipeline.messages import (
     decode_update,
     encode_update,
 )
-from trainers.messages import UpdateMessage
-from trainers.validation import TensorSpec
 
 torch.set_num_threads(1)
 
@@ -432,7 +431,7 @@ def test_failed_encode_leaves_codec_residuals_untouched():
 def test_rejection_reasons_are_a_closed_set():
     with pytest.raises(ValueError):
         MessageRejected("whatever", "x")
-    assert messages.MessageRejected.REASONS >= {
+    assert MessageRejected.REASONS >= {
         "truncated",
         "bad_magic",
         "bad_version",

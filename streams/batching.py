@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.buffering import Sources, StreamBuffer, concat
+from streams.buffering import Sources, StreamBuffer, concat
 from streams.records import RecordBatch
 
 

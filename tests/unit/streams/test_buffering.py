@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.buffering import StreamBuffer, concat
+from streams.buffering import StreamBuffer, concat
 from streams.records import RecordBatch
 
 

@@ -1,0 +1,351 @@
+"""The training driver: every step a worker (or the server) takes with its model, once.
+
+One Kafka-free, clock-free, synchronous object per process. The adapters (the live
+runtime in ``pipeline/training.py``, the simulated clock in ``trainers/simclock.py``,
+the unit tests' bus) only move bytes and time; what happens to a model is here, in
+the order a worker does it:
+
+1. ``handle(value, to)``: an update message from a subscribed channel: drop it if it
+   is addressed to someone else; decode and validate it (the strategy says what a
+   kind may carry: ``tensor_spec``, ``accepts_partial``; gradients above the norm bound
+   are refused) -> ``strategy.on_message`` -> encode what it answers.
+2. ``poll(now)``: the strategy's timers.
+3. ``can_train()`` and ``batch_limit()``: may the next local step run, on how many
+   records (``strategy.batch_size_wanted`` or the job's ``max_step_batch``).
+4. ``step(features, labels)``: score the batch with the model before training on it
+   (prequential evaluation) -> the local step (``strategy.local_step``) -> the step
+   guard -> the compression signal if the strategy wants it -> ``on_local_step`` ->
+   encode every outgoing message on its own link's codec. A rejected step publishes
+   nothing; the adapter dead-letters its records. An accepted one: the adapter
+   publishes, then acknowledges the records behind it.
+5. ``evaluate(features, labels)``: held-out evaluation, handed to the strategy.
+
+Checkpoints (``trainers.checkpoint.CheckpointStore``) hold the trainer and strategy;
+the adapter decides when (every ``train.checkpoint_every_steps`` accepted steps).
+
+Invariant: the trainer and the strategy are touched only through this object, one
+call at a time; no call reads a clock, sleeps, or does I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from compression import registry as compressors
+from compression.controllers.scadles import link_signal
+from compression.memory import ErrorFeedback, NoMemory
+from compression.pipeline import GradientCodec
+from trainers.errors import BatchError, StrategyError
+from trainers.evaluation import EvalResult, evaluate
+from trainers.guard import StepGuard, StepRejection
+from trainers.local import LocalTrainer, StepResult
+from trainers.messages import Outgoing, UpdateMessage
+from trainers.strategies.base import SyncStrategy
+from trainers.validation import TensorSpec
+from trainers.wire import HEADER_CODEC, MessageRejected, decode_update, encode_update
+
+#: Kinds whose tensors may go through a link's codec. Gradients and deltas are
+#: compressed unless the strategy marks one ``meta["compress"] = False``; model
+#: snapshots only when it marks them ``meta["compress"] = True`` (a replica's snapshot
+#: must usually be exact).
+COMPRESSIBLE_KINDS = frozenset({"gradient", "delta", "model"})
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """What the driver needs of the job: names, limits, the codec, the guard's bounds."""
+
+    job: str
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_step_batch: int = 256
+    codec: str = "dense"
+    codec_params: dict[str, Any] = field(default_factory=dict)
+    error_feedback: bool = True
+    max_grad_norm: float = 1.0e4
+    grad_norm_spike: float = 100.0
+    #: Prequential accuracy/loss over the last this many scored batches (beside the totals).
+    prequential_window: int = 50
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One encoded message for an adapter to put on ``channel`` (to ``to``, or everyone)."""
+
+    channel: str
+    to: str | None
+    kind: str
+    value: bytes
+    headers: dict[str, bytes]
+    codec: str
+    dense_bytes: int  # fp32 bytes of the tensors, before any compression
+
+    @property
+    def compressed(self) -> bool:
+        return self.codec != "dense"
+
+
+@dataclass(frozen=True)
+class Handled:
+    """What ``handle`` did with one update message.
+
+    ``skipped``: addressed to another process; ``rejection``: refused before the
+    strategy saw it (dead-letter it); otherwise the strategy took it and ``staleness``
+    is the versions between its base and the model it was applied to (None if the
+    model did not move).
+    """
+
+    outbound: list[Outbound] = field(default_factory=list)
+    skipped: bool = False
+    rejection: MessageRejected | None = None
+    message: UpdateMessage | None = None
+    staleness: int | None = None
+    vote_switched_to: bool | None = None
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """What ``step`` did with one batch: ``rejection`` set means nothing was applied or
+    published and the batch's records must be dead-lettered with its reason."""
+
+    rejection: StepRejection | None
+    outbound: list[Outbound]
+    records: int
+    loss: float = math.nan
+    #: Prequential score of the batch by the model before this step (None if rejected early).
+    correct: int | None = None
+    vote_switched_to: bool | None = None
+
+
+@dataclass
+class Prequential:
+    """Test-then-train scores: every batch is scored by the current model before it is
+    trained on. Totals since start and a sliding window of the last ``window`` batches."""
+
+    window: int = 50
+    records: int = 0
+    correct: int = 0
+    loss_sum: float = 0.0
+    _recent: collections.deque = field(default_factory=collections.deque)
+
+    def add(self, records: int, correct: int, loss: float) -> None:
+        self.records += records
+        self.correct += correct
+        self.loss_sum += loss * records
+        self._recent.append((records, correct, loss * records))
+        while len(self._recent) > self.window:
+            self._recent.popleft()
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.records if self.records else 0.0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.records if self.records else 0.0
+
+    @property
+    def window_accuracy(self) -> float:
+        n = sum(r for r, _, _ in self._recent)
+        return sum(c for _, c, _ in self._recent) / n if n else 0.0
+
+    @property
+    def window_loss(self) -> float:
+        n = sum(r for r, _, _ in self._recent)
+        return sum(s for _, _, s in self._recent) / n if n else 0.0
+
+
+class TrainingDriver:
+    """The model-side life of one process: messages in, steps, messages out.
+
+    ``injector`` (optional) is ``(features, labels) -> (features, labels, injected)``
+    applied to a batch before the step (ScaDLES data injection); its samples are
+    trained on but not scored.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        trainer: LocalTrainer,
+        strategy: SyncStrategy,
+        config: DriverConfig,
+        *,
+        spec: TensorSpec | None = None,
+        injector: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, int]] | None = None,
+    ) -> None:
+        self.name = name
+        self.trainer = trainer
+        self.strategy = strategy
+        self.config = config
+        self.spec = spec if spec is not None else TensorSpec.from_trainer(trainer)
+        self.injector = injector
+        self.guard = StepGuard(config.max_grad_norm, config.grad_norm_spike)
+        self.prequential = Prequential(config.prequential_window)
+        # Build one codec now: a bad codec name or parameter fails at start, not at the
+        # first step.
+        self._codecs: dict[tuple[str | None, str], GradientCodec] = {}
+        self._new_codec()
+        self._decision = strategy.compression_decision()
+        if strategy.compression_signal_ratio() is not None and config.codec == "dense":
+            raise StrategyError(
+                f"{strategy.name} computes a compression signal (adaptive compression) and needs a "
+                "compressing train.codec (e.g. train.codec=topk, train.codec_params=[\"ratio=0.1\"])"
+            )
+        #: (model version, decision) at every switch of the replicated compression decision.
+        self.vote_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=1000)
+        self.injected_records = 0
+        self.accepted_steps = 0
+        self.compressed_steps = 0
+
+    # -- 1. messages in ----------------------------------------------------------------
+    def handle(self, value: bytes, to: str | None = None) -> Handled:
+        """One record of a subscribed channel (``to``: the recipient named in its headers)."""
+        if to is not None and to != self.name:
+            return Handled(skipped=True)
+        try:
+            msg = self._decode(value)
+        except MessageRejected as exc:
+            return Handled(rejection=exc)
+        version_before = self.trainer.version
+        out = self.strategy.on_message(msg)
+        staleness = None
+        if msg.kind in ("gradient", "delta") and self.trainer.version > version_before:
+            staleness = max(0, version_before - msg.base_version)
+        return Handled(self.encode(out), message=msg, staleness=staleness,
+                       vote_switched_to=self._decision_switch())
+
+    def _decode(self, value: bytes) -> UpdateMessage:
+        """Decode and validate; the kind's spec and partial rule come from the strategy."""
+        return decode_update(
+            value, expected_shapes=lambda kind: self.strategy.tensor_spec(kind, self.spec),
+            max_bytes=self.config.max_message_bytes, job=self.config.job,
+            max_norm=self.config.max_grad_norm or None, partial=self.strategy.accepts_partial,
+        )
+
+    # -- 2. timers --------------------------------------------------------------------------
+    def poll(self, now: float) -> list[Outbound]:
+        return self.encode(self.strategy.poll(now))
+
+    def membership(self, workers: list[str]) -> list[Outbound]:
+        """The adapter's view of the live workers changed."""
+        return self.encode(self.strategy.on_membership(workers))
+
+    # -- 3. may we train, on how much ----------------------------------------------------------
+    def can_train(self) -> bool:
+        return self.strategy.role == "worker" and self.strategy.can_train()
+
+    def batch_limit(self) -> int:
+        """Most records the next local step takes."""
+        wanted = self.strategy.batch_size_wanted()
+        return max(1, int(wanted)) if wanted is not None else self.config.max_step_batch
+
+    # -- 4. the local step ----------------------------------------------------------------------
+    def step(self, features: np.ndarray, labels: np.ndarray | None) -> Stepped:
+        """Train on one batch (the records of one or several device batches)."""
+        records = int(len(features))
+        if labels is None:
+            return self._rejected(StepRejection("bad_batch", "records carry no labels"), records)
+        x = np.ascontiguousarray(features, dtype=np.float32)
+        y = np.asarray(labels, dtype=np.int64)
+        injected = 0
+        if self.injector is not None:
+            x, y, injected = self.injector(x, y)
+        try:
+            result = self.strategy.local_step(self.trainer, x, y)
+        except BatchError as exc:
+            return self._rejected(self.guard.reject_batch(exc), records)
+        rejection = self.guard.check(result)
+        if rejection is not None:
+            return self._rejected(rejection, records)
+        correct = _streamed_correct(result, records)
+        if correct is not None:
+            self.prequential.add(records, correct, result.loss)
+        self.injected_records += injected
+        ratio = self.strategy.compression_signal_ratio()
+        if ratio is not None:
+            # Before on_local_step (so this gradient's vote includes it) and before encoding
+            # (the broadcast link's residuals are still those this gradient will meet).
+            self.strategy.observe_signal(link_signal(self._codec(None, "gradient").memory, result.gradients, ratio))
+        outgoing = self.strategy.on_local_step(result)
+        encoded = self.encode(outgoing)
+        self.accepted_steps += 1
+        if any(o.compressed and o.kind in ("gradient", "delta") for o in encoded):
+            self.compressed_steps += 1
+        return Stepped(None, encoded, records, result.loss, correct, self._decision_switch())
+
+    def _rejected(self, rejection: StepRejection, records: int) -> Stepped:
+        return Stepped(rejection, [], records)
+
+    # -- 5. evaluation --------------------------------------------------------------------------
+    def evaluate(self, features: np.ndarray, labels: np.ndarray) -> tuple[EvalResult, list[Outbound]]:
+        """Held-out accuracy and loss of the model, also handed to the strategy."""
+        result = evaluate(self.trainer.model, features, labels)
+        return result, self.encode(self.strategy.on_evaluation(result.accuracy, result.loss))
+
+    def transferred(self, peer: str | None, nbytes: int, seconds: float) -> None:
+        """Transfer feedback for one sent message (adapters that can measure it)."""
+        self.strategy.on_transfer(peer, nbytes, seconds)
+
+    # -- encoding, one codec per link -----------------------------------------------------------
+    def encode(self, outgoing: list[Outgoing]) -> list[Outbound]:
+        """Encode each message on the codec of its own link: ``(recipient, kind)``."""
+        out = []
+        for item in outgoing:
+            msg = item.message
+            flag = msg.meta.get("compress")
+            codec = None
+            if msg.kind in COMPRESSIBLE_KINDS and self.config.codec != "dense" and (msg.kind != "model" or flag is True):
+                # A gradient marked compress=False still goes through its link's codec, dense:
+                # the link's residual is kept for the next compressed one.
+                codec = self._codec(item.to, msg.kind)
+            compress = flag is not False
+            value, headers = encode_update(msg, job=self.config.job, codec=codec, compress=compress, to=item.to)
+            dense = 4 * sum(int(t.numel()) for t in msg.tensors.values())
+            out.append(Outbound(item.channel, item.to, msg.kind, value, headers,
+                                headers.get(HEADER_CODEC, b"dense").decode(), dense))
+        return out
+
+    def _codec(self, to: str | None, kind: str) -> GradientCodec:
+        key = (to, kind)
+        codec = self._codecs.get(key)
+        if codec is None:
+            codec = self._codecs[key] = self._new_codec()
+        return codec
+
+    def _new_codec(self) -> GradientCodec:
+        compressor = compressors.create(self.config.codec, **self.config.codec_params)
+        memory = ErrorFeedback() if self.config.error_feedback and self.config.codec != "dense" else NoMemory()
+        return GradientCodec(compressor, memory, max_bytes=self.config.max_message_bytes)
+
+    def _decision_switch(self) -> bool | None:
+        decision = self.strategy.compression_decision()
+        if decision is None or decision == self._decision:
+            return None
+        self._decision = decision
+        self.vote_log.append((self.trainer.version, decision))
+        return decision
+
+    # -- observability ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        stats = self.strategy.stats()
+        stats["prequential"] = {
+            "records": self.prequential.records, "accuracy": self.prequential.accuracy,
+            "loss": self.prequential.loss, "window_accuracy": self.prequential.window_accuracy,
+            "window_loss": self.prequential.window_loss,
+        }
+        stats["guard"] = {"accepted": self.guard.accepted, "rejected": self.guard.rejected}
+        return stats
+
+
+def _streamed_correct(result: StepResult, records: int) -> int | None:
+    """How many of the batch's first ``records`` (the streamed ones, before injected
+    samples) the model got right before the step, if the local step reported it."""
+    correct = result.correct
+    if correct is None:
+        return None
+    return int(correct[:records].sum())
