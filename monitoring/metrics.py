@@ -3,7 +3,8 @@
 Names follow ``edgestream_<noun>_<unit>`` with base units (seconds, bytes, ``_total``
 for counters). Labels are bounded: ``device`` (configured streams), ``worker``
 (configured workers), ``reason`` (fixed slug sets), ``codec`` and ``strategy``
-(registry names), ``split`` (``train`` | ``heldout``).
+(registry names), ``split`` (``train`` | ``heldout`` | ``prequential`` |
+``prequential_recent``), ``state`` (the ledger's five states).
 
 Dashboards (``monitoring.dashboards``) and alert rules refer to these objects or are
 checked against them, so a rename here shows up in the generated JSON and in tests.
@@ -220,6 +221,17 @@ class Metrics:
             "edgestream_compressed_steps_total", "Steps whose gradient was sent compressed",
             ["worker"], registry=r,
         )
+        self.prequential_records = Counter(
+            "edgestream_prequential_records_total",
+            "Records of the device scored by the model before it trained on them (test-then-train)",
+            ["device"], registry=r,
+        )
+        self.prequential_correct = Counter(
+            "edgestream_prequential_correct_records_total",
+            "Records of the device the model predicted right before training on them; "
+            "accuracy = rate(correct) / rate(records)",
+            ["device"], registry=r,
+        )
         self.injected_records = Counter(
             "edgestream_injected_records_total",
             "Samples added to training batches from the shared pool (ScaDLES data injection)",
@@ -247,7 +259,7 @@ class Metrics:
             self.dead_letter_records.labels(device, reason)
         for counter in (self.records_in, self.messages_in, self.bytes_in, self.batches, self.batched_records,
                         self.sink_records, self.partition_pauses, self.duplicates_skipped,
-                        self.trained_device_records):
+                        self.trained_device_records, self.prequential_records, self.prequential_correct):
             counter.labels(device)
 
     def init_worker(self, worker: str) -> None:
@@ -284,6 +296,16 @@ class Metrics:
         self.gradient_bytes_sent.labels(worker, codec).inc(wire_bytes)
         if wire_bytes > 0:
             self.compression_ratio.labels(worker).set(dense_bytes / wire_bytes)
+
+    def record_prequential(
+        self, worker: str, *, accuracy: float, loss: float, recent_accuracy: float, recent_loss: float
+    ) -> None:
+        """Test-then-train scores of ``worker``: since start (``prequential``) and over its
+        recent batches (``prequential_recent``)."""
+        self.accuracy.labels(worker, "prequential").set(accuracy)
+        self.loss.labels(worker, "prequential").set(loss)
+        self.accuracy.labels(worker, "prequential_recent").set(recent_accuracy)
+        self.loss.labels(worker, "prequential_recent").set(recent_loss)
 
     def record_evaluation(self, worker: str, loss: float, accuracy: float) -> None:
         self.loss.labels(worker, "heldout").set(loss)

@@ -1,30 +1,30 @@
-"""Online training inside a worker (or the server): where Kafka meets torch.
+"""Online training inside a worker (or the server): the live adapter of the training driver.
 
-``TrainingRuntime`` owns a ``LocalTrainer`` and a ``SyncStrategy`` and runs every
-torch and strategy call on one single-thread executor, so the Faust event loop stays
-responsive. It is the batch sink of the ingest agent (``defer_acks``: a batch's
-messages are acknowledged only after it was trained), consumes the job's update
-topics (``gradients.<job>``, ``models.<job>``, ``control.<job>``), publishes what the
-strategy returns, evaluates on the held-out set, and checkpoints model + optimizer +
-strategy state + resume offsets + the ingest ledger atomically.
+Everything that happens to the model is ``trainers.driver.TrainingDriver``'s; this
+module only moves bytes and time between it and Kafka. ``TrainingRuntime`` runs every
+driver call on one single-thread executor (the Faust event loop stays responsive). It
+is the batch sink of the ingest agent (``defer_acks``: a batch's records are settled
+only once trained, or dead-lettered), consumes the job's update topics
+(``gradients.<job>``, ``models.<job>``, ``control.<job>``), publishes what the driver
+encodes, evaluates on the held-out set, and checkpoints model + optimizer + strategy
+state + resume offsets + the ingest ledger atomically.
 
-Every local step passes the ``StepGuard`` before the strategy sees it: a step whose
-loss or gradient is non-finite, or whose gradient norm is above its bound, is neither
-applied nor published; its records go to ``sensors.dlq`` with the reason, are settled
-as dead-lettered (neither trained nor lost) and the worker takes its next batch.
+A step the driver rejects (the step guard: non-finite loss or gradient, gradient norm
+above its bound) is neither applied nor published; its records go to ``sensors.dlq``
+with the reason, are settled as dead-lettered, and the worker takes its next batch.
 
 Delivery guarantee: on restart the worker restores its newest usable checkpoint and
 seeks every topic to the checkpoint's offsets, so the sensor records trained after the
 last checkpoint are trained again (at most ``train.checkpoint_every_steps`` steps' worth
 per worker), messages settled above those offsets before the checkpoint are skipped,
 and the update log is replayed from the same point, which brings the strategy back to
-where its peers are.
+where its peers are. A worker without a checkpoint writes checkpoint 0 (its start
+positions) before its first step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -39,29 +39,29 @@ from typing import Any
 import faust
 import numpy as np
 
-from compression import registry as compressors
-from compression.controllers.scadles import link_signal
-from compression.memory import ErrorFeedback, NoMemory
-from compression.pipeline import GradientCodec
 from monitoring.metrics import Metrics
 from pipeline.config import ConfigError, JobConfig
 from pipeline.ingest import CONSUMED, DEAD
 from streams import codec, topics
-from streams.batching import Batch
+from streams.batching import Batch, BatchQueue
 from streams.buffering import concat
 from streams.offsets import OffsetTracker
 from streams.simulator import FleetData
-from trainers import LocalTrainer, build_model, evaluate, limit_torch_threads
+from trainers import LocalTrainer, build_model, limit_torch_threads
 from trainers.checkpoint import CheckpointStore
-from trainers.errors import BatchError, CheckpointNotFound, CheckpointRefused
-from trainers.guard import StepGuard, StepRejection
+from trainers.driver import DriverConfig, Outbound, Stepped, TrainingDriver
+from trainers.errors import CheckpointNotFound, CheckpointRefused
+from trainers.guard import StepRejection
 from trainers.injection import DataInjector, shared_pool
-from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies import StrategyContext, create
-from trainers.validation import TensorSpec
-from trainers.wire import HEADER_CODEC, HEADER_TO, MessageRejected, decode_update, encode_update
+from trainers.wire import HEADER_CODEC, HEADER_TO
 
 log = logging.getLogger(__name__)
+
+#: Batches the ingest may hand over before the trainer takes one: a slow trainer then
+#: backpressures ingest (the buffers fill and the partitions pause).
+MAX_QUEUED_BATCHES = 16
+
 
 def channel_topic(job: str, channel: str) -> str:
     """The Kafka topic of a strategy channel: ``gradients.<job>``, ``models.<job>``, ``control.<job>``."""
@@ -96,13 +96,54 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def driver_config(cfg: JobConfig) -> DriverConfig:
+    """The driver's settings from the job file."""
+    return DriverConfig(
+        job=cfg.job.name, max_message_bytes=cfg.kafka.max_message_bytes,
+        max_step_batch=cfg.train.max_step_batch, codec=cfg.train.codec,
+        codec_params=parse_params(cfg.train.codec_params), error_feedback=cfg.train.error_feedback,
+        max_grad_norm=cfg.train.max_grad_norm, grad_norm_spike=cfg.train.grad_norm_spike,
+    )
+
+
+def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "worker") -> TrainingDriver:
+    """The model, strategy and driver of process ``name`` from the job (no I/O).
+
+    Raises ``ConfigError`` naming the key when the strategy or codec cannot be built.
+    """
+    model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
+                        standardize=data.input_stats)
+    trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
+    try:
+        strategy = create(
+            cfg.train.strategy,
+            StrategyContext(name, trainer, role=role, members=tuple(cfg.worker_names())),  # type: ignore[arg-type]
+            **parse_params(cfg.train.strategy_params),
+        )
+    except Exception as exc:
+        raise ConfigError(f"train.strategy={cfg.train.strategy!r}: {exc}") from exc
+    injector = None
+    if role == "worker" and cfg.train.injection_alpha > 0 and cfg.train.injection_beta > 0:
+        pool = shared_pool(data.train.features, data.train.labels, cfg.train.injection_pool_per_class,
+                           seed=cfg.job.seed)
+        injection = DataInjector(pool, data.num_classes, alpha=cfg.train.injection_alpha,
+                                 beta=cfg.train.injection_beta, seed=cfg.job.seed * 7919 + _index(name))
+
+        def injector(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+            x, y, done = injection.augment(x, y)
+            return x, y, done.samples
+
+    try:
+        return TrainingDriver(name, trainer, strategy, driver_config(cfg), injector=injector)
+    except Exception as exc:
+        raise ConfigError(f"train.codec={cfg.train.codec!r} with train.strategy={cfg.train.strategy!r}: {exc}") from exc
+
+
 @dataclass
 class TrainingStats:
     steps: int = 0
     trained_records: int = 0
-    injected_records: int = 0
     bytes_sent: int = 0
-    compressed_steps: int = 0
     updates_in: int = 0
     updates_rejected: int = 0
     accuracy: float = 0.0
@@ -114,10 +155,11 @@ class TrainingStats:
 
 
 class TrainingRuntime:
-    """Trainer + strategy of one process, driven from asyncio through one executor thread.
+    """The driver of one process, fed from Kafka and asyncio through one executor thread.
 
-    Invariant: the trainer and the strategy are only touched on ``self.executor``'s
-    single thread, one call at a time, in the order the train loop issues them.
+    Invariant: the driver (and so the trainer and the strategy) is only touched on
+    ``self.executor``'s single thread, one call at a time, in the order the train loop
+    issues them.
     """
 
     defer_acks = True
@@ -142,54 +184,25 @@ class TrainingRuntime:
                                            max_abs=cfg.train.max_abs_weight or None,
                                            legacy_path=state_dir / "checkpoint.bin")
         self.evaluations_path = state_dir / "evaluations.jsonl"
-        self.guard = StepGuard(cfg.train.max_grad_norm, cfg.train.grad_norm_spike)
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"train-{name}")
         self.executor.submit(limit_torch_threads, cfg.train.torch_threads).result()
-        model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
-                            standardize=data.input_stats)
-        self.trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
-        self.spec = TensorSpec.from_trainer(self.trainer)
-        try:
-            self.strategy = create(
-                cfg.train.strategy,
-                StrategyContext(name, self.trainer, role=role, members=tuple(cfg.worker_names())),  # type: ignore[arg-type]
-                **parse_params(cfg.train.strategy_params),
-            )
-        except Exception as exc:
-            raise ConfigError(f"train.strategy={cfg.train.strategy!r}: {exc}") from exc
-        try:
-            compressor = compressors.create(cfg.train.codec, **parse_params(cfg.train.codec_params))
-        except Exception as exc:
-            raise ConfigError(f"train.codec={cfg.train.codec!r}: {exc}") from exc
-        memory = ErrorFeedback() if cfg.train.error_feedback and cfg.train.codec != "dense" else NoMemory()
-        self.codec = GradientCodec(compressor, memory, max_bytes=cfg.kafka.max_message_bytes)
-        # ScaDLES's vote needs the signal of every gradient, computed against this codec's residuals.
-        self.votes = bool(getattr(self.strategy, "adaptive_compression", False))
-        if self.votes and cfg.train.codec == "dense":
-            raise ConfigError(
-                f"train.strategy={cfg.train.strategy!r} with adaptive_compression needs a compressing "
-                "train.codec (e.g. train.codec=topk, train.codec_params=[\"ratio=0.1\"])"
-            )
-        if cfg.train.strategy == "scadles" and cfg.batcher.mode != "window":
-            log.warning("scadles expects batcher.mode=window (time windows); this job uses %r", cfg.batcher.mode)
-        self.injector: DataInjector | None = None
-        if role == "worker" and cfg.train.injection_alpha > 0 and cfg.train.injection_beta > 0:
-            pool = shared_pool(data.train.features, data.train.labels, cfg.train.injection_pool_per_class,
-                               seed=cfg.job.seed)
-            self.injector = DataInjector(pool, data.num_classes, alpha=cfg.train.injection_alpha,
-                                         beta=cfg.train.injection_beta, seed=cfg.job.seed * 7919 + _index(name))
+        self.driver = self.executor.submit(build_driver, cfg, name, data, role=role).result()
+        self.trainer = self.driver.trainer
+        self.strategy = self.driver.strategy
+        wanted = self.strategy.preferred_batcher
+        if wanted is not None and cfg.batcher.mode != wanted:
+            log.warning("%s expects batcher.mode=%s; this job uses %r", cfg.train.strategy, wanted, cfg.batcher.mode)
         names = cfg.worker_names()
         self.slowdown = cfg.workers.slowdown_of(names.index(name)) if name in names else 1.0
         self._ready_since: float | None = None
-        #: (model version, decision) each time the replicated compression vote switched.
-        self.vote_log: collections.deque[tuple[int, bool]] = collections.deque(maxlen=1000)
         self.sensor_offsets = OffsetTracker()
         self.update_offsets: dict[str, int] = {}  # "topic:partition" -> next offset to handle
         self.resume_offsets: dict[str, int] = {}
         #: The ingest ledger of the restored checkpoint (``IngestCore(restored=...)``).
         self.restored_ledger: dict[str, dict[str, Any]] = {}
-        self.batches: asyncio.Queue[Batch] | None = None
-        self.inbox: asyncio.Queue[tuple[str, int, int, bytes, dict[str, bytes]]] | None = None
+        self.pending = BatchQueue(cfg.batcher.mode)
+        self._room: asyncio.Event | None = None
+        self.inbox: asyncio.Queue[tuple[str, int, int, float, bytes, dict[str, bytes]]] | None = None
         self.wakeup: asyncio.Event | None = None
         self.publish: Callable[[str, bytes, dict[str, bytes], bytes], Awaitable[None]] | None = None
         self.dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
@@ -202,8 +215,6 @@ class TrainingRuntime:
         metrics.init_worker(name)
         self._last_eval = 0.0
         self._steps_since_checkpoint = 0
-        self.heldout_x = data.heldout.features
-        self.heldout_y = data.heldout.labels
         self.restored_from: int | None = None
         self.restored_skipped: list[str] = []
         self._restore()
@@ -264,8 +275,11 @@ class TrainingRuntime:
 
     # --- sink protocol (ingest -> training) ---------------------------------------------
     async def submit(self, batch: Batch) -> None:
-        assert self.batches is not None and self.wakeup is not None
-        await self.batches.put(batch)  # bounded: a slow trainer backpressures ingest
+        assert self._room is not None and self.wakeup is not None
+        while len(self.pending) >= MAX_QUEUED_BATCHES:
+            self._room.clear()
+            await self._room.wait()  # a slow trainer backpressures ingest
+        self.pending.put(batch)
         self.wakeup.set()
 
     # --- wiring into a Faust app ---------------------------------------------------------
@@ -294,6 +308,9 @@ class TrainingRuntime:
         self.publish = publish
         self.dead_letter = dead_letter
         self.sensor_dead_letter = sensor_dead_letter
+        self.inbox = asyncio.Queue()
+        self.wakeup = asyncio.Event()
+        self._room = asyncio.Event()
 
         @app.agent(source, concurrency=1)
         async def updates(stream: faust.Stream) -> None:
@@ -301,7 +318,8 @@ class TrainingRuntime:
                 msg = event.message
                 headers = {k: (v if isinstance(v, bytes) else bytes(v)) for k, v in (event.headers or {}).items()}
                 assert self.inbox is not None and self.wakeup is not None
-                await self.inbox.put((msg.topic, msg.partition, msg.offset, event.value or b"", headers))
+                await self.inbox.put((msg.topic, msg.partition, msg.offset, float(msg.timestamp or 0.0),
+                                      event.value or b"", headers))
                 self.wakeup.set()
 
         @app.task
@@ -314,21 +332,19 @@ class TrainingRuntime:
 
         _ = (updates, train_loop, gauges)
 
-    # --- the loop ------------------------------------------------------------------------
+    # --- the loop: inbox, timers, a step when allowed, evaluation -----------------------
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def run(self) -> None:
-        self.batches = asyncio.Queue(maxsize=16)
-        self.inbox = asyncio.Queue()
-        self.wakeup = asyncio.Event()
+        assert self.inbox is not None and self.wakeup is not None
         try:
             while True:
                 await self._drain_inbox()
-                await self._send(await self._call(self.strategy.poll, time.monotonic()))
+                await self._send(await self._call(self.driver.poll, time.monotonic()))
                 trained = False
-                if self.role == "worker" and await self._call(self.strategy.can_train):
-                    if self.batches.empty():
+                if await self._call(self.driver.can_train):
+                    if not self.pending.records:
                         if self._ready_since is None:
                             self._ready_since = time.monotonic()  # allowed to train, no data yet
                     else:
@@ -351,18 +367,18 @@ class TrainingRuntime:
     async def _drain_inbox(self) -> None:
         assert self.inbox is not None
         while not self.inbox.empty():
-            topic, partition, offset, value, headers = self.inbox.get_nowait()
+            topic, partition, offset, timestamp_ms, value, headers = self.inbox.get_nowait()
             key = OffsetTracker.key(topic, partition)
             if offset < self.update_offsets.get(key, 0):
                 continue  # already handled before the checkpoint we restored
             self.update_offsets[key] = offset + 1
             to = headers.get(HEADER_TO)
-            if to and to.decode() != self.name:
+            handled = await self._call(self.driver.handle, value, to.decode(errors="replace") if to else None)
+            if handled.skipped:
                 continue
             self.stats.updates_in += 1
-            try:
-                msg: UpdateMessage = await self._call(self._decode, value)
-            except MessageRejected as exc:
+            if handled.rejection is not None:
+                exc = handled.rejection
                 self.stats.updates_rejected += 1
                 self.metrics.updates_rejected.labels(self.name, exc.reason).inc()
                 log.warning("%s: rejected update at %s[%d]@%d: %s", self.name, topic, partition, offset, exc)
@@ -376,76 +392,44 @@ class TrainingRuntime:
                     topics.DLQ_HEADER_WORKER: self.name.encode(),
                 })
                 continue
-            codec = headers.get(HEADER_CODEC, b"dense").decode(errors="replace")[:32]
-            self.metrics.gradient_bytes_received.labels(self.name, codec).inc(len(value))
-            version_before = self.trainer.version
-            decision_before = self._decision()
-            out = await self._call(self.strategy.on_message, msg)
-            if self.votes and self._decision() != decision_before:
-                self.vote_log.append((self.trainer.version, self._decision()))
-                log.info("%s: the compression vote switches to %s from model version %d", self.name,
-                         "compressed (top-k)" if self._decision() else "dense", self.trainer.version)
-            if msg.kind in ("gradient", "delta") and self.trainer.version > version_before:
-                self.metrics.staleness_versions.labels(self.name).observe(max(0, version_before - msg.base_version))
-            await self._send(out)
-
-    def _decode(self, value: bytes) -> UpdateMessage:
-        return decode_update(value, expected_shapes=self.spec, max_bytes=self.cfg.kafka.max_message_bytes,
-                             job=self.cfg.job.name, max_norm=self.cfg.train.max_grad_norm or None)
+            codec_name = headers.get(HEADER_CODEC, b"dense").decode(errors="replace")[:32]
+            self.metrics.gradient_bytes_received.labels(self.name, codec_name).inc(len(value))
+            if handled.staleness is not None:
+                age_s = max(0.0, time.time() - timestamp_ms / 1000.0) if timestamp_ms else 0.0
+                self.metrics.record_applied(self.name, staleness_versions=handled.staleness, staleness_s=age_s)
+            self._log_vote(handled.vote_switched_to)
+            await self._send(handled.outbound)
 
     async def _step(self) -> None:
-        assert self.batches is not None
-        parts: list[Batch] = []
-        size = 0
-        # fixed mode (the BSP baseline): exactly one batch per step; window mode (ScaDLES):
-        # every window batch waiting, up to max_step_batch records.
-        limit = 1 if self.cfg.batcher.mode == "fixed" else None
-        while not self.batches.empty() and size < self.cfg.train.max_step_batch:
-            batch = self.batches.get_nowait()
-            parts.append(batch)
-            size += batch.size
-            if limit is not None and len(parts) >= limit:
-                break
+        parts = self.pending.take(await self._call(self.driver.batch_limit))
+        if self._room is not None:
+            self._room.set()
+        size = sum(b.size for b in parts)
         records = concat([b.records for b in parts]) if len(parts) > 1 else parts[0].records
         started = time.monotonic()
         wait_s = started - self._ready_since if self._ready_since is not None else 0.0
         self._ready_since = None
-        if records.labels is None:  # ingest dead-letters unlabelled messages of a training job
-            await self._reject(parts, StepRejection("bad_batch", "records carry no labels"))
+        stepped: Stepped = await self._call(self.driver.step, records.features, records.labels)
+        compute_s = time.monotonic() - started
+        if stepped.rejection is not None:
+            await self._reject(parts, stepped.rejection)
             return
-        x = np.ascontiguousarray(records.features, dtype=np.float32)
-        y = np.asarray(records.labels, dtype=np.int64)
-        injected = 0
-        if self.injector is not None:
-            x, y, injection = self.injector.augment(x, y)
-            injected = injection.samples
-        try:
-            result, compute_s = await self._call(self._compute, x, y)
-        except BatchError as exc:
-            await self._reject(parts, self.guard.reject_batch(exc))
-            return
-        rejection = await self._call(self.guard.check, result)
-        if rejection is not None:
-            await self._reject(parts, rejection)
-            return
-        if injected:
-            self.stats.injected_records += injected
-            self.metrics.injected_records.labels(self.name).inc(injected)
-        if self.votes:
-            await self._call(self._observe_signal, result.gradients)
-        out = await self._call(self.strategy.on_local_step, result)
         if self.slowdown > 1.0:
             # emulated compute heterogeneity (a slower device), not synchronisation
             await asyncio.sleep((self.slowdown - 1.0) * compute_s)
-        compressed = self._compressed(out)
+        compressed = any(o.compressed and o.kind in ("gradient", "delta") for o in stepped.outbound)
         self.stats.steps += 1
         self.stats.trained_records += size
-        self.stats.compressed_steps += int(compressed)
-        self.stats.loss = float(result.loss)
+        self.stats.loss = float(stepped.loss)
         self.metrics.record_step(self.name, step_s=time.monotonic() - started, wait_s=wait_s, records=size,
                                  loss=self.stats.loss, compressed=compressed)
-        await self._send(out)
-        # The batch is trained (its gradient is published): now its records are settled.
+        self.metrics.commits.labels(self.name).inc(sum(o.kind in ("gradient", "delta") for o in stepped.outbound))
+        if stepped.injected:
+            self.metrics.injected_records.labels(self.name).inc(stepped.injected)
+        self._record_prequential(parts, stepped)
+        self._log_vote(stepped.vote_switched_to)
+        await self._send(stepped.outbound)
+        # The batch is trained (its update is published): now its records are settled.
         assert self.settle is not None
         for batch in parts:
             await self.settle(batch, CONSUMED)
@@ -454,9 +438,23 @@ class TrainingRuntime:
             self._steps_since_checkpoint = 0
             await self._checkpoint()
 
+    def _record_prequential(self, parts: list[Batch], stepped: Stepped) -> None:
+        """Test-then-train scores: per worker (cumulative and recent) and per device."""
+        if stepped.correct_mask is None:
+            return
+        preq = self.driver.prequential
+        self.metrics.record_prequential(self.name, accuracy=preq.accuracy, loss=preq.loss,
+                                        recent_accuracy=preq.window_accuracy, recent_loss=preq.window_loss)
+        start = 0
+        for batch in parts:
+            hits = int(stepped.correct_mask[start : start + batch.size].sum())
+            self.metrics.prequential_records.labels(batch.device).inc(batch.size)
+            self.metrics.prequential_correct.labels(batch.device).inc(hits)
+            start += batch.size
+
     async def _reject(self, parts: list[Batch], rejection: StepRejection) -> None:
-        """A step the guard refused: nothing applied or published; each batch's records go to
-        ``sensors.dlq`` (re-encoded, with the reason), then are settled as dead-lettered."""
+        """A step the driver refused: nothing applied or published; each batch's records go
+        to ``sensors.dlq`` (re-encoded, with the reason), then are settled as dead-lettered."""
         records = sum(b.size for b in parts)
         self.stats.rejected_steps += 1
         self.stats.dead_lettered_records += records
@@ -489,59 +487,38 @@ class TrainingRuntime:
             return None
         return spans[0][0], min(s[1] for s in spans), max(s[2] for s in spans)
 
-    def _decision(self) -> bool:
-        """The replicated ScaDLES decision for the pending step (False without the vote)."""
-        return bool(getattr(self.strategy, "compress_next", False)) if self.votes else False
+    def _log_vote(self, switched_to: bool | None) -> None:
+        if switched_to is not None:
+            log.info("%s: the compression vote switches to %s from model version %d", self.name,
+                     "compressed" if switched_to else "dense", self.trainer.version)
 
-    def _compute(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, float]:
-        """The local step, and how long the forward/backward pass itself took (on this thread)."""
-        started = time.monotonic()
-        result = self.trainer.compute_gradient(x, y)
-        return result, time.monotonic() - started
-
-    def _observe_signal(self, gradients: dict[str, Any]) -> None:
-        """The ScaDLES compression signal of a new gradient, against this link's residuals."""
-        signal = link_signal(self.codec.memory, gradients, self.strategy.ratio)  # type: ignore[attr-defined]
-        self.strategy.observe_signal(signal)  # type: ignore[attr-defined]
-        self.metrics.compression_vote.labels(self.name).set(1.0 if signal <= self.strategy.delta else 0.0)  # type: ignore[attr-defined]
-
-    def _compressed(self, outgoing: list[Outgoing]) -> bool:
-        """True if this step's gradient goes out compressed (a compressing codec, not a dense step)."""
-        return any(
-            item.message.kind in ("gradient", "delta") and self.cfg.train.codec != "dense"
-            and item.message.meta.get("compress", True) is not False
-            for item in outgoing
-        )
-
-    async def _send(self, outgoing: list[Outgoing]) -> None:
+    async def _send(self, outbound: list[Outbound]) -> None:
         assert self.publish is not None
-        for item in outgoing:
-            value, headers = await self._call(self._encode, item)
-            await self.publish(item.channel, value, headers, self.name.encode())
-            self.stats.bytes_sent += len(value)
-            codec = headers.get(HEADER_CODEC, b"dense").decode()
-            if item.message.kind in ("gradient", "delta"):
-                dense = 4 * sum(int(t.numel()) for t in item.message.tensors.values())
-                self.metrics.record_sent(self.name, codec, len(value), dense)
+        for item in outbound:
+            started = time.monotonic()
+            await self.publish(item.channel, item.value, item.headers, self.name.encode())
+            await self._call(self.driver.transferred, item.to, len(item.value), time.monotonic() - started)
+            self.stats.bytes_sent += len(item.value)
+            if item.kind in ("gradient", "delta"):
+                self.metrics.record_sent(self.name, item.codec, len(item.value), item.dense_bytes)
             else:
-                self.metrics.gradient_bytes_sent.labels(self.name, codec).inc(len(value))
-
-    def _encode(self, item: Outgoing) -> tuple[bytes, dict[str, bytes]]:
-        codec = self.codec if item.message.kind in ("gradient", "delta") else None
-        compress = item.message.meta.get("compress", True) is not False
-        return encode_update(item.message, job=self.cfg.job.name, codec=codec, compress=compress, to=item.to)
+                self.metrics.gradient_bytes_sent.labels(self.name, item.codec).inc(len(item.value))
 
     async def _evaluate(self) -> None:
-        if self.role == "server" and self.strategy.name != "asp":
+        if not self.strategy.evaluates_model:
             return
-        result = await self._call(evaluate, self.trainer.model, self.heldout_x, self.heldout_y)
+        result, outbound = await self._call(self.driver.evaluate, self.data.heldout.features,
+                                            self.data.heldout.labels)
         self.stats.accuracy = float(result.accuracy)
+        preq = self.driver.prequential
         with open(self.evaluations_path, "a") as out:  # the accuracy timeline (TTA benchmarks, plots)
             out.write(json.dumps({"t": time.time(), "accuracy": self.stats.accuracy, "loss": float(result.loss),
-                                  "version": self.trainer.version, "steps": self.stats.steps}) + "\n")
-        self.metrics.accuracy.labels(self.name, "heldout").set(self.stats.accuracy)
-        self.metrics.loss.labels(self.name, "heldout").set(float(result.loss))
+                                  "version": self.trainer.version, "steps": self.stats.steps,
+                                  "prequential_accuracy": preq.accuracy,
+                                  "prequential_recent_accuracy": preq.window_accuracy}) + "\n")
+        self.metrics.record_evaluation(self.name, float(result.loss), self.stats.accuracy)
         self.metrics.model_version.labels(self.name).set(self.trainer.version)
+        await self._send(outbound)
 
     async def shutdown(self) -> dict[str, Any]:
         """Final evaluation and checkpoint; the summary a run prints."""
@@ -550,20 +527,22 @@ class TrainingRuntime:
             await self._checkpoint()
         except CheckpointRefused as exc:  # keep the last good ones; say so
             log.error("%s: final checkpoint refused, the last good one stays: %s", self.name, exc)
-        stats = await self._call(self.strategy.stats)
+        stats = await self._call(self.driver.stats)
         digest = await self._call(self.trainer.parameter_digest)
         return {
             "worker": self.name, "role": self.role, "strategy": self.strategy.name,
             "version": self.trainer.version, "digest": digest, "steps": self.stats.steps,
             "trained_records": self.stats.trained_records, "accuracy": self.stats.accuracy,
-            "injected_records": self.stats.injected_records, "bytes_sent": self.stats.bytes_sent,
-            "vote_log": [{"version": v, "compress": c} for v, c in self.vote_log], "compressed_steps": self.stats.compressed_steps,
+            "injected_records": self.driver.injected_records, "bytes_sent": self.stats.bytes_sent,
+            "vote_log": [{"version": v, "compress": c} for v, c in self.driver.vote_log],
+            "compressed_steps": self.driver.compressed_steps,
             "loss": self.stats.loss, "updates_in": self.stats.updates_in,
             "updates_rejected": self.stats.updates_rejected, "restored_from": self.restored_from,
             "staleness": stats.get("staleness", {}), "counters": stats.get("counters", {}),
+            "prequential": stats.get("prequential", {}),
             "sensor_offsets": {key: {"watermark": mark, "open": self.sensor_offsets.open_count(key)}
                                for key, mark in self.sensor_offsets.watermarks().items()},
-            "queued_batches": self.batches.qsize() if self.batches is not None else 0,
+            "queued_records": self.pending.records,
             "rejected_steps": self.stats.rejected_steps, "rejected_by_reason": dict(self.stats.rejected_by_reason),
             "dead_lettered_records": self.stats.dead_lettered_records,
             "restored_skipped": self.restored_skipped,

@@ -96,42 +96,37 @@ def update_topics(cfg: JobConfig) -> list[str]:
 
 def check_training_config(cfg: JobConfig) -> None:
     """Build what the training processes of ``cfg`` build from ``train.*`` - the model, the
-    strategy for every role the job runs, the codec - and raise ``ConfigError`` naming the
-    key if one cannot be built. No side effects (no Kafka, no files); imports torch."""
+    strategy for every role the job runs, the codec, the driver - and raise ``ConfigError``
+    naming the key if one cannot be built. No side effects (no Kafka, no files); imports torch."""
     if not cfg.train.enabled:
         return
     from compression import registry as compressors
-    from pipeline.training import parse_params
-    from trainers import LocalTrainer, build_model
-    from trainers.strategies import StrategyContext, create, roles
+    from pipeline.training import build_driver, parse_params
+    from trainers import build_model
+    from trainers.strategies import roles
 
     data = job_fleet_data(cfg)
     try:
-        model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed)
+        build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed)
     except Exception as exc:
         raise ConfigError(f"train.model={cfg.train.model!r}: {exc}") from exc
-    try:
-        job_roles = ("worker", "server") if "server" in roles(cfg.train.strategy) else ("worker",)
-        params = parse_params(cfg.train.strategy_params)
-        adaptive = False
-        for role in job_roles:
-            trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
-            name = SERVER_NAME if role == "server" else cfg.worker_names()[0]
-            ctx = StrategyContext(name, trainer, role=role, members=tuple(cfg.worker_names()))  # type: ignore[arg-type]
-            adaptive |= bool(getattr(create(cfg.train.strategy, ctx, **params), "adaptive_compression", False))
-    except Exception as exc:
-        given = f" with train.strategy_params={cfg.train.strategy_params}" if cfg.train.strategy_params else ""
-        raise ConfigError(f"train.strategy={cfg.train.strategy!r}{given}: {exc}") from exc
     try:
         compressors.create(cfg.train.codec, **parse_params(cfg.train.codec_params))
     except Exception as exc:
         given = f" with train.codec_params={cfg.train.codec_params}" if cfg.train.codec_params else ""
         raise ConfigError(f"train.codec={cfg.train.codec!r}{given}: {exc}") from exc
-    if adaptive and cfg.train.codec == "dense":
-        raise ConfigError(
-            f"train.strategy={cfg.train.strategy!r} with adaptive_compression needs a compressing "
-            "train.codec (e.g. train.codec=topk, train.codec_params=[\"ratio=0.1\"])"
-        )
+    try:
+        job_roles = ("worker", "server") if "server" in roles(cfg.train.strategy) else ("worker",)
+    except Exception as exc:
+        raise ConfigError(f"train.strategy={cfg.train.strategy!r}: {exc}") from exc
+    for role in job_roles:
+        name = SERVER_NAME if role == "server" else cfg.worker_names()[0]
+        try:
+            build_driver(cfg, name, data, role=role)
+        except ConfigError as exc:
+            if cfg.train.strategy_params and "train.strategy=" in str(exc):
+                raise ConfigError(f"{exc} (train.strategy_params={cfg.train.strategy_params})") from exc
+            raise
 
 
 class _NoConsoleTracebacks(logging.Filter):

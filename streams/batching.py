@@ -10,9 +10,10 @@ Two modes:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
-from streams.buffering import Sources, StreamBuffer, concat
+from streams.buffering import Sources, StreamBuffer, concat, slice_records
 from streams.records import RecordBatch
 
 
@@ -123,4 +124,83 @@ class AdaptiveBatcher:
         batch = Batch(self.buffer.device, concat(taken.parts), now, taken.sources)
         self.batches_total += 1
         self.batched_records_total += batch.size
+        return batch
+
+
+def split_batch(batch: Batch, k: int) -> tuple[Batch, Batch]:
+    """The first ``k`` records of ``batch`` and the rest, each with the sources its records
+    came from (a chunk cut in two appears in both, with its share of the records)."""
+    if not 0 < k < batch.size:
+        raise ValueError(f"split at {k} of a batch of {batch.size} records")
+    head_sources: Sources = []
+    tail_sources: Sources = []
+    left = k
+    for token, n in batch.sources:
+        if left >= n:
+            head_sources.append((token, n))
+            left -= n
+        elif left > 0:
+            head_sources.append((token, left))
+            tail_sources.append((token, n - left))
+            left = 0
+        else:
+            tail_sources.append((token, n))
+    head = Batch(batch.device, slice_records(batch.records, 0, k), batch.created_at, head_sources)
+    tail = Batch(batch.device, slice_records(batch.records, k, batch.size), batch.created_at, tail_sources)
+    return head, tail
+
+
+class BatchQueue:
+    """Batches the batchers emitted, waiting for the trainer, and the one rule for what a
+    local step takes from them (live runs and the simulated clock alike):
+
+    * ``fixed`` mode (the BSP baseline): exactly the oldest batch;
+    * ``window`` mode (ScaDLES): the oldest records up to ``limit`` (the strategy's wanted
+      batch size, or ``train.max_step_batch``), whole batches first; the batch that does
+      not fit is split and its rest stays at the head.
+
+    Invariant: ``records`` is the sum of the waiting batches' sizes; records leave in
+    arrival order.
+    """
+
+    def __init__(self, mode: str = "window") -> None:
+        if mode not in ("window", "fixed"):
+            raise ValueError(f"unknown batcher mode {mode!r}; use 'window' or 'fixed'")
+        self.mode = mode
+        self._batches: deque[Batch] = deque()
+        self.records = 0
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def put(self, batch: Batch) -> None:
+        self._batches.append(batch)
+        self.records += batch.size
+
+    def take(self, limit: int) -> list[Batch]:
+        """What the next step trains on (possibly several devices' batches), oldest first."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        taken: list[Batch] = []
+        if self.mode == "fixed":
+            if self._batches:
+                taken.append(self._batches.popleft())
+        else:
+            room = limit
+            while self._batches and room > 0:
+                head = self._batches[0]
+                if head.size <= room:
+                    taken.append(self._batches.popleft())
+                    room -= head.size
+                else:
+                    part, self._batches[0] = split_batch(head, room)
+                    taken.append(part)
+                    room = 0
+        self.records -= sum(b.size for b in taken)
+        return taken
+
+    def drop_oldest(self) -> Batch:
+        """Remove the oldest batch (a capacity policy of the caller's)."""
+        batch = self._batches.popleft()
+        self.records -= batch.size
         return batch

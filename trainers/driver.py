@@ -44,7 +44,7 @@ from compression.pipeline import GradientCodec
 from trainers.errors import BatchError, StrategyError
 from trainers.evaluation import EvalResult, evaluate
 from trainers.guard import StepGuard, StepRejection
-from trainers.local import LocalTrainer, StepResult
+from trainers.local import LocalTrainer
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies.base import SyncStrategy
 from trainers.validation import TensorSpec
@@ -117,8 +117,11 @@ class Stepped:
     outbound: list[Outbound]
     records: int
     loss: float = math.nan
-    #: Prequential score of the batch by the model before this step (None if rejected early).
-    correct: int | None = None
+    #: Per streamed record, whether the model before this step predicted it (the
+    #: prequential score); None if the step was rejected or could not tell.
+    correct_mask: np.ndarray | None = None
+    #: Samples the injector added to the batch (trained on, not scored).
+    injected: int = 0
     vote_switched_to: bool | None = None
 
 
@@ -262,9 +265,9 @@ class TrainingDriver:
         rejection = self.guard.check(result)
         if rejection is not None:
             return self._rejected(rejection, records)
-        correct = _streamed_correct(result, records)
-        if correct is not None:
-            self.prequential.add(records, correct, result.loss)
+        mask = None if result.correct is None else np.asarray(result.correct[:records], dtype=bool)
+        if mask is not None:
+            self.prequential.add(records, int(mask.sum()), result.loss)
         self.injected_records += injected
         ratio = self.strategy.compression_signal_ratio()
         if ratio is not None:
@@ -276,7 +279,7 @@ class TrainingDriver:
         self.accepted_steps += 1
         if any(o.compressed and o.kind in ("gradient", "delta") for o in encoded):
             self.compressed_steps += 1
-        return Stepped(None, encoded, records, result.loss, correct, self._decision_switch())
+        return Stepped(None, encoded, records, result.loss, mask, injected, self._decision_switch())
 
     def _rejected(self, rejection: StepRejection, records: int) -> Stepped:
         return Stepped(rejection, [], records)
@@ -340,12 +343,3 @@ class TrainingDriver:
         }
         stats["guard"] = {"accepted": self.guard.accepted, "rejected": self.guard.rejected}
         return stats
-
-
-def _streamed_correct(result: StepResult, records: int) -> int | None:
-    """How many of the batch's first ``records`` (the streamed ones, before injected
-    samples) the model got right before the step, if the local step reported it."""
-    correct = result.correct
-    if correct is None:
-        return None
-    return int(correct[:records].sum())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.batching import AdaptiveBatcher
+from streams.batching import AdaptiveBatcher, Batch, BatchQueue, split_batch
 from streams.buffering import StreamBuffer
 from tests.unit.streams.test_buffering import chunk
 
@@ -83,3 +83,42 @@ def test_rejects_bad_settings(kwargs):
     mode = kwargs.pop("mode", "window")
     with pytest.raises(ValueError):
         AdaptiveBatcher(buf, mode, **kwargs)
+
+
+def _batch(device: str, start: int, n: int, token: str, created: float = 0.0) -> Batch:
+    return Batch(device, chunk(start, n), created, [(token, n)])
+
+
+def test_split_batch_divides_records_and_sources():
+    batch = Batch("d", chunk(0, 10), 1.0, [("m0", 3), ("m1", 5), ("m2", 2)])
+
+    head, tail = split_batch(batch, 4)
+
+    assert head.records.seq.tolist() == [0, 1, 2, 3] and head.sources == [("m0", 3), ("m1", 1)]
+    assert tail.records.seq.tolist() == list(range(4, 10)) and tail.sources == [("m1", 4), ("m2", 2)]
+    with pytest.raises(ValueError):
+        split_batch(batch, 10)
+
+
+def test_fixed_queue_takes_exactly_one_batch_whatever_the_limit():
+    queue = BatchQueue("fixed")
+    queue.put(_batch("a", 0, 64, "a0"))
+    queue.put(_batch("b", 0, 64, "b0"))
+
+    assert [b.device for b in queue.take(1000)] == ["a"] and queue.records == 64
+    assert [b.device for b in queue.take(1)] == ["b"] and queue.records == 0
+    assert queue.take(10) == []
+
+
+def test_window_queue_fills_up_to_the_limit_and_splits_the_batch_that_does_not_fit():
+    queue = BatchQueue("window")
+    for i, device in enumerate("abc"):
+        queue.put(_batch(device, 0, 100, f"{device}0", created=i))
+
+    step = queue.take(256)
+
+    assert [(b.device, b.size) for b in step] == [("a", 100), ("b", 100), ("c", 56)]
+    assert step[2].sources == [("c0", 56)]
+    assert queue.records == 44 and len(queue) == 1
+    (rest,) = queue.take(256)
+    assert rest.records.seq.tolist() == list(range(56, 100)) and rest.sources == [("c0", 44)]
