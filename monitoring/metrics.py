@@ -217,6 +217,12 @@ class Metrics:
             "edgestream_compression_ratio", "Dense bytes / wire bytes of the last gradient sent",
             ["worker"], registry=r,
         )
+        self.compression_setting = Gauge(
+            "edgestream_compression_setting_ratio",
+            "Density (or rank) the link's compression policy chose for the last message "
+            "(train.compression_controller accordion / budget; mean over layers)",
+            ["worker"], registry=r,
+        )
         self.compressed_steps = Counter(
             "edgestream_compressed_steps_total", "Steps whose gradient was sent compressed",
             ["worker"], registry=r,

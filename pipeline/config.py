@@ -140,6 +140,13 @@ class TrainSection:
     #: Compressor parameters, e.g. ["ratio=0.01"].
     codec_params: list[str] = field(default_factory=list)
     error_feedback: bool = True
+    #: Per-link compression policy over the codec: none (the codec's own setting) |
+    #: accordion (gentle in critical phases, aggressive otherwise) | budget (the largest
+    #: setting that fits the link's observed bandwidth); needs topk, randomk or powersgd.
+    compression_controller: str = "none"
+    #: Its parameters, e.g. ["interval=10", "gentle=0.1", "aggressive=0.01"] (accordion) or
+    #: ["interval_s=0.5"] (budget).
+    controller_params: list[str] = field(default_factory=list)
     #: Strategy parameters, e.g. ["max_staleness=4"] for ASP's server.
     strategy_params: list[str] = field(default_factory=list)
     eval_every_s: float = 2.0
@@ -267,7 +274,8 @@ class JobConfig:
         if not 0 <= self.train.injection_alpha <= 1 or self.train.injection_beta < 0:
             raise ConfigError("train.injection_alpha must be in [0, 1] and train.injection_beta >= 0")
         _positive("train.injection_pool_per_class", self.train.injection_pool_per_class)
-        for key in ("codec_params", "strategy_params"):
+        _choice("train.compression_controller", self.train.compression_controller, ("none", "accordion", "budget"))
+        for key in ("codec_params", "strategy_params", "controller_params"):
             for item in getattr(self.train, key):
                 if "=" not in item:
                     raise ConfigError(f"train.{key} entries look like name=value (got {item!r})")

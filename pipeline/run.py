@@ -639,8 +639,8 @@ def deaths_table(result: RunResult) -> Table:
 
 def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
     table = Table(title=f"training: {cfg.train.strategy}, model {cfg.train.model}, codec {cfg.train.codec}")
-    for col in ("process", "steps", "trained", "version", "held-out acc", "loss", "staleness (mean)",
-                "compressed", "rejected"):
+    for col in ("process", "steps", "trained", "version", "held-out acc", "prequential acc (recent)",
+                "loss", "staleness (mean)", "compressed", "rejected"):
         table.add_column(col, justify="right")
     for name, s in sorted(scrapes.items()):
         count = s.get("edgestream_staleness_versions_count", worker=name)
@@ -650,6 +650,8 @@ def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
             str(int(s.get("edgestream_trained_records_total", worker=name))),
             str(int(s.get("edgestream_model_version", worker=name))),
             f"{s.get('edgestream_accuracy_ratio', worker=name, split='heldout'):.3f}",
+            f"{s.get('edgestream_accuracy_ratio', worker=name, split='prequential'):.3f} "
+            f"({s.get('edgestream_accuracy_ratio', worker=name, split='prequential_recent'):.3f})",
             f"{s.get('edgestream_loss', worker=name, split='train'):.3f}",
             f"{total / count:.2f}" if count else "-",
             str(int(s.get("edgestream_compressed_steps_total", worker=name))),
@@ -661,9 +663,12 @@ def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
 def training_table(result: RunResult) -> Table:
     table = Table(title="training summary")
     for col in ("process", "steps", "trained records", "injected", "version", "held-out acc",
-                "staleness mean/max", "compressed steps", "rejected steps", "rejected updates", "digest"):
+                "prequential acc (recent)", "staleness mean/max", "compressed steps", "rejected steps",
+                "rejected updates", "digest"):
         table.add_column(col, justify="right")
     for name, t in sorted(result.training.items()):
+        preq = t.get("prequential") or {}
+        prequential = f"{preq['accuracy']:.3f} ({preq['window_accuracy']:.3f})" if preq.get("records") else "-"
         st = t.get("staleness") or {}
         steps = t["steps"]
         compressed = t.get("compressed_steps", 0)
@@ -671,7 +676,8 @@ def training_table(result: RunResult) -> Table:
         if t.get("rejected_by_reason"):
             rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(t["rejected_by_reason"].items())) + ")"
         table.add_row(name, str(steps), str(t["trained_records"]), str(t.get("injected_records", 0)),
-                      str(t["version"]), f"{t['accuracy']:.3f}", f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
+                      str(t["version"]), f"{t['accuracy']:.3f}", prequential,
+                      f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
                       f"{compressed} ({compressed / steps:.0%})" if steps else "0",
                       rejected, str(t["updates_rejected"]), t["digest"][:12])
     return table

@@ -103,6 +103,7 @@ def driver_config(cfg: JobConfig) -> DriverConfig:
         max_step_batch=cfg.train.max_step_batch, codec=cfg.train.codec,
         codec_params=parse_params(cfg.train.codec_params), error_feedback=cfg.train.error_feedback,
         max_grad_norm=cfg.train.max_grad_norm, grad_norm_spike=cfg.train.grad_norm_spike,
+        controller=cfg.train.compression_controller, controller_params=parse_params(cfg.train.controller_params),
     )
 
 
@@ -497,7 +498,9 @@ class TrainingRuntime:
         for item in outbound:
             started = time.monotonic()
             await self.publish(item.channel, item.value, item.headers, self.name.encode())
-            await self._call(self.driver.transferred, item.to, len(item.value), time.monotonic() - started)
+            await self._call(self.driver.transferred, item, time.monotonic() - started)
+            if item.setting is not None:
+                self.metrics.compression_setting.labels(self.name).set(item.setting)
             self.stats.bytes_sent += len(item.value)
             if item.kind in ("gradient", "delta"):
                 self.metrics.record_sent(self.name, item.codec, len(item.value), item.dense_bytes)
@@ -536,6 +539,7 @@ class TrainingRuntime:
             "injected_records": self.driver.injected_records, "bytes_sent": self.stats.bytes_sent,
             "vote_log": [{"version": v, "compress": c} for v, c in self.driver.vote_log],
             "compressed_steps": self.driver.compressed_steps,
+            "compression_setting": self.driver.policy.setting(),
             "loss": self.stats.loss, "updates_in": self.stats.updates_in,
             "updates_rejected": self.stats.updates_rejected, "restored_from": self.restored_from,
             "staleness": stats.get("staleness", {}), "counters": stats.get("counters", {}),

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from compression import registry as compressors
+from compression.controllers.policy import create_policy
 from compression.controllers.scadles import link_signal
 from compression.memory import ErrorFeedback, NoMemory
 from compression.pipeline import GradientCodec
@@ -69,6 +70,9 @@ class DriverConfig:
     error_feedback: bool = True
     max_grad_norm: float = 1.0e4
     grad_norm_spike: float = 100.0
+    #: Per-link compression policy (``compression.controllers.policy``): none | accordion | budget.
+    controller: str = "none"
+    controller_params: dict[str, Any] = field(default_factory=dict)
     #: Prequential accuracy/loss over the last this many scored batches (beside the totals).
     prequential_window: int = 50
 
@@ -84,6 +88,8 @@ class Outbound:
     headers: dict[str, bytes]
     codec: str
     dense_bytes: int  # fp32 bytes of the tensors, before any compression
+    #: The density or rank the link's compression policy chose for it (None: the codec's own).
+    setting: float | None = None
 
     @property
     def compressed(self) -> bool:
@@ -192,7 +198,7 @@ class TrainingDriver:
         # Build one codec now: a bad codec name or parameter fails at start, not at the
         # first step.
         self._codecs: dict[tuple[str | None, str], GradientCodec] = {}
-        self._new_codec()
+        self.policy = create_policy(config.controller, self._new_codec().compressor, **config.controller_params)
         self._decision = strategy.compression_decision()
         if strategy.compression_signal_ratio() is not None and config.codec == "dense":
             raise StrategyError(
@@ -290,9 +296,11 @@ class TrainingDriver:
         result = evaluate(self.trainer.model, features, labels)
         return result, self.encode(self.strategy.on_evaluation(result.accuracy, result.loss))
 
-    def transferred(self, peer: str | None, nbytes: int, seconds: float) -> None:
-        """Transfer feedback for one sent message (adapters that can measure it)."""
-        self.strategy.on_transfer(peer, nbytes, seconds)
+    def transferred(self, item: Outbound, seconds: float) -> None:
+        """Transfer feedback for one sent message (adapters that can measure it): to the
+        link's compression policy and to the strategy."""
+        self.policy.observe_sent((item.to, item.kind), len(item.value), seconds)
+        self.strategy.on_transfer(item.to, len(item.value), seconds)
 
     # -- encoding, one codec per link -----------------------------------------------------------
     def encode(self, outgoing: list[Outgoing]) -> list[Outbound]:
@@ -307,10 +315,15 @@ class TrainingDriver:
                 # the link's residual is kept for the next compressed one.
                 codec = self._codec(item.to, msg.kind)
             compress = flag is not False
-            value, headers = encode_update(msg, job=self.config.job, codec=codec, compress=compress, to=item.to)
+            contexts = None
+            if codec is not None and compress:
+                contexts = self.policy.contexts((item.to, msg.kind), msg.tensors)
+            value, headers = encode_update(msg, job=self.config.job, codec=codec, compress=compress, to=item.to,
+                                           contexts=contexts)
             dense = 4 * sum(int(t.numel()) for t in msg.tensors.values())
             out.append(Outbound(item.channel, item.to, msg.kind, value, headers,
-                                headers.get(HEADER_CODEC, b"dense").decode(), dense))
+                                headers.get(HEADER_CODEC, b"dense").decode(), dense,
+                                self.policy.setting() if contexts is not None else None))
         return out
 
     def _codec(self, to: str | None, kind: str) -> GradientCodec:

@@ -41,8 +41,10 @@ def test_bsp_three_workers_reach_target_with_identical_replicas(kafka_bootstrap,
 def test_asp_with_server_reaches_target_and_bounds_staleness(kafka_bootstrap, unique, state_dir):
     # Updates are applied one by one on the server: a smaller step and less momentum
     # keep the asynchronous model from oscillating; stop streaming once past 0.9.
+    # Gradients go top-k compressed under the byte-budget policy (exercised in a real run).
     cfg = train_job(unique, state_dir, "train.strategy=asp", "train.lr=0.03", "train.momentum=0.5",
-                    "train.strategy_params=max_staleness=4", "train.target_accuracy=0.9")
+                    "train.strategy_params=max_staleness=4", "train.target_accuracy=0.9",
+                    "train.codec=topk", "train.codec_params=ratio=0.5", "train.compression_controller=budget")
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
 
@@ -52,6 +54,8 @@ def test_asp_with_server_reaches_target_and_bounds_staleness(kafka_bootstrap, un
     assert server["staleness"]["max"] <= 4  # and bounded by max_staleness
     assert max(t["accuracy"] for t in workers_of(result).values()) >= 0.85
     assert result.balanced
+    # the budget policy decided each message's density from the link's observed bandwidth
+    assert all(0 < t["compression_setting"] <= 1 for t in workers_of(result).values())
 
 
 def test_killed_worker_resumes_from_checkpoint_and_loses_nothing(kafka_bootstrap, unique, state_dir):
@@ -114,7 +118,10 @@ def poisoned_messages(cfg) -> list[tuple[str, bytes]]:
 
 
 def test_poisoned_gradients_are_dead_lettered_and_never_applied(kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92")
+    # Gradients go top-k compressed under the Accordion policy (exercised in a real run).
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92",
+                    "train.codec=topk", "train.codec_params=ratio=0.5", "train.compression_controller=accordion",
+                    "train.controller_params=interval=5,gentle=0.5,aggressive=0.25")
     poison = poisoned_messages(cfg)
 
     def inject(ctx: RunContext) -> None:
@@ -138,6 +145,9 @@ def test_poisoned_gradients_are_dead_lettered_and_never_applied(kafka_bootstrap,
         consumer.close()
     assert len(reasons) == 3 * len(poison)  # every worker dead-letters what it rejected
     assert sorted(set(reasons)) == ["bad_magic", "non_finite", "shape_mismatch", "truncated"]
+    # Accordion chose per layer between gentle and aggressive; every step went compressed.
+    assert all(0.25 <= t["compression_setting"] <= 0.5 for t in trained.values())
+    assert all(t["compressed_steps"] == t["steps"] for t in trained.values())
 
 
 def test_scadles_with_vote_and_injection_learns_non_iid_streams(kafka_bootstrap, unique, state_dir, caplog):
