@@ -103,6 +103,7 @@ def driver_config(cfg: JobConfig) -> DriverConfig:
         max_step_batch=cfg.train.max_step_batch, codec=cfg.train.codec,
         codec_params=parse_params(cfg.train.codec_params), error_feedback=cfg.train.error_feedback,
         max_grad_norm=cfg.train.max_grad_norm, grad_norm_spike=cfg.train.grad_norm_spike,
+        max_abs_weight=cfg.train.max_abs_weight,
         controller=cfg.train.compression_controller, controller_params=parse_params(cfg.train.controller_params),
     )
 
@@ -395,9 +396,11 @@ class TrainingRuntime:
                 continue
             codec_name = headers.get(HEADER_CODEC, b"dense").decode(errors="replace")[:32]
             self.metrics.gradient_bytes_received.labels(self.name, codec_name).inc(len(value))
-            if handled.staleness is not None:
+            if handled.staleness:
+                # Seconds: the age of the message whose arrival applied the update(s).
                 age_s = max(0.0, time.time() - timestamp_ms / 1000.0) if timestamp_ms else 0.0
-                self.metrics.record_applied(self.name, staleness_versions=handled.staleness, staleness_s=age_s)
+                for versions in handled.staleness:
+                    self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=age_s)
             self._log_vote(handled.vote_switched_to)
             await self._send(handled.outbound)
 

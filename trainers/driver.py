@@ -70,6 +70,8 @@ class DriverConfig:
     error_feedback: bool = True
     max_grad_norm: float = 1.0e4
     grad_norm_spike: float = 100.0
+    #: Model snapshots holding a value above this are refused on receipt (0: no bound).
+    max_abs_weight: float = 1.0e6
     #: Per-link compression policy (``compression.controllers.policy``): none | accordion | budget.
     controller: str = "none"
     controller_params: dict[str, Any] = field(default_factory=dict)
@@ -102,15 +104,15 @@ class Handled:
 
     ``skipped``: addressed to another process; ``rejection``: refused before the
     strategy saw it (dead-letter it); otherwise the strategy took it and ``staleness``
-    is the versions between its base and the model it was applied to (None if the
-    model did not move).
+    holds the staleness of every update the strategy applied since the driver last
+    asked (one BSP message can complete a step and apply every member's gradient).
     """
 
     outbound: list[Outbound] = field(default_factory=list)
     skipped: bool = False
     rejection: MessageRejected | None = None
     message: UpdateMessage | None = None
-    staleness: int | None = None
+    staleness: tuple[int, ...] = ()
     vote_switched_to: bool | None = None
 
 
@@ -169,12 +171,32 @@ class Prequential:
         return sum(s for _, _, s in self._recent) / n if n else 0.0
 
 
+class DecodeMemo:
+    """Decoded update records shared by the drivers of one process that read the same log
+    with equal specs (same model, same strategy): the simulated clock's workers. A record
+    decoded (and validated) by one is reused by the others; rejected records are not kept.
+    Bounded to the ``size`` most recent records."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._entries: collections.OrderedDict[bytes, UpdateMessage] = collections.OrderedDict()
+
+    def get(self, value: bytes) -> UpdateMessage | None:
+        return self._entries.get(value)
+
+    def put(self, value: bytes, msg: UpdateMessage) -> UpdateMessage:
+        self._entries[value] = msg
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return msg
+
+
 class TrainingDriver:
     """The model-side life of one process: messages in, steps, messages out.
 
     ``injector`` (optional) is ``(features, labels) -> (features, labels, injected)``
     applied to a batch before the step (ScaDLES data injection); its samples are
-    trained on but not scored.
+    trained on but not scored. ``shared_decodes``: see ``DecodeMemo``.
     """
 
     def __init__(
@@ -186,6 +208,7 @@ class TrainingDriver:
         *,
         spec: TensorSpec | None = None,
         injector: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, int]] | None = None,
+        shared_decodes: DecodeMemo | None = None,
     ) -> None:
         self.name = name
         self.trainer = trainer
@@ -193,6 +216,7 @@ class TrainingDriver:
         self.config = config
         self.spec = spec if spec is not None else TensorSpec.from_trainer(trainer)
         self.injector = injector
+        self.shared_decodes = shared_decodes
         self.guard = StepGuard(config.max_grad_norm, config.grad_norm_spike)
         self.prequential = Prequential(config.prequential_window)
         # Build one codec now: a bad codec name or parameter fails at start, not at the
@@ -220,20 +244,26 @@ class TrainingDriver:
             msg = self._decode(value)
         except MessageRejected as exc:
             return Handled(rejection=exc)
-        version_before = self.trainer.version
         out = self.strategy.on_message(msg)
-        staleness = None
-        if msg.kind in ("gradient", "delta") and self.trainer.version > version_before:
-            staleness = max(0, version_before - msg.base_version)
-        return Handled(self.encode(out), message=msg, staleness=staleness,
+        return Handled(self.encode(out), message=msg, staleness=tuple(self.strategy.staleness.take_new()),
                        vote_switched_to=self._decision_switch())
 
     def _decode(self, value: bytes) -> UpdateMessage:
         """Decode and validate; the kind's spec and partial rule come from the strategy."""
+        memo = self.shared_decodes
+        if memo is not None:
+            msg = memo.get(value)
+            if msg is None:
+                msg = memo.put(value, self._decode_uncached(value))
+            return msg
+        return self._decode_uncached(value)
+
+    def _decode_uncached(self, value: bytes) -> UpdateMessage:
         return decode_update(
             value, expected_shapes=lambda kind: self.strategy.tensor_spec(kind, self.spec),
             max_bytes=self.config.max_message_bytes, job=self.config.job,
             max_norm=self.config.max_grad_norm or None, partial=self.strategy.accepts_partial,
+            max_abs=self.config.max_abs_weight or None,
         )
 
     # -- 2. timers --------------------------------------------------------------------------

@@ -1,23 +1,28 @@
-"""Simulated-clock runner: the real strategies, buffers, batchers and wire format on modelled time.
+"""Simulated-clock runner: the real training driver, buffers and batchers on modelled time.
 
 One run is a discrete-event simulation of N devices, each feeding its own worker
-(one worker per device), with no Kafka, no asyncio and no wall clock:
+(one worker per device), with no Kafka, no asyncio and no wall clock. Everything
+that happens to a worker's model goes through its ``trainers.driver.TrainingDriver``
+(the same object the live runtime drives); this module only moves bytes and time:
 
 - **Arrivals**: every ``message_interval_s`` each device emits the records of the
   elapsed interval (a Poisson count at rate ``r_i`` by default, from
   ``streams.simulator``), which go into the worker's ``StreamBuffer`` and
-  ``AdaptiveBatcher`` exactly as the ingest path does, fed the simulated time.
-- **Compute**: an idle worker whose strategy ``can_train()`` and that has a batch
-  computes ``trainer.compute_gradient`` at once; the step "finishes" after
-  ``(c0 + c1 * batch) * slowdown_i`` seconds, when ``on_local_step`` runs.
-- **Transfer**: every outgoing message is encoded with ``trainers.wire`` (and
-  the worker's ``GradientCodec``); ``len(bytes)`` leaves the worker's uplink at
-  ``bandwidth`` after ``latency`` and is appended to ONE totally ordered log (a
-  single-partition topic), decoded once and handed to every subscriber in log
-  order, the sender included.
-- **Evaluation**: worker 0's model on the held-out set every ``eval_every_s``;
-  time to accuracy (TTA) is the first of ``hold_evals`` consecutive evaluations at
-  or above the target.
+  ``AdaptiveBatcher`` exactly as the ingest path does, fed the simulated time; the
+  batches wait in a ``streams.batching.BatchQueue`` (the one take rule).
+- **Compute**: an idle worker whose ``driver.can_train()`` and that has a batch takes
+  ``driver.batch_limit()`` records and runs ``driver.step`` at once (score, local
+  step, step guard, compression signal, ``on_local_step``, encoding); the step
+  "finishes" after ``(c0 + c1 * batch) * slowdown_i`` seconds, and only then do its
+  messages leave.
+- **Transfer**: the driver encodes every outgoing message (one codec per link and
+  kind); ``len(bytes)`` leaves the worker's uplink at ``bandwidth`` after
+  ``latency`` and is appended to ONE totally ordered log (a single-partition
+  topic) and handed, as bytes, in log order to every subscriber (the sender
+  included), whose ``driver.handle`` decodes and validates it.
+- **Evaluation**: worker 0's ``driver.evaluate`` on the held-out set every
+  ``eval_every_s``; time to accuracy (TTA) is the first of ``hold_evals``
+  consecutive evaluations at or above the target.
 
 Everything is seeded: the same inputs give the same report, bit for bit. See
 docs/simclock.md for the model and its assumptions.
@@ -30,32 +35,25 @@ import heapq
 import importlib
 import json
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import torch
 
-from compression import registry as compressors
-from compression.controllers.scadles import link_signal
-from compression.memory import ErrorFeedback, Memory, NoMemory
-from compression.pipeline import GradientCodec
-from streams.batching import AdaptiveBatcher, Batch
-from streams.buffering import StreamBuffer, concat, slice_records
+from streams.batching import AdaptiveBatcher, Batch, BatchQueue
+from streams.buffering import StreamBuffer, concat
 from streams.datasets import Dataset
 from streams.profiles import SCADLES_RATES
 from streams.records import RecordBatch
 from streams.simulator import DeviceSimulator, FleetData, build_simulators, fleet_data
 from trainers import strategies
-from trainers.evaluation import evaluate, time_to_target
-from trainers.local import LocalTrainer, StepResult, limit_torch_threads
-from trainers.messages import Outgoing, UpdateMessage
+from trainers.driver import DecodeMemo, DriverConfig, Outbound, Stepped, TrainingDriver
+from trainers.evaluation import time_to_target
+from trainers.local import LocalTrainer, limit_torch_threads
 from trainers.models import build_model
-from trainers.strategies.base import StrategyContext, SyncStrategy
-from trainers.validation import TensorSpec
-from trainers.wire import COMPRESSED_KINDS, decode_update, encode_update
+from trainers.strategies.base import StrategyContext
 
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",
@@ -105,7 +103,10 @@ class Mode:
     (keep every excess record) or ``truncate`` (window mode: drop what exceeds
     ``max_batch`` at each window; both modes: never let more than
     ``buffer_capacity`` records wait, dropping the oldest). ``codec`` names a
-    registered compressor for gradient messages (``None`` / ``"dense"``: no codec).
+    registered compressor for gradient messages (``None`` / ``"dense"``: no codec);
+    it, ``codec_params`` and ``error_feedback`` go to each worker's ``DriverConfig``,
+    as does ``max_batch`` (``max_step_batch``: the most records a window-mode step
+    takes unless the strategy's ``batch_size_wanted()`` says otherwise).
     """
 
     name: str
@@ -140,13 +141,6 @@ class Mode:
                 f"mode {self.name!r}: buffer_capacity {self.buffer_capacity} < batch_size {self.batch_size} "
                 "would never fill a fixed batch"
             )
-
-    def build_codec(self) -> GradientCodec | None:
-        """A fresh codec for one worker's gradient link (residuals are per link), or None."""
-        if self.codec is None or self.codec == "dense":
-            return None
-        memory: Memory = ErrorFeedback() if self.error_feedback else NoMemory()
-        return GradientCodec(compressors.create(self.codec, **dict(self.codec_params)), memory)
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,6 +278,9 @@ class RunConfig:
     job: str = "simclock"
     max_message_bytes: int = 16 * 1024 * 1024
     torch_threads: int = 1
+    max_grad_norm: float = 1.0e4
+    """The step guard's bounds (``train.max_grad_norm`` / ``train.grad_norm_spike``)."""
+    grad_norm_spike: float = 100.0
 
     def __post_init__(self) -> None:
         if not (self.eval_every_s > 0 and self.time_budget_s > 0 and self.depth_sample_s > 0):
@@ -297,7 +294,13 @@ class RunConfig:
 
 @dataclass
 class DeviceReport:
-    """One device's stream and backlog. Invariant: ``arrived == trained + dropped + waiting``."""
+    """One device's stream and backlog.
+
+    Invariant: ``arrived == trained + dropped + dead_lettered + waiting``
+    (``dead_lettered``: records of steps the step guard rejected).
+    ``prequential_accuracy``: the share of this device's trained records that the model
+    predicted right just before training on them (0 before any).
+    """
 
     device: str
     worker: str
@@ -309,6 +312,8 @@ class DeviceReport:
     injected: int
     max_depth: int
     p99_depth: int
+    dead_lettered: int = 0
+    prequential_accuracy: float = 0.0
 
 
 @dataclass
@@ -335,8 +340,15 @@ class RunReport:
     """From the strategies' ``compressed_steps`` / ``steps`` counters (0 without them)."""
     mean_staleness: float
     devices: list[DeviceReport]
-    signal: dict[str, float] | None = None
-    """Summary (count, mean, p10, p50, p90) of the ScaDLES signals observed, if any."""
+    rejected_steps: int = 0
+    """Local steps the step guard rejected (all workers): neither applied nor published."""
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    rejected_messages: int = 0
+    """Deliveries of log messages a worker's driver refused (decoding or validation)."""
+    prequential_accuracy: float = 0.0
+    """Worker 0's test-then-train accuracy since the start (each batch scored before training)."""
+    prequential_recent_accuracy: float = 0.0
+    """The same over worker 0's last ``DriverConfig.prequential_window`` scored batches."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -346,14 +358,18 @@ class RunReport:
 
 
 class DeviceBacklog:
-    """One device's records from arrival to training: ``StreamBuffer`` -> ``AdaptiveBatcher`` -> ready batches.
+    """One device's records from arrival to a step: ``StreamBuffer`` -> ``AdaptiveBatcher`` -> ``BatchQueue``.
 
-    Batches the batcher emits wait in ``ready`` until the worker takes them, so the
-    depth that matters (records arrived and not yet trained) is ``buffer.depth +
-    ready_records``. Under ``truncate`` that depth never exceeds the capacity: the
-    buffer drops on push, and the oldest ready batches are dropped next.
+    Batches the batcher emits wait in ``ready`` (a ``streams.batching.BatchQueue``,
+    whose ``take(limit)`` is the one rule for what a step takes) until the worker takes
+    them, so the depth that matters (records arrived and not yet trained) is
+    ``buffer.depth + ready.records``. Under ``truncate`` that depth never exceeds the
+    capacity: the buffer drops on push, and the oldest ready batches are dropped next.
+    Taken records are ``in_step`` until :meth:`settle` says whether the step trained
+    on them or the step guard rejected it (dead-lettered).
 
-    Invariant: ``arrived == trained + dropped + waiting`` at every moment.
+    Invariant: ``arrived == trained + dropped + dead_lettered + waiting`` at every
+    moment (``waiting`` includes ``in_step``).
     """
 
     def __init__(self, device: str, mode: Mode) -> None:
@@ -367,10 +383,11 @@ class DeviceBacklog:
             batch_size=mode.batch_size,
             window_overflow=mode.buffer_policy,
         )
-        self.ready: deque[RecordBatch] = deque()
-        self.ready_records = 0
+        self.ready = BatchQueue(mode.batcher)
         self.ready_dropped = 0
+        self.in_step = 0
         self.trained = 0
+        self.dead_lettered = 0
         self.max_depth = 0
 
     @property
@@ -384,7 +401,7 @@ class DeviceBacklog:
 
     @property
     def waiting(self) -> int:
-        return self.buffer.depth + self.ready_records
+        return self.buffer.depth + self.ready.records + self.in_step
 
     def arrive(self, batches: Sequence[RecordBatch], now: float) -> None:
         """Push one interval's records; in fixed mode this may complete batches."""
@@ -399,40 +416,35 @@ class DeviceBacklog:
         self.batcher.take_drops()  # already counted in buffer.dropped_total
 
     def has_batch(self) -> bool:
-        return bool(self.ready)
+        return self.ready.records > 0
 
-    def take(self) -> RecordBatch:
-        """The next step's records: one fixed batch, or every ready record up to ``max_batch``."""
-        if not self.ready:
+    def take(self, limit: int) -> list[Batch]:
+        """The next step's batches (``BatchQueue.take``: one fixed batch, or the oldest
+        ready records up to ``limit``); they are ``in_step`` until :meth:`settle`."""
+        if not self.has_batch():
             raise RuntimeError("take() without a ready batch")
-        if self.mode.batcher == "fixed":
-            records = self.ready.popleft()
+        batches = self.ready.take(limit)
+        self.in_step += sum(b.size for b in batches)
+        return batches
+
+    def settle(self, batches: Sequence[Batch], *, dead_lettered: bool = False) -> None:
+        """The step on ``batches`` is done: their records were trained on, or (the step
+        was rejected) dead-lettered."""
+        records = sum(b.size for b in batches)
+        if records > self.in_step:
+            raise RuntimeError(f"settle() of {records} records, {self.in_step} in step")
+        self.in_step -= records
+        if dead_lettered:
+            self.dead_lettered += records
         else:
-            parts: list[RecordBatch] = []
-            room = self.mode.max_batch
-            while self.ready and room > 0:
-                head = self.ready[0]
-                if head.count <= room:
-                    parts.append(self.ready.popleft())
-                    room -= head.count
-                else:
-                    parts.append(slice_records(head, 0, room))
-                    self.ready[0] = slice_records(head, room, head.count)
-                    room = 0
-            records = concat(parts)
-        self.ready_records -= records.count
-        self.trained += records.count
-        return records
+            self.trained += records
 
     def _queue(self, emitted: Sequence[Batch]) -> None:
         for batch in emitted:
-            self.ready.append(batch.records)
-            self.ready_records += batch.size
+            self.ready.put(batch)
         if self.mode.buffer_policy == "truncate":
-            while self.ready and self.waiting > self.mode.buffer_capacity:
-                oldest = self.ready.popleft()
-                self.ready_records -= oldest.count
-                self.ready_dropped += oldest.count
+            while len(self.ready) and self.waiting > self.mode.buffer_capacity:
+                self.ready_dropped += self.ready.drop_oldest().size
 
 
 # -- data injection as a mode hook -------------------------------------------------------------
@@ -529,36 +541,43 @@ class _LogEntry:
 
 
 class _Worker:
-    """One worker: its device backlog, trainer, strategy and gradient link.
+    """One worker: its device backlog and its training driver (trainer, strategy, codecs).
 
-    Invariant: while ``busy`` (a step is computing) the trainer and strategy are not
-    touched; messages delivered meanwhile wait in ``inbox`` and are handled, in log
-    order, right after the step's ``on_local_step`` (as the pipeline's single
-    training thread does).
+    Invariant: while ``busy`` (a step is computing) the driver is not called. The
+    step's effect on the model side happened when it started (``driver.step``); its
+    ``Stepped`` is held in ``stepped`` and its messages leave at ``_STEP_DONE``.
+    Log records delivered meanwhile wait in ``inbox`` and are handed to the driver, in
+    log order, right after that publication (as the live runtime's single training
+    thread does); messages an evaluation returns meanwhile wait in ``held``.
     """
 
-    def __init__(
-        self,
-        index: int,
-        name: str,
-        backlog: DeviceBacklog,
-        trainer: LocalTrainer,
-        strategy: SyncStrategy,
-        codec: GradientCodec | None,
-    ) -> None:
+    def __init__(self, index: int, name: str, backlog: DeviceBacklog, driver: TrainingDriver) -> None:
         self.index = index
         self.name = name
         self.backlog = backlog
-        self.trainer = trainer
-        self.strategy = strategy
-        self.codec = codec
+        self.driver = driver
         self.busy = False
-        self.pending: StepResult | None = None
-        self.inbox: deque[UpdateMessage] = deque()
+        self.stepped: Stepped | None = None
+        self.held: list[Outbound] = []
+        self.inbox: deque[_LogEntry] = deque()
         self.uplink_free_at = 0.0
         self.local_steps = 0
+        self.rejected_steps: Counter[str] = Counter()
+        self.rejected_messages = 0
         self.injected = 0
+        self.scored = 0
+        self.correct = 0
         self.depth_samples: list[int] = []
+
+
+def _injector(hook: InjectHook, index: int) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, int]]:
+    """A mode's ``inject(worker_index, x, y)`` as worker ``index``'s driver injector."""
+
+    def inject(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        x_out, y_out = hook(index, x, y)
+        return x_out, y_out, len(y_out) - len(y)
+
+    return inject
 
 
 class _Simulation:
@@ -574,7 +593,20 @@ class _Simulation:
         self.simulators = streams.simulators()
         names = [f"w{i}" for i in range(len(streams.devices))]
         data = streams.data
+        driver_config = DriverConfig(
+            job=config.job,
+            max_message_bytes=config.max_message_bytes,
+            max_step_batch=mode.max_batch,
+            codec=mode.codec or "dense",
+            codec_params=dict(mode.codec_params),
+            error_feedback=mode.error_feedback,
+            max_grad_norm=config.max_grad_norm,
+            grad_norm_spike=config.grad_norm_spike,
+        )
         self.workers: list[_Worker] = []
+        # Every worker runs the same model and strategy, so a log record decodes the same
+        # for all: decode it once (the drivers still validate and judge it themselves).
+        decodes = DecodeMemo()
         for index, (name, device) in enumerate(zip(names, streams.devices, strict=True)):
             model = build_model(
                 config.model,
@@ -586,16 +618,10 @@ class _Simulation:
             trainer = LocalTrainer(model, lr=config.lr, momentum=config.momentum)
             ctx = StrategyContext(worker_id=name, trainer=trainer, members=tuple(names))
             strategy = strategies.create(mode.strategy, ctx, **dict(mode.strategy_params))
-            self.workers.append(
-                _Worker(
-                    index, name, DeviceBacklog(device, mode), trainer, strategy, mode.build_codec()
-                )
-            )
-        self.spec = TensorSpec.from_trainer(self.workers[0].trainer)
-        self.signal_ratio = float(
-            mode.strategy_params.get("ratio", mode.codec_params.get("ratio", 0.1))
-        )
-        self.signals: list[float] = []
+            injector = None if self.inject is None else _injector(self.inject, index)
+            driver = TrainingDriver(name, trainer, strategy, driver_config, injector=injector,
+                                    shared_decodes=decodes)
+            self.workers.append(_Worker(index, name, DeviceBacklog(device, mode), driver))
         self.timeline: list[tuple[float, float, int]] = []
         self.tta_s: float | None = None
         self.bytes_sent = 0
@@ -651,78 +677,75 @@ class _Simulation:
         """Give an idle worker its timers, then start a step if it may and has data."""
         if worker.busy:
             return
-        self._publish(worker, worker.strategy.poll(self.now))
-        if worker.busy or not worker.backlog.has_batch() or not worker.strategy.can_train():
+        driver = worker.driver
+        self._publish(worker, driver.poll(self.now))
+        if not worker.backlog.has_batch() or not driver.can_train():
             return
-        records = worker.backlog.take()
-        x = np.ascontiguousarray(records.features, dtype=np.float32)
-        y = np.asarray(records.labels, dtype=np.int64)
-        if self.inject is not None:
-            x, y = self.inject(worker.index, x, y)
-            worker.injected += len(y) - records.count
-        worker.pending = worker.trainer.compute_gradient(x, y)
+        batches = worker.backlog.take(driver.batch_limit())
+        records = concat([b.records for b in batches]) if len(batches) > 1 else batches[0].records
+        stepped = driver.step(records.features, records.labels)
+        worker.backlog.settle(batches, dead_lettered=stepped.rejection is not None)
+        if stepped.rejection is not None:
+            worker.rejected_steps[stepped.rejection.reason] += 1
+        worker.injected += stepped.injected
+        if stepped.correct_mask is not None:
+            worker.scored += len(stepped.correct_mask)
+            worker.correct += int(stepped.correct_mask.sum())
+        worker.stepped = stepped
         worker.busy = True
-        self.events.push(self.now + self.costs.compute_s(worker.index, len(y)), _STEP_DONE, worker)
+        compute_s = self.costs.compute_s(worker.index, stepped.records + stepped.injected)
+        self.events.push(self.now + compute_s, _STEP_DONE, worker)
 
     def _on_step_done(self, worker: _Worker) -> None:
-        result = worker.pending
-        assert result is not None
-        worker.pending = None
+        stepped = worker.stepped
+        assert stepped is not None
+        worker.stepped = None
         worker.busy = False
-        worker.local_steps += 1
-        if hasattr(worker.strategy, "observe_signal"):
-            # Before on_local_step (so this gradient's vote can include it) and before
-            # encoding: the codec's residuals are still those this gradient will meet.
-            signal = self._signal(worker, result.gradients)
-            self.signals.append(signal)
-            worker.strategy.observe_signal(signal)
-        self._publish(worker, worker.strategy.on_local_step(result))
+        if stepped.rejection is None:
+            worker.local_steps += 1
+        self._publish(worker, stepped.outbound)  # none for a rejected step
+        held, worker.held = worker.held, []
+        self._publish(worker, held)
         while worker.inbox:
-            self._publish(worker, worker.strategy.on_message(worker.inbox.popleft()))
+            self._deliver(worker, worker.inbox.popleft())
         self._service(worker)
 
-    def _signal(self, worker: _Worker, grads: Mapping[str, torch.Tensor]) -> float:
-        # Without a codec there is no residual: the signal of g itself (NoMemory is pure too).
-        memory = worker.codec.memory if worker.codec is not None else NoMemory()
-        return link_signal(memory, grads, self.signal_ratio)
-
-    def _publish(self, worker: _Worker, outgoing: list[Outgoing]) -> None:
-        for item in outgoing:
-            msg = item.message
-            codec = worker.codec if msg.kind in COMPRESSED_KINDS else None
-            compress = bool(msg.meta.get("compress", True))
-            value, _ = encode_update(
-                msg, job=self.config.job, codec=codec, compress=compress, to=item.to
-            )
-            self.bytes_sent += len(value)
-            if msg.kind == "gradient":
+    def _publish(self, worker: _Worker, outbound: list[Outbound]) -> None:
+        """Put the driver's encoded messages on the worker's uplink, one at a time."""
+        for item in outbound:
+            size = len(item.value)
+            self.bytes_sent += size
+            if item.kind == "gradient":
                 self.gradient_messages += 1
-                self.compressed_messages += int(codec is not None and compress)
-            sent_at = max(self.now, worker.uplink_free_at) + self.costs.transfer_s(len(value))
+                self.compressed_messages += int(item.compressed)
+            sent_at = max(self.now, worker.uplink_free_at) + self.costs.transfer_s(size)
             worker.uplink_free_at = sent_at
-            self.events.push(
-                sent_at + self.costs.latency_s, _APPEND, _LogEntry(item.channel, item.to, value)
-            )
+            appended_at = sent_at + self.costs.latency_s
+            # The modelled transfer time, known at once (the live runtime measures it).
+            worker.driver.transferred(item, appended_at - self.now)
+            self.events.push(appended_at, _APPEND, _LogEntry(item.channel, item.to, item.value))
 
     def _on_append(self, entry: _LogEntry) -> None:
-        msg = decode_update(
-            entry.value,
-            expected_shapes=self.spec,
-            max_bytes=self.config.max_message_bytes,
-            job=self.config.job,
-        )
         recipients = [
             w
             for w in self.workers
-            if entry.channel in w.strategy.subscribes and (entry.to is None or entry.to == w.name)
+            if entry.channel in w.driver.strategy.subscribes and (entry.to is None or entry.to == w.name)
         ]
         for worker in recipients:
             if worker.busy:
-                worker.inbox.append(msg)
+                worker.inbox.append(entry)
             else:
-                self._publish(worker, worker.strategy.on_message(msg))
+                self._deliver(worker, entry)
         for worker in recipients:
             self._service(worker)
+
+    def _deliver(self, worker: _Worker, entry: _LogEntry) -> None:
+        """One log record to an idle worker's driver (it decodes and validates for itself)."""
+        handled = worker.driver.handle(entry.value, entry.to)
+        if handled.rejection is not None:
+            worker.rejected_messages += 1
+            return
+        self._publish(worker, handled.outbound)
 
     def _on_sample(self, tick: int) -> None:
         for worker in self.workers:
@@ -731,11 +754,15 @@ class _Simulation:
 
     def _on_eval(self, tick: int) -> bool:
         """Evaluate worker 0; True when the run should stop (TTA known and stop_at_target)."""
-        trainer = self.workers[0].trainer
-        accuracy = evaluate(
-            trainer.model, self.streams.data.heldout.features, self.streams.data.heldout.labels
-        )
-        self.timeline.append((self.now, accuracy.accuracy, trainer.version))
+        worker = self.workers[0]
+        heldout = self.streams.data.heldout
+        result, outbound = worker.driver.evaluate(heldout.features, heldout.labels)
+        if worker.busy:
+            worker.held.extend(outbound)  # after the step's own messages
+        else:
+            self._publish(worker, outbound)
+            self._service(worker)
+        self.timeline.append((self.now, result.accuracy, worker.driver.trainer.version))
         target = self.config.target_accuracy
         if target is not None and self.tta_s is None:
             self.tta_s = time_to_target([(t, a) for t, a, _ in self.timeline], target, self.config.hold_evals)
@@ -745,11 +772,14 @@ class _Simulation:
     # -- the report -----------------------------------------------------------------------
 
     def _report(self, stopped: str) -> RunReport:
-        counters = [w.strategy.counters for w in self.workers]
-        global_steps = sum(c.get("steps", 0) for c in counters)
-        compressed = sum(c.get("compressed_steps", 0) for c in counters)
-        staleness = [w.strategy.staleness.summary() for w in self.workers]
+        stats = [w.driver.stats() for w in self.workers]
+        global_steps = sum(s["counters"].get("steps", 0) for s in stats)
+        compressed = sum(s["counters"].get("compressed_steps", 0) for s in stats)
+        staleness = [s["staleness"] for s in stats]
         updates = sum(s["count"] for s in staleness)
+        rejected: Counter[str] = Counter()
+        for w in self.workers:
+            rejected.update(w.rejected_steps)
         devices = [
             DeviceReport(
                 device=w.backlog.buffer.device,
@@ -762,9 +792,12 @@ class _Simulation:
                 injected=w.injected,
                 max_depth=w.backlog.max_depth,
                 p99_depth=_nearest_rank(w.depth_samples, 0.99),
+                dead_lettered=w.backlog.dead_lettered,
+                prequential_accuracy=w.correct / w.scored if w.scored else 0.0,
             )
             for w in self.workers
         ]
+        prequential = stats[0]["prequential"]
         return RunReport(
             mode=self.mode.name,
             strategy=self.mode.strategy,
@@ -772,7 +805,7 @@ class _Simulation:
             target_accuracy=self.config.target_accuracy,
             tta_s=self.tta_s,
             final_accuracy=self.timeline[-1][1] if self.timeline else 0.0,
-            steps=self.workers[0].trainer.version,
+            steps=self.workers[0].driver.trainer.version,
             local_steps=sum(w.local_steps for w in self.workers),
             sim_time_s=self.now,
             stopped=stopped,
@@ -785,7 +818,11 @@ class _Simulation:
             if updates
             else 0.0,
             devices=devices,
-            signal=_summary(self.signals),
+            rejected_steps=sum(rejected.values()),
+            rejected_by_reason=dict(sorted(rejected.items())),
+            rejected_messages=sum(w.rejected_messages for w in self.workers),
+            prequential_accuracy=float(prequential["accuracy"]),
+            prequential_recent_accuracy=float(prequential["window_accuracy"]),
         )
 
 
@@ -794,19 +831,6 @@ def _nearest_rank(values: Sequence[int], q: float) -> int:
         return 0
     ordered = sorted(values)
     return int(ordered[max(1, math.ceil(q * len(ordered))) - 1])
-
-
-def _summary(values: Sequence[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    quantiles = np.quantile(np.asarray(values, dtype=np.float64), [0.1, 0.5, 0.9])
-    return {
-        "count": float(len(values)),
-        "mean": float(np.mean(values)),
-        "p10": float(quantiles[0]),
-        "p50": float(quantiles[1]),
-        "p90": float(quantiles[2]),
-    }
 
 
 # -- public API ------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 
@@ -16,12 +16,22 @@ class StalenessTracker:
 
     def __init__(self) -> None:
         self._histogram: Counter[int] = Counter()
+        # Values recorded since the last ``take_new`` (bounded: an owner that never
+        # drains them loses only this view, never the histogram).
+        self._new: deque[int] = deque(maxlen=100_000)
 
     def record(self, staleness_versions: int) -> None:
         """Count one update that was ``staleness_versions`` versions behind (>= 0)."""
         if staleness_versions < 0:
             raise ValueError(f"staleness must be >= 0, got {staleness_versions}")
         self._histogram[int(staleness_versions)] += 1
+        self._new.append(int(staleness_versions))
+
+    def take_new(self) -> list[int]:
+        """The values recorded since the previous call (the driver exports them as metrics)."""
+        values = list(self._new)
+        self._new.clear()
+        return values
 
     @property
     def count(self) -> int:

@@ -374,6 +374,7 @@ def decode_update(
     max_numel: int | None = None,
     max_norm: float | None = None,
     partial: bool | Callable[[str], bool] = False,
+    max_abs: float | None = None,
 ) -> UpdateMessage:
     """Parse, bound-check and validate one record value; raise :class:`MessageRejected`.
 
@@ -386,6 +387,8 @@ def decode_update(
     exactly by the spec. ``max_norm`` (if set) bounds the L2 norm of the tensors of a
     ``gradient`` or ``delta`` (finite but absurd values). The returned message has passed
     ``validate_update``. ``partial``: a parameter kind may carry a subset of the parameters.
+    ``max_abs`` (if set) bounds every value of a ``model`` snapshot (parameters, buffers,
+    optimizer slots), as checkpoints are bounded.
     ``expected_shapes`` and ``partial`` may also be functions of the message kind (read
     from the header), for receivers whose kinds carry different tensors.
     """
@@ -499,6 +502,12 @@ def decode_update(
         norm = gradient_norm(msg.tensors)
         if not norm <= max_norm:
             raise reject("out_of_range", f"{msg.kind} norm {norm:.4g} exceeds the bound {max_norm:g}")
+    if max_abs and msg.kind == "model":
+        for part, named in (("tensor", msg.tensors), ("buffer", msg.buffers), ("optimizer slot", msg.optimizer)):
+            for name, tensor in named.items():
+                if tensor.is_floating_point() and tensor.numel() and float(tensor.abs().max()) > max_abs:
+                    raise reject("out_of_range", f"model {part} {name!r} holds a value above the bound {max_abs:g}",
+                                 layer=name)
     return msg
 
 

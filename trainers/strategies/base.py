@@ -111,6 +111,10 @@ class SyncStrategy(ABC):
     evaluates_model: ClassVar[bool] = True
     #: The batcher mode the strategy is designed for (``window`` for ScaDLES); None: any.
     preferred_batcher: ClassVar[str | None] = None
+    #: Whether worker replicas at the same model version hold bitwise identical parameters,
+    #: whatever the delivery order and duplicates (BSP, ScaDLES); the conformance suite
+    #: (tests/unit/trainers/test_strategy_conformance.py) checks it when True.
+    replicas_identical: ClassVar[bool] = False
 
     def compression_signal_ratio(self) -> float | None:
         """Top-k ratio at which the driver computes the compression signal of every new

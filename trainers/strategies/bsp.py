@@ -50,6 +50,7 @@ class BSPStrategy(SyncStrategy):
     name = "bsp"
     role = "worker"
     subscribes = ("gradients", "models")
+    replicas_identical = True
 
     def __init__(
         self,

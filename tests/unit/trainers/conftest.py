@@ -11,10 +11,9 @@ import pytest
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from tests.unit.trainers.fakes import BatchStream, FakeBus, Node
+from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, build_node
 from trainers.local import LocalTrainer, limit_torch_threads
 from trainers.models import build_model
-from trainers.strategies import StrategyContext, create
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -72,7 +71,9 @@ NodeFactory = Callable[..., Node]
 
 @pytest.fixture
 def make_node(bus: FakeBus, make_trainer: TrainerFactory) -> NodeFactory:
-    """Build a trainer + strategy, subscribe it to the bus, attach a batch stream."""
+    """Build a trainer + strategy behind a training driver, subscribe it to the bus,
+    attach a batch stream. ``codec`` / ``codec_params`` configure the driver's links
+    (a strategy that votes on compression needs a compressing codec)."""
 
     def factory(
         name: str,
@@ -87,15 +88,17 @@ def make_node(bus: FakeBus, make_trainer: TrainerFactory) -> NodeFactory:
         seed: int = 0,
         lr: float = 0.1,
         momentum: float = 0.9,
+        codec: str = "dense",
+        codec_params: dict[str, object] | None = None,
         **params: object,
     ) -> Node:
-        trainer = make_trainer(model=model, seed=seed, lr=lr, momentum=momentum)
-        ctx = StrategyContext(worker_id=name, trainer=trainer, role=role, members=members, joining=joining)  # type: ignore[arg-type]
-        node_strategy = create(strategy, ctx, **params)
-        bus.subscribe(name, node_strategy.subscribes)
         batches = None
         if data is not None:
             batches = BatchStream(data[0], data[1], batch_size, seed=zlib.crc32(name.encode()))
-        return Node(name=name, trainer=trainer, strategy=node_strategy, batches=batches)
+        return build_node(
+            bus, name, strategy, make_trainer(model=model, seed=seed, lr=lr, momentum=momentum),
+            role=role, members=members, joining=joining, batches=batches,
+            codec=codec, codec_params=codec_params, **params,
+        )
 
     return factory

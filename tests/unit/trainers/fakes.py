@@ -1,19 +1,34 @@
-"""Test doubles for the trainers suite: an in-process message bus, a fake clock, batch streams."""
+"""Test doubles for the trainers suite: an in-process bus of encoded update records, a
+fake clock, batch streams, and nodes that are thin adapters of the training driver.
+
+Everything that happens to a model goes through ``trainers.driver.TrainingDriver``,
+exactly as in the live runtime: the bus carries ``trainers.wire`` bytes, ``pump``
+hands them to ``driver.handle`` and publishes what it answers, ``train_once`` calls
+``driver.step`` and publishes. Only bytes and fake time move here.
+"""
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from trainers.driver import DriverConfig, Handled, Outbound, Stepped, TrainingDriver
+from trainers.guard import StepRejection
 from trainers.local import LocalTrainer
 from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import SyncStrategy
-from trainers.validation import TensorSpec, validate_update
+from trainers.strategies import StrategyContext, SyncStrategy, create
+from trainers.validation import TensorSpec
+from trainers.wire import MessageRejected, decode_update, encode_update
+
+#: The job name of every record on the test bus (the wire format checks it on receipt).
+JOB = "test"
 
 
 class FakeClock:
@@ -28,56 +43,150 @@ class FakeClock:
 
 
 @dataclass(frozen=True)
-class _Envelope:
-    seq: int
+class Record:
+    """One record of a channel's log as a consumer reads it: the encoded update
+    (``trainers.wire``), who produced it and whom it is addressed to (None: everyone)."""
+
+    seq: int  # publication order on the bus
     channel: str
+    sender: str
     to: str | None
-    message: UpdateMessage
+    value: bytes
 
 
 class FakeBus:
     """Stand-in for the job's Kafka topics: one append-only, totally ordered log per channel.
 
     Like a single-partition topic, each subscriber reads each channel in log order
-    from where it subscribed, at its own pace (``limit``). A message published with
-    ``delay`` is in flight until ``now + delay`` and is appended to its log when the
-    bus first sees a later time, so the log order is arrival order at the "broker".
-    Channels are independent logs; ``deliver`` interleaves them by arrival. Messages
-    addressed ``to`` a worker are delivered to that worker only.
+    from where it subscribed, at its own pace (``limit``); records addressed ``to``
+    someone else are read too and dropped by the reader's driver. A record published
+    with ``delay`` is in flight until ``now + delay`` and is appended to its log when
+    the bus first sees a later time, so the log order is arrival order at the
+    "broker". Channels are independent logs; reads interleave them by arrival.
+
+    Perturbations (off by default), within those rules:
+
+    - ``jitter``: every record lands up to ``jitter`` seconds later than asked, but
+      never before an earlier record of the same sender on the same channel (one
+      producer's records keep their order), so records of different senders overtake
+      each other.
+    - ``duplicate``: every record lands a second time, up to ``jitter + 1`` seconds
+      after the first (at-least-once delivery); the copy may come after later records
+      of its sender.
     """
 
-    def __init__(self) -> None:
-        self._logs: dict[str, list[_Envelope]] = defaultdict(list)
+    def __init__(self, *, jitter: float = 0.0, duplicate: bool = False, seed: int = 0) -> None:
+        self.jitter = jitter
+        self.duplicate = duplicate
+        self._rng = random.Random(seed)
+        self._logs: dict[str, list[tuple[int, Record]]] = defaultdict(list)  # (arrival, record)
         self._positions: dict[str, dict[str, int]] = {}
-        self._in_flight: list[tuple[float, int, _Envelope]] = []
+        self._specs: dict[str, TensorSpec] = {}
+        self._in_flight: list[tuple[float, int, Record]] = []
+        self._last_due: dict[tuple[str, str], float] = {}
         self._seq = 0
+        self._arrivals = 0
         self.published: Counter[str] = Counter()
 
-    def subscribe(self, name: str, channels: Iterable[str]) -> None:
-        """Start reading ``channels`` from their current end (a consumer started now)."""
+    def subscribe(self, name: str, channels: Iterable[str], *, spec: TensorSpec | None = None) -> None:
+        """Start reading ``channels`` from their current end (a consumer started now).
+
+        ``spec`` lets :meth:`deliver` decode records for ``name`` (tests that hand
+        messages to a strategy themselves); a driver decodes with its own.
+        """
         self._positions[name] = {channel: len(self._logs[channel]) for channel in channels}
+        if spec is not None:
+            self._specs[name] = spec
 
     def unsubscribe(self, name: str) -> None:
         self._positions.pop(name, None)
 
     def publish(
-        self, sender: str, outgoing: Iterable[Outgoing], *, now: float = 0.0, delay: float = 0.0
+        self,
+        sender: str,
+        outgoing: Iterable[Outbound | Outgoing],
+        *,
+        now: float = 0.0,
+        delay: float = 0.0,
     ) -> None:
-        """Send ``outgoing``; with ``delay`` > 0 it lands in the log at ``now + delay``."""
+        """Send what a driver encoded (``Outbound``), or a strategy's own ``Outgoing``
+        (encoded here, dense, as a driver with the dense codec would); with ``delay``
+        > 0 it lands in the log at ``now + delay``."""
         for item in outgoing:
-            self._seq += 1
-            envelope = _Envelope(self._seq, item.channel, item.to, item.message)
-            self.published[item.channel] += 1
-            if delay > 0:
-                heapq.heappush(self._in_flight, (now + delay, self._seq, envelope))
+            if isinstance(item, Outgoing):
+                value, _ = encode_update(item.message, job=JOB, to=item.to)
             else:
-                self._logs[item.channel].append(envelope)
+                value = item.value
+            self.publish_raw(sender, item.channel, value, to=item.to, now=now, delay=delay)
+
+    def publish_raw(
+        self,
+        sender: str,
+        channel: str,
+        value: bytes,
+        *,
+        to: str | None = None,
+        now: float = 0.0,
+        delay: float = 0.0,
+    ) -> None:
+        """Put any bytes on ``channel`` (a forged or garbled record, say)."""
+        self.published[channel] += 1
+        due = now + delay + (self._rng.uniform(0.0, self.jitter) if self.jitter else 0.0)
+        key = (sender, channel)
+        due = max(due, self._last_due.get(key, -math.inf))
+        self._last_due[key] = due
+        self._schedule(Record(self._next_seq(), channel, sender, to, value), due, now)
+        if self.duplicate:
+            copy_due = due + self._rng.uniform(0.0, self.jitter + 1.0)
+            self._schedule(Record(self._next_seq(), channel, sender, to, value), copy_due, now)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _schedule(self, record: Record, due: float, now: float) -> None:
+        if due > now:
+            heapq.heappush(self._in_flight, (due, record.seq, record))
+        else:
+            self._append(record)
+
+    def _append(self, record: Record) -> None:
+        self._arrivals += 1
+        self._logs[record.channel].append((self._arrivals, record))
 
     def land(self, now: float) -> None:
-        """Append every in-flight message due by ``now`` to its log, earliest first."""
+        """Append every in-flight record due by ``now`` to its log, earliest first."""
         while self._in_flight and self._in_flight[0][0] <= now:
-            _, _, envelope = heapq.heappop(self._in_flight)
-            self._logs[envelope.channel].append(envelope)
+            _, _, record = heapq.heappop(self._in_flight)
+            self._append(record)
+
+    def fetch(
+        self,
+        name: str,
+        *,
+        now: float = math.inf,
+        channel: str | None = None,
+        limit: int | None = None,
+    ) -> list[Record]:
+        """Next records of ``name``'s channels (all, or one) at time ``now``, in arrival order."""
+        self.land(now)
+        positions = self._positions.get(name, {})
+        channels = [channel] if channel is not None else list(positions)
+        fetched: list[Record] = []
+        while limit is None or len(fetched) < limit:
+            best: tuple[int, str] | None = None
+            for ch in channels:
+                if ch not in positions:
+                    continue
+                log, pos = self._logs[ch], positions[ch]
+                if pos < len(log) and (best is None or log[pos][0] < best[0]):
+                    best = (log[pos][0], ch)
+            if best is None:
+                break
+            ch = best[1]
+            fetched.append(self._logs[ch][positions[ch]][1])
+            positions[ch] += 1
+        return fetched
 
     def deliver(
         self,
@@ -87,37 +196,26 @@ class FakeBus:
         channel: str | None = None,
         limit: int | None = None,
     ) -> list[UpdateMessage]:
-        """Next messages for ``name`` (all its channels, or one) at time ``now``, in arrival order."""
-        self.land(now)
-        positions = self._positions.get(name, {})
-        channels = [channel] if channel is not None else list(positions)
-        delivered: list[UpdateMessage] = []
-        while limit is None or len(delivered) < limit:
-            best: _Envelope | None = None
-            for ch in channels:
-                if ch not in positions:
-                    continue
-                log, pos = self._logs[ch], positions[ch]
-                while pos < len(log) and log[pos].to not in (None, name):
-                    pos += 1  # addressed to someone else: the pipeline filters these out
-                positions[ch] = pos
-                if pos < len(log) and (best is None or log[pos].seq < best.seq):
-                    best = log[pos]
-            if best is None:
-                break
-            positions[best.channel] += 1
-            delivered.append(best.message)
-        return delivered
+        """Next messages for ``name``, decoded with the spec it subscribed with; records
+        addressed to someone else are skipped. For tests that bypass the driver."""
+        spec = self._specs.get(name)
+        if spec is None:
+            raise ValueError(f"deliver decodes with {name}'s TensorSpec: subscribe({name!r}, channels, spec=...)")
+        return [
+            decode_update(record.value, expected_shapes=spec, max_bytes=16 * 1024 * 1024, job=JOB)
+            for record in self.fetch(name, now=now, channel=channel, limit=limit)
+            if record.to in (None, name)
+        ]
 
     def backlog(self, name: str) -> int:
-        """How many landed messages ``name`` has not read yet."""
+        """How many landed records for ``name`` (addressed to it or to all) it has not read yet."""
         positions = self._positions.get(name, {})
         return sum(
-            1 for ch, pos in positions.items() for env in self._logs[ch][pos:] if env.to in (None, name)
+            1 for ch, pos in positions.items() for _, record in self._logs[ch][pos:] if record.to in (None, name)
         )
 
     def in_flight(self) -> int:
-        """Messages published with a delay that have not landed yet."""
+        """Records published with a delay that have not landed yet."""
         return len(self._in_flight)
 
 
@@ -141,19 +239,142 @@ class BatchStream(Iterator[tuple[np.ndarray, np.ndarray]]):
         return self._features[index], self._labels[index]
 
 
+@dataclass(frozen=True)
+class Event:
+    """One driver call of a node and the encoded values it published (see ``Node.journal``)."""
+
+    op: str  # "handle" | "step" | "poll" | "membership"
+    args: tuple[Any, ...]
+    published: tuple[bytes, ...]
+
+    def call(self, driver: TrainingDriver) -> tuple[bytes, ...]:
+        """Make the same call on ``driver``; return the values it published."""
+        if self.op == "handle":
+            out = driver.handle(*self.args).outbound
+        elif self.op == "step":
+            out = driver.step(*self.args).outbound
+        elif self.op == "poll":
+            out = driver.poll(*self.args)
+        elif self.op == "membership":
+            out = driver.membership(*self.args)
+        else:
+            raise ValueError(f"unknown driver call {self.op!r}")
+        return tuple(item.value for item in out)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What one accepted update record did to a node: the driver's report (``staleness``)
+    and what the node observed (staleness values the strategy recorded, version moves)."""
+
+    kind: str
+    sender: str
+    step: int
+    staleness: tuple[int, ...]
+    recorded: tuple[int, ...]
+    version_before: int
+    version_after: int
+
+
 @dataclass
 class Node:
-    """One simulated process: its trainer, strategy and (for workers) its data."""
+    """One simulated process: a training driver (trainer + strategy) and, for workers, its data.
+
+    The node is the adapter: it hands its driver what the bus delivered, and a batch
+    when the driver allows a step, and keeps what the driver reported. ``strict``: a
+    record the driver rejects fails the test (False to feed it garbage on purpose).
+    ``journal`` (None: off) records every driver call once set, with what the call
+    published: the log a copy restored from a checkpoint taken then must reproduce.
+    """
 
     name: str
-    trainer: LocalTrainer
-    strategy: SyncStrategy
+    driver: TrainingDriver
     batches: BatchStream | None = None
-    spec: TensorSpec = field(init=False)
+    strict: bool = True
     steps_trained: int = 0
+    rejections: list[MessageRejected] = field(default_factory=list)
+    step_rejections: list[StepRejection] = field(default_factory=list)
+    receipts: list[Receipt] = field(default_factory=list)
+    journal: list[Event] | None = None
 
-    def __post_init__(self) -> None:
-        self.spec = TensorSpec.from_trainer(self.trainer)
+    @property
+    def trainer(self) -> LocalTrainer:
+        return self.driver.trainer
+
+    @property
+    def strategy(self) -> SyncStrategy:
+        return self.driver.strategy
+
+    @property
+    def spec(self) -> TensorSpec:
+        return self.driver.spec
+
+    def handle(self, record: Record) -> Handled:
+        """``driver.handle`` one record; keep its receipt or rejection."""
+        histogram = Counter(self.strategy.staleness.state_dict())
+        version = self.trainer.version
+        handled = self.driver.handle(record.value, record.to)
+        self._log("handle", (record.value, record.to), handled.outbound)
+        if handled.rejection is not None:
+            if self.strict:
+                raise AssertionError(f"{self.name} rejected a record from {record.sender}: {handled.rejection}")
+            self.rejections.append(handled.rejection)
+        elif handled.message is not None:
+            added = Counter(self.strategy.staleness.state_dict()) - histogram
+            msg = handled.message
+            self.receipts.append(Receipt(
+                msg.kind, msg.sender, msg.step, handled.staleness,
+                tuple(sorted(int(v) for v in added.elements())), version, self.trainer.version,
+            ))
+        return handled
+
+    def step(self, features: np.ndarray, labels: np.ndarray) -> Stepped:
+        """``driver.step`` one batch; count it if accepted."""
+        stepped = self.driver.step(features, labels)
+        self._log("step", (features, labels), stepped.outbound)
+        if stepped.rejection is not None:
+            self.step_rejections.append(stepped.rejection)
+        else:
+            self.steps_trained += 1
+        return stepped
+
+    def poll(self, now: float) -> list[Outbound]:
+        out = self.driver.poll(now)
+        self._log("poll", (now,), out)
+        return out
+
+    def membership(self, workers: Sequence[str]) -> list[Outbound]:
+        out = self.driver.membership(list(workers))
+        self._log("membership", (list(workers),), out)
+        return out
+
+    def _log(self, op: str, args: tuple[Any, ...], out: list[Outbound]) -> None:
+        if self.journal is not None:
+            self.journal.append(Event(op, args, tuple(item.value for item in out)))
+
+
+def build_node(
+    bus: FakeBus | None,
+    name: str,
+    strategy: str,
+    trainer: LocalTrainer,
+    *,
+    role: str = "worker",
+    members: tuple[str, ...] = (),
+    joining: bool = False,
+    batches: BatchStream | None = None,
+    codec: str = "dense",
+    codec_params: Mapping[str, Any] | None = None,
+    **params: Any,
+) -> Node:
+    """Strategy ``strategy`` on ``trainer`` behind a driver of job ``JOB``; subscribed to
+    ``bus`` (unless None) for the channels the strategy reads."""
+    ctx = StrategyContext(worker_id=name, trainer=trainer, role=role, members=members, joining=joining)  # type: ignore[arg-type]
+    config = DriverConfig(job=JOB, codec=codec, codec_params=dict(codec_params or {}))
+    driver = TrainingDriver(name, trainer, create(strategy, ctx, **params), config)
+    if bus is not None:
+        bus.subscribe(name, driver.strategy.subscribes, spec=driver.spec)
+    return Node(name=name, driver=driver, batches=batches)
 
 
 def pump(
@@ -164,23 +385,41 @@ def pump(
     limit: int | None = None,
     channel: str | None = None,
 ) -> int:
-    """Deliver readable messages to ``node`` the way the pipeline will: validate, hand over, publish."""
-    messages = bus.deliver(node.name, now=now, limit=limit, channel=channel)
-    for msg in messages:
-        validate_update(msg, node.spec)
-        bus.publish(node.name, node.strategy.on_message(msg), now=0.0 if math.isinf(now) else now)
-    return len(messages)
+    """Read ``node``'s next records (at most ``limit``) the way the pipeline does:
+    ``driver.handle`` each, publish what it answers. Returns how many were for ``node``."""
+    at = 0.0 if math.isinf(now) else now
+    handed = 0
+    for record in bus.fetch(node.name, now=now, limit=limit, channel=channel):
+        handled = node.handle(record)
+        if handled.skipped:
+            continue
+        handed += 1
+        bus.publish(node.name, handled.outbound, now=at)
+    return handed
 
 
 def train_once(bus: FakeBus, node: Node, *, now: float = 0.0, delay: float = 0.0) -> bool:
-    """Run one local step if the strategy allows it; publish what it returns."""
-    if node.batches is None or not node.strategy.can_train():
+    """Run one local step if the driver allows it; publish what it returns. False if no
+    step ran (not allowed, no data, or the step guard rejected the batch)."""
+    if node.batches is None or not node.driver.can_train():
         return False
     features, labels = next(node.batches)
-    result = node.trainer.compute_gradient(features, labels)
-    bus.publish(node.name, node.strategy.on_local_step(result), now=now, delay=delay)
-    node.steps_trained += 1
+    limit = node.driver.batch_limit()
+    stepped = node.step(features[:limit], labels[:limit])
+    if stepped.rejection is not None:
+        return False
+    bus.publish(node.name, stepped.outbound, now=now, delay=delay)
     return True
+
+
+def poll(bus: FakeBus, node: Node, now: float) -> None:
+    """Run ``node``'s timers at ``now``; publish what they send."""
+    bus.publish(node.name, node.poll(now), now=now)
+
+
+def announce(bus: FakeBus, node: Node, workers: Sequence[str], *, now: float = 0.0) -> None:
+    """Tell ``node`` the live workers changed; publish what it answers."""
+    bus.publish(node.name, node.membership(workers), now=now)
 
 
 def drive_bsp(
@@ -196,7 +435,7 @@ def drive_bsp(
     """Run BSP workers until every active trainer reaches ``target_version``; return rounds used.
 
     Each round is one second of fake time: the nodes are visited (in random order
-    with ``rng``), each polled, handed a slice of its backlog (1-3 messages with
+    with ``rng``), each polled, handed a slice of its backlog (1-3 records with
     ``rng``, everything otherwise) and allowed to train. ``max_idle_rounds`` rounds
     in a row in which nobody trains and no model version moves is a deadlock and fails.
     ``on_round(round)`` runs before each round (membership changes, crashes, ...).
@@ -212,7 +451,7 @@ def drive_bsp(
         moved = 0
         for node in order:
             version_before = node.trainer.version
-            bus.publish(node.name, node.strategy.poll(float(round_index)))
+            poll(bus, node, float(round_index))
             pump(bus, node, limit=None if rng is None else int(rng.integers(1, 4)))
             if node.trainer.version < target_version:
                 moved += train_once(bus, node)
@@ -245,10 +484,64 @@ def drive_async(
             return tick
         now = clock.now
         pump(bus, server, now=now)
-        bus.publish(server.name, server.strategy.poll(now), now=now)
+        poll(bus, server, now)
         for worker, period in zip(workers, compute_ticks, strict=True):
             if tick % period == 0:
                 pump(bus, worker, now=now)
                 train_once(bus, worker, now=now, delay=float(period))
         clock.advance(1.0)
     raise AssertionError(f"server reached only version {server.trainer.version} in {max_ticks} ticks")
+
+
+def drive(
+    bus: FakeBus,
+    nodes: Sequence[Node],
+    *,
+    steps: int,
+    periods: Mapping[str, int] | None = None,
+    rng: np.random.Generator | None = None,
+    on_round: Callable[[int], None] | None = None,
+    max_idle_rounds: int = 50,
+    max_rounds: int = 10_000,
+) -> int:
+    """Run the nodes of any strategy until every worker (a node with batches) trained
+    ``steps`` local steps and the bus is quiet; return the rounds used.
+
+    Round ``r`` is fake time ``r`` seconds. The nodes are visited (in random order
+    with ``rng``); each is polled, reads its landed records (1-3 with ``rng``, all
+    otherwise) and, if it is a worker whose period (``periods``, default 1) divides
+    ``r`` and it has steps left, trains when its driver allows it; its update lands
+    one period later (compute time), so slow workers send staler updates. Quiet:
+    nothing in flight and nobody has unread records. ``max_idle_rounds`` rounds in a
+    row without a step, a read or a version move is a deadlock and fails.
+    ``on_round(r)`` runs before round ``r`` (checkpoints, injected records, ...).
+    """
+    periods = periods or {}
+    workers = [n for n in nodes if n.batches is not None]
+    idle = 0
+    for round_index in range(max_rounds):
+        if on_round is not None:
+            on_round(round_index)
+        if (
+            all(n.steps_trained >= steps for n in workers)
+            and bus.in_flight() == 0
+            and all(bus.backlog(n.name) == 0 for n in nodes)
+        ):
+            return round_index
+        now = float(round_index)
+        order = list(nodes) if rng is None else [nodes[i] for i in rng.permutation(len(nodes))]
+        moved = 0
+        for node in order:
+            version_before = node.trainer.version
+            poll(bus, node, now)
+            moved += pump(bus, node, now=now, limit=None if rng is None else int(rng.integers(1, 4)))
+            period = periods.get(node.name, 1)
+            if node.steps_trained < steps and round_index % period == 0:
+                moved += train_once(bus, node, now=now, delay=float(period))
+            moved += node.trainer.version != version_before
+        idle = 0 if moved else idle + 1
+        if idle >= max_idle_rounds:
+            stats = {n.name: n.strategy.stats() for n in nodes}
+            raise AssertionError(f"deadlock in round {round_index}: {stats}")
+    raise AssertionError(f"not quiet after {max_rounds} rounds")
+

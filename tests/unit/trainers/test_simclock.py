@@ -1,5 +1,6 @@
 """Simulated-clock runner: exact record accounting, determinism, waiting vs window batching,
-buffer policies, transfer time, the oracle bound, and a 10-device ScaDLES comparison."""
+buffer policies, transfer time, the oracle bound, the training driver's rules (wanted batch
+size, step guard, prequential scores), and a 10-device ScaDLES comparison."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from streams.records import RecordBatch
+from trainers import strategies
 from trainers.simclock import (
     HETEROGENEOUS_SLOWDOWNS,
     CostModel,
@@ -28,6 +30,7 @@ from trainers.simclock import (
     run,
     scadles_rates,
 )
+from trainers.strategies.bsp import BSPStrategy
 
 FAST = RunConfig(model="mlp", lr=0.5, target_accuracy=None, time_budget_s=20.0)
 """No target: runs last the whole budget (20 simulated seconds)."""
@@ -50,7 +53,7 @@ def _window(name: str = "window", **kw) -> Mode:
 
 def _assert_accounting(report: RunReport) -> None:
     for device in report.devices:
-        assert device.arrived == device.trained + device.dropped + device.waiting, device
+        assert device.arrived == device.trained + device.dropped + device.dead_lettered + device.waiting, device
         assert device.arrived > 0 and device.max_depth >= device.p99_depth
 
 
@@ -67,14 +70,21 @@ def _chunk(start: int, n: int) -> RecordBatch:
     )
 
 
+def _seqs(batches) -> list[int]:
+    return [int(s) for batch in batches for s in batch.records.seq]
+
+
 def test_fixed_backlog_hands_out_exactly_one_batch_per_take():
     backlog = DeviceBacklog("d", _fixed(batch_size=8))
     backlog.arrive([_chunk(0, 20)], now=0.1)
 
-    first, second = backlog.take(), backlog.take()
+    # BatchQueue's fixed rule: exactly the oldest batch, whatever the limit.
+    (first,), (second,) = backlog.take(1), backlog.take(256)
+    assert backlog.in_step == 16 and backlog.waiting == 20
+    backlog.settle([first, second])
 
-    assert (first.count, second.count) == (8, 8)
-    assert [int(s) for s in second.seq] == list(range(8, 16))
+    assert (first.size, second.size) == (8, 8)
+    assert _seqs([second]) == list(range(8, 16))
     assert not backlog.has_batch() and backlog.waiting == 4 and backlog.trained == 16
 
 
@@ -85,11 +95,23 @@ def test_window_backlog_takes_every_ready_record_up_to_max_batch_and_keeps_the_r
     backlog.arrive([_chunk(12, 12)], now=1.5)
     backlog.close_windows(2.0)
 
-    records = backlog.take()
+    batches = backlog.take(16)
+    backlog.settle(batches)
 
-    assert [int(s) for s in records.seq] == list(range(16))
+    assert _seqs(batches) == list(range(16))
     assert backlog.waiting == 8 and backlog.has_batch()
     assert backlog.arrived == backlog.trained + backlog.dropped + backlog.waiting
+
+
+def test_a_rejected_steps_records_are_dead_lettered_not_trained():
+    backlog = DeviceBacklog("d", _window(window_s=1.0, max_batch=16))
+    backlog.arrive([_chunk(0, 12)], now=0.5)
+    backlog.close_windows(1.0)
+
+    backlog.settle(backlog.take(5), dead_lettered=True)
+
+    assert (backlog.dead_lettered, backlog.trained, backlog.waiting) == (5, 0, 7)
+    assert backlog.arrived == backlog.trained + backlog.dropped + backlog.dead_lettered + backlog.waiting
 
 
 def test_truncating_backlog_never_lets_more_than_capacity_wait():
@@ -200,6 +222,97 @@ def test_a_server_strategy_is_refused(two_streams):
         run(Mode("asp", "asp"), two_streams, CHEAP, FAST)
 
 
+# -- the training driver's rules ------------------------------------------------------------------
+
+
+class _Bsp16(BSPStrategy):
+    """BSP that asks for at most 16 records per local step (dynamic batching's hook)."""
+
+    name = "test-simclock-bsp16"
+
+    def batch_size_wanted(self) -> int | None:
+        return 16
+
+
+if _Bsp16.name not in strategies.names():
+    strategies.register(_Bsp16.name)(_Bsp16)
+
+
+def test_a_strategys_wanted_batch_size_caps_every_step(two_streams):
+    config = dataclasses.replace(FAST, time_budget_s=10.0)
+    plain = run(_window(window_s=1.0), two_streams, CostModel.zero(), config)
+    capped = run(Mode("bsp16", _Bsp16.name, batcher="window", window_s=1.0), two_streams, CostModel.zero(), config)
+
+    # One step per window either way (the slow stream paces BSP); the plain one takes each
+    # window's ~100 fast records, the capped one 16 of them (max_batch is 256).
+    assert capped.steps == plain.steps == 10
+    fast_plain, fast_capped = plain.devices[0], capped.devices[0]
+    assert fast_capped.trained <= 16 * (capped.steps + 1) < fast_plain.trained
+    assert fast_capped.waiting > 500 and fast_plain.waiting == 0
+    _assert_accounting(capped)
+
+
+class _Poison:
+    """Inject hook: one feature set to ``value`` in the batches number ``calls`` (0-based;
+    None: all) of one worker."""
+
+    def __init__(self, worker: int, calls: set[int] | None = None, value: float = np.nan) -> None:
+        self.worker = worker
+        self.calls = calls
+        self.value = value
+        self.seen = 0
+
+    def __call__(self, worker_index: int, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if worker_index != self.worker:
+            return x, y
+        call, self.seen = self.seen, self.seen + 1
+        if self.calls is None or call in self.calls:
+            x = x.copy()
+            x[0, 0] = self.value
+        return x, y
+
+
+def test_a_rejected_step_is_counted_dead_lettered_and_never_moves_a_model(two_streams):
+    config = dataclasses.replace(FAST, time_budget_s=5.0)
+
+    report = run(_window(window_s=0.5, inject=_Poison(0)), two_streams, CHEAP, config)
+
+    w0, w1 = report.devices
+    # NaN features: the trainer refuses the batch, the driver rejects the step.
+    assert report.rejected_steps > 1 and set(report.rejected_by_reason) == {"bad_batch"}
+    assert w0.trained == 0 and w0.dead_lettered > 0 and w0.prequential_accuracy == 0.0
+    # w0 published nothing, so BSP never completed a step: only w1's first gradient went out.
+    assert report.local_steps == report.gradient_messages == 1
+    assert report.steps == 0 and {v for _, _, v in report.timeline} == {0}
+    assert len({a for _, a, _ in report.timeline}) == 1  # the initial model throughout
+    assert w1.trained > 0 and w1.dead_lettered == 0
+    _assert_accounting(report)
+
+
+def test_after_a_rejected_step_the_worker_trains_on_its_next_batch(two_streams):
+    config = dataclasses.replace(FAST, time_budget_s=5.0)
+    clean = run(_window(window_s=0.5), two_streams, CHEAP, config)
+
+    # A finite but huge feature: a gradient far above the step guard's norm bound.
+    report = run(_window(window_s=0.5, inject=_Poison(0, {2}, 1.0e6)), two_streams, CHEAP, config)
+
+    assert report.rejected_steps == 1 and report.rejected_by_reason == {"gradient_norm": 1}
+    assert report.devices[0].dead_lettered > 0 and report.devices[1].dead_lettered == 0
+    assert report.steps >= clean.steps - 1 > 0
+    assert [d.arrived for d in report.devices] == [d.arrived for d in clean.devices]
+    _assert_accounting(report)
+
+
+def test_prequential_scores_are_reported_per_worker_and_device(two_streams):
+    report = run(_window(max_batch=16), two_streams, CHEAP, dataclasses.replace(FAST, time_budget_s=8.0))
+
+    assert 0.0 < report.prequential_accuracy <= 1.0
+    assert 0.0 < report.prequential_recent_accuracy <= 1.0
+    assert all(0.0 < d.prequential_accuracy <= 1.0 for d in report.devices)
+    # One device per worker: worker 0's score is device 0's.
+    assert report.prequential_accuracy == pytest.approx(report.devices[0].prequential_accuracy)
+
+
 def test_oracle_is_a_lower_bound_on_time_to_accuracy():
     streams = StreamSet.from_fleet("digits", [60.0, 30.0, 15.0], seed=1)
     config = RunConfig(model="mlp", lr=0.5, target_accuracy=0.85, time_budget_s=120.0)
@@ -306,7 +419,6 @@ def test_adaptive_compression_sends_fewer_bytes_and_reports_its_fraction(scadles
 
     assert dense.compressed_fraction == 0.0 and dense.compressed_messages == 0
     assert 0.0 < adaptive.compressed_fraction < 1.0
-    assert adaptive.signal is not None and adaptive.signal["count"] == adaptive.local_steps
     assert (
         adaptive.bytes_sent / adaptive.gradient_messages
         < dense.bytes_sent / dense.gradient_messages
@@ -332,7 +444,6 @@ def test_the_vote_threshold_decides_whether_scadles_compresses(two_streams, delt
 
     report = run(mode, two_streams, CHEAP, dataclasses.replace(FAST, time_budget_s=10.0))
 
-    assert report.signal is not None and report.signal["count"] == report.local_steps
     assert (report.compressed_fraction > 0.5) is compresses
     assert (report.compressed_messages > 0) is compresses
     _assert_accounting(report)

@@ -458,3 +458,13 @@ def test_a_finite_but_absurd_gradient_is_rejected_as_out_of_range():
 def test_the_norm_bound_leaves_model_snapshots_alone():
     snapshot = gradient(kind="model", tensors=grads(scale=1e6))
     assert decode(encode(snapshot), max_norm=1.0).kind == "model"
+
+
+def test_a_model_snapshot_above_the_value_bound_is_rejected():
+    snapshot = gradient(kind="model", tensors=grads(scale=1e9))
+
+    with pytest.raises(MessageRejected) as err:
+        decode(encode(snapshot), max_abs=1e6)
+
+    assert err.value.reason == "out_of_range" and "above the bound" in err.value.detail
+    assert decode(encode(gradient(kind="model")), max_abs=1e6).kind == "model"
