@@ -190,6 +190,14 @@ class Metrics:
             "edgestream_staleness_seconds", "Age of a gradient when it is applied",
             ["worker"], buckets=STALENESS_SECONDS_BUCKETS, registry=r,
         )
+        self.live_workers = Gauge(
+            "edgestream_live_workers", "Workers this process sees as live (heartbeats on control.<job>)",
+            ["worker"], registry=r,
+        )
+        self.worker_live = Gauge(
+            "edgestream_member_up", "1 while `member` is live in this process's view, 0 once it left or timed out",
+            ["worker", "member"], registry=r,
+        )
         self.commits = Counter(
             "edgestream_commits_total", "Updates committed to the shared model (ADSP commits)",
             ["worker"], registry=r,

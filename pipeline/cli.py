@@ -270,7 +270,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     cfg, bootstrap = _process_config(args, args.worker)
     check_training_config(cfg)  # before any side effect (topics, state, /metrics)
-    run_worker(cfg, args.worker, bootstrap, args.metrics_port, loglevel=args.loglevel)
+    run_worker(cfg, args.worker, bootstrap, args.metrics_port, loglevel=args.loglevel, join=args.join)
     return 0
 
 
@@ -408,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("worker", help="run one worker (a Faust worker) until stopped")
     _add_job_args(p)
     p.add_argument("--worker", required=True, help="worker name, w0 .. w{workers.count-1}")
+    p.add_argument("--join", action="store_true",
+                   help="enter a running job: read the update topics from their end and wait for the model "
+                        "(a worker without a checkpoint also joins when the job's gradients log already holds "
+                        "records of other workers; one with a checkpoint resumes from it)")
     p.add_argument("--metrics-port", type=port, default=0, help="/metrics port (0: a free one)")
     p.add_argument("--loglevel", default="warning", type=str.lower, choices=LOGLEVELS,
                    help="log level; debug also logs the traceback of a crash (default: %(default)s)")

@@ -175,6 +175,14 @@ class TrainSection:
     injection_beta: float = 0.0
     #: Size of the shared pool per class, drawn from the streamed (never held-out) data.
     injection_pool_per_class: int = 20
+    #: Every training process publishes a heartbeat on ``control.<job>`` this often (seconds).
+    heartbeat_s: float = 1.0
+    #: A worker not heard from for this long (seconds) is no longer live: the strategy is
+    #: told (``on_membership``) and, in BSP, a view without it is proposed.
+    member_timeout_s: float = 6.0
+    #: The workers a job starts with (the strategy's initial members); others enter with
+    #: ``edgestream worker --join``. [] = every configured worker.
+    initial_workers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -274,6 +282,18 @@ class JobConfig:
         if not 0 <= self.train.injection_alpha <= 1 or self.train.injection_beta < 0:
             raise ConfigError("train.injection_alpha must be in [0, 1] and train.injection_beta >= 0")
         _positive("train.injection_pool_per_class", self.train.injection_pool_per_class)
+        _positive("train.heartbeat_s", self.train.heartbeat_s)
+        _positive("train.member_timeout_s", self.train.member_timeout_s)
+        if self.train.member_timeout_s < 2 * self.train.heartbeat_s:
+            raise ConfigError(
+                f"train.member_timeout_s={self.train.member_timeout_s} must be at least twice "
+                f"train.heartbeat_s={self.train.heartbeat_s} (one late heartbeat must not drop a worker)"
+            )
+        unknown = [w for w in self.train.initial_workers if w not in self.worker_names()]
+        if unknown:
+            raise ConfigError(
+                f"train.initial_workers names {unknown}, not workers of this job ({self.worker_names()})"
+            )
         _choice("train.compression_controller", self.train.compression_controller, ("none", "accordion", "budget"))
         for key in ("codec_params", "strategy_params", "controller_params"):
             for item in getattr(self.train, key):

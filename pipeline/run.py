@@ -82,20 +82,25 @@ class RunResult:
     #: Every death of a process during the run (``RunContext.deaths``): process, exit
     #: code, reason, seconds into the run, and the backoff before its restart.
     deaths: list[dict] = field(default_factory=list)
+    #: Workers stopped on purpose during the run (``RunContext.stop_worker``), in order.
+    left: list[str] = field(default_factory=list)
+    #: Workers started after the run began (``RunContext.start_worker``), in order.
+    joined: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return self.__dict__
 
 
 def start_worker_process(
-    cfg_path: Path, worker: str, bootstrap: str, metrics_port: int, log_path: Path
+    cfg_path: Path, worker: str, bootstrap: str, metrics_port: int, log_path: Path, join: bool = False
 ) -> subprocess.Popen:
+    """Start ``edgestream worker`` (or ``server``) in its own process group; ``join``: ``--join``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent.parent)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
-    role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker]
+    role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker, *(["--join"] if join else [])]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", *role_args, "--job", str(cfg_path),
@@ -103,6 +108,20 @@ def start_worker_process(
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 20.0) -> list[int | None]:
+    """SIGTERM every process group at once, then wait for each (SIGKILL after ``timeout_s``);
+    the exit codes in order. At the end of a run every training process freezes at its
+    signal, so one that stops a moment after another never reacts to the other's leave."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    return [stop_process(proc, max(0.0, deadline - time.monotonic())) for proc in procs]
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 20.0) -> int | None:
@@ -251,11 +270,16 @@ def run_job(
 
         wanted.update(training_topics(cfg.job.name))
     ensure_topics(bootstrap, wanted)
-    names = list(cfg.worker_names())
+    if training:
+        from pipeline.training import initial_workers
+
+        names = initial_workers(cfg)  # the others may join later (RunContext.start_worker)
+    else:
+        names = list(cfg.worker_names())
     if training and "server" in strategy_roles(cfg.train.strategy):
         names.insert(0, SERVER_NAME)
     groups: dict[str, list[str]] = {}
-    for name in names:
+    for name in [SERVER_NAME] * (SERVER_NAME in names) + list(cfg.worker_names()):
         if name != SERVER_NAME:
             sensors = [topics.sensor_topic(d) for d in cfg.devices_of(name)]
             groups.setdefault(sensor_group(cfg, name), []).extend(sensors)
@@ -307,7 +331,7 @@ def run_job(
                 if live:
                     view.update(render_all(cfg, rows, scrapes, f"{title} - streaming {elapsed:.0f}/{cfg.run.duration_s:.0f}s",
                                            ctx.restarts_line()), refresh=True)
-                if training and cfg.train.target_accuracy > 0 and _reached(cfg, scrapes):
+                if training and cfg.train.target_accuracy > 0 and _reached(cfg, scrapes, ctx.running_workers()):
                     stop.set()
                 sim.join(timeout=0.5)
             stop.set()  # streaming is over: tells hooks that wait on ``ctx.stop``
@@ -332,6 +356,10 @@ def run_job(
                                 refresh=True)
                 if not ctx.all_ready():
                     return False  # a process is restarting: its figures are not in yet
+                # A device whose worker left (or never started) is not read any more: its
+                # records stay in Kafka and the summary counts them as unread.
+                reading = ctx.running_devices()
+                rows = {d: r for d, r in rows.items() if d in reading}
                 if drained(cfg, rows, report):
                     return True
                 if not training:
@@ -366,9 +394,11 @@ def run_job(
             console.line()  # rich ends a live view on a non-terminal without a newline
     finally:
         stop.set()
-        codes = {w.name: stop_process(w.proc) for w in reversed(ctx.workers)}
+        procs = list(reversed(ctx.workers))
+        codes = dict(zip([w.name for w in procs], stop_processes([w.proc for w in procs]), strict=True))
     accounting: dict[str, dict[str, int]] = {}
     train_summary: dict[str, dict] = {}
+    running = set(ctx.running_workers())
     for w in ctx.workers:
         wdir = state / "workers" / w.name
         if w.name != SERVER_NAME:
@@ -384,10 +414,17 @@ def run_job(
     assert report is not None
     produced = dict(report.records)
     garbage = {d: sum(v.values()) for d, v in report.garbage.items()}
+    for worker in cfg.worker_names():
+        for device in cfg.devices_of(worker):
+            a = accounting.setdefault(device, dict(NOTHING_READ))  # a worker that never ran
+            a["running"] = worker in running
+            a["unread"] = 0 if a["running"] else produced.get(device, 0) - a["records_in"]
+            if not a["running"]:
+                a["in_kafka"] = records_in_kafka(bootstrap, device, sensor_group(cfg, worker), cfg)
     balanced = all(balances(produced[d], garbage[d], a) for d, a in accounting.items())
     result = RunResult(produced, garbage, accounting, balanced, time.monotonic() - t_start,
                        {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
-                       list(ctx.restarts), list(ctx.deaths))
+                       list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined))
     (state / "summary.json").write_text(json.dumps(result.to_dict(), indent=2))
     console.print(summary_table(result, training))
     if training:
@@ -410,10 +447,58 @@ def strategy_roles(name: str) -> tuple[str, ...]:
     return roles(name)
 
 
-def _reached(cfg: JobConfig, scrapes: dict[str, Scrape]) -> bool:
+def _reached(cfg: JobConfig, scrapes: dict[str, Scrape], running: list[str]) -> bool:
+    """Every running worker's held-out accuracy reached ``train.target_accuracy``."""
+    workers = [w for w in running if w != SERVER_NAME]
     accs = [s.get("edgestream_accuracy_ratio", -1.0, worker=w, split="heldout")
-            for w in cfg.worker_names() for s in [scrapes.get(w)] if s is not None]
-    return len(accs) == cfg.workers.count and min(accs) >= cfg.train.target_accuracy
+            for w in workers for s in [scrapes.get(w)] if s is not None]
+    return bool(workers) and len(accs) == len(workers) and min(accs) >= cfg.train.target_accuracy
+
+
+#: The accounting row of a device nobody read during the run.
+NOTHING_READ: dict = {
+    "messages_in": 0, "records_in": 0, "consumed": 0, "dropped": 0, "dead_records": 0,
+    "dead_letter_messages": 0, "dead_letters_by_reason": {}, "dead_records_by_reason": {},
+    "batched": 0, "buffered": 0, "in_sink": 0, "pending": 0, "max_depth": 0, "pauses": 0,
+}
+
+
+def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) -> int:
+    """Records still in ``device``'s topic at or above the committed offset of ``group`` (the
+    worker's sensor group: everything it did not acknowledge), counted by decoding each
+    message there (a malformed one counts 0). What the summary's "unread" is checked against."""
+    from kafka.structs import TopicPartition
+
+    from pipeline.kafka_io import consumer, end_offsets, group_positions
+    from streams import codec
+
+    topic = topics.sensor_topic(device)
+    start = group_positions(bootstrap, group, [topic])
+    ends = end_offsets(bootstrap, [topic])
+    total = 0
+    cons = consumer(bootstrap, max_message_bytes=cfg.kafka.max_message_bytes, client_id="edgestream-unread")
+    try:
+        for tp, end in ends.items():
+            first = start.get(f"{tp.topic}:{tp.partition}", 0)
+            if first >= end:
+                continue
+            part = TopicPartition(tp.topic, tp.partition)
+            cons.assign([part])
+            cons.seek(part, first)
+            position = first
+            deadline = time.monotonic() + 60.0
+            while position < end and time.monotonic() < deadline:
+                for record in cons.poll(timeout_ms=500).get(part, []):
+                    if record.offset >= end:
+                        break
+                    position = record.offset + 1
+                    try:
+                        total += len(codec.decode(record.value).seq)
+                    except Exception:  # a malformed message carries no records
+                        pass
+    finally:
+        cons.close()
+    return total
 
 
 def _versions_settled(cfg: JobConfig, scrapes: dict[str, Scrape]) -> bool:
@@ -453,6 +538,12 @@ class RunContext:
     #: What hooks produced beside the simulators (``inject``): records and bad messages per device.
     injected_records: dict[str, int] = field(default_factory=dict)
     injected_garbage: dict[str, int] = field(default_factory=dict)
+    #: Workers stopped on purpose (``stop_worker``): never restarted, their devices not read.
+    left: list[str] = field(default_factory=list)
+    #: Workers started after the run began (``start_worker``).
+    joined: list[str] = field(default_factory=list)
+    #: Process name -> started with ``--join`` (kept for its restarts).
+    _join: dict[str, bool] = field(default_factory=dict)
 
     def inject(self, device: str, values: list[bytes], *, records: int = 0) -> None:
         """Produce ``values`` into ``device``'s topic (fault tests) and count them in the run's
@@ -483,17 +574,53 @@ class RunContext:
         write_file_sd(self.targets_file, run_targets({w.name: w.metrics_url or "" for w in self.workers},
                                                      simulator_url=self.simulator_url))
 
-    def start(self, name: str) -> WorkerProc:
+    def start(self, name: str, *, join: bool | None = None) -> WorkerProc:
+        """Start (or restart) process ``name``; ``join`` (None: as it was started before)
+        starts a worker with ``--join``."""
+        join = self._join.get(name, False) if join is None else join
+        self._join[name] = join
         base = self.cfg.workers.metrics_port_base
         port = base + len(self.workers) if base else 0
         log_path = self.state / "logs" / f"{name}.log"
         for stale in ("endpoint.json", EXIT_FILE):  # the previous incarnation's
             (self.state / "workers" / name / stale).unlink(missing_ok=True)
-        proc = start_worker_process(self.cfg_path, name, self.bootstrap, port, log_path)
+        extra = {"join": True} if join else {}
+        proc = start_worker_process(self.cfg_path, name, self.bootstrap, port, log_path, **extra)
         devices = self.cfg.devices_of(name) if name != SERVER_NAME else []
         w = WorkerProc(name, proc, devices, log_path=log_path, started_at=self.clock())
         self.workers = [x for x in self.workers if x.name != name] + [w]
         return w
+
+    # --- membership (hooks): workers that join or leave the running job -----------------
+    def start_worker(self, name: str, *, join: bool = True) -> WorkerProc:
+        """Start a worker that is not running: one outside the initial set (it joins the
+        running job: ``--join``), or one that left (with a checkpoint it resumes from it and
+        the strategy readmits it). The supervisor watches it from then on."""
+        if name == SERVER_NAME or name not in self.cfg.worker_names():
+            raise RunError(f"{name!r} is not a worker of this job ({self.cfg.worker_names()})")
+        if any(w.name == name and w.proc.poll() is None for w in self.workers):
+            raise RunError(f"worker {name} is already running")
+        self.left = [n for n in self.left if n != name]
+        self.joined.append(name)
+        return self.start(name, join=join)
+
+    def stop_worker(self, name: str, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM worker ``name`` and wait for it to exit: it leaves the job (``op: leave``,
+        final checkpoint) and the supervisor does not restart it. Its devices are not read
+        any more; the summary counts their records as unread. Returns its exit code."""
+        w = self.worker(name)
+        self.left.append(name)  # before the signal: supervise() must not take it for a death
+        return stop_process(w.proc, timeout_s)
+
+    def running_workers(self) -> list[str]:
+        """Processes of the run that are not stopped on purpose (a dead one waiting for its
+        restart counts: it comes back)."""
+        return [w.name for w in self.workers if w.name not in self.left]
+
+    def running_devices(self) -> list[str]:
+        """Devices whose worker runs: the ones the run must read to the end."""
+        running = set(self.running_workers())
+        return [d for w in self.cfg.worker_names() if w in running for d in self.cfg.devices_of(w)]
 
     # --- supervision (called from the orchestrating thread only) ----------------------
     def supervise(self) -> None:
@@ -503,8 +630,9 @@ class RunContext:
         allows, or a (re)started process is not ready within ``READY_TIMEOUT_S``.
         """
         now = self.clock()
+        left = set(self.left)
         for w in list(self.workers):
-            if w.name in self._due:
+            if w.name in self._due or w.name in left:
                 continue
             code = w.proc.poll()
             if code is None:
@@ -576,7 +704,8 @@ class RunContext:
 
     def all_ready(self) -> bool:
         """Every process is running and has joined its topics (no restart pending)."""
-        return not self._due and all(w.ready for w in self.workers)
+        left = set(self.left)
+        return not self._due and all(w.ready for w in self.workers if w.name not in left)
 
     def last_ready_at(self) -> float:
         """``clock()`` time a process last became ready (0.0: none yet)."""
@@ -664,7 +793,7 @@ def training_table(result: RunResult) -> Table:
     table = Table(title="training summary")
     for col in ("process", "steps", "trained records", "injected", "version", "held-out acc",
                 "prequential acc (recent)", "staleness mean/max", "compressed steps", "rejected steps",
-                "rejected updates", "digest"):
+                "rejected updates", "live set (last)", "digest"):
         table.add_column(col, justify="right")
     for name, t in sorted(result.training.items()):
         preq = t.get("prequential") or {}
@@ -679,7 +808,9 @@ def training_table(result: RunResult) -> Table:
                       str(t["version"]), f"{t['accuracy']:.3f}", prequential,
                       f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
                       f"{compressed} ({compressed / steps:.0%})" if steps else "0",
-                      rejected, str(t["updates_rejected"]), t["digest"][:12])
+                      rejected, str(t["updates_rejected"]),
+                      ",".join(t.get("live") or []) + (" (joined)" if t.get("joining") else "")
+                      + (" (left)" if name in result.left else ""), t["digest"][:12])
     return table
 
 
@@ -687,18 +818,29 @@ def balances(produced: int, garbage: int, a: dict) -> bool:
     """A device's row adds up: every produced record is trained (consumed), dropped by a
     counted policy, dead-lettered, or pending (read, not settled: buffered or held by the
     trainer); every garbage message was dead-lettered whole; and what the worker read is
-    exactly what was produced (no record lost or counted twice, also across restarts)."""
+    exactly what was produced (no record lost or counted twice, also across restarts).
+
+    A device whose worker is not running at the end (``a["running"]`` False: it left, or
+    never started) may also have **unread** records, ``produced - read``: they must still be
+    in Kafka, above the worker's committed offset, with its pending ones
+    (``unread + pending <= a["in_kafka"]``, counted there), and it cannot have
+    dead-lettered more bad messages than were sent. A device whose worker runs must still
+    read everything."""
     pending = a["buffered"] + a["in_sink"]
     settled = a["consumed"] + a["dropped"] + a["dead_records"]
-    return (produced == settled + pending and a["records_in"] == produced
-            and a["dead_letter_messages"] == garbage)
+    if a.get("running", True):
+        return (produced == settled + pending and a["records_in"] == produced
+                and a["dead_letter_messages"] == garbage)
+    unread = a.get("unread", 0)
+    return (unread >= 0 and produced == settled + pending + unread and a["records_in"] + unread == produced
+            and unread + pending <= a.get("in_kafka", 0) and a["dead_letter_messages"] <= garbage)
 
 
 def summary_table(result: RunResult, training: bool = True) -> Table:
     trained = "trained" if training else "batched"
     table = Table(title=f"final accounting (produced = {trained} + dropped + dead-lettered + pending; "
                         "bad messages = dead-lettered whole)")
-    for col in ("device", "produced", trained, "dropped", "dead-lettered", "pending*", "max depth",
+    for col in ("device", "produced", trained, "dropped", "dead-lettered", "pending*", "unread**", "max depth",
                 "bad msgs sent", "bad msgs dead-lettered", "balanced"):
         table.add_column(col, justify="right")
     for device, a in sorted(result.accounting.items()):
@@ -706,11 +848,16 @@ def summary_table(result: RunResult, training: bool = True) -> Table:
         dead = str(a["dead_records"])
         if a.get("dead_records_by_reason"):
             dead += " (" + ", ".join(f"{k} {v}" for k, v in sorted(a["dead_records_by_reason"].items())) + ")"
+        unread = str(a.get("unread", 0))
+        if not a.get("running", True):
+            unread += f" ({a.get('in_kafka', 0)} in Kafka)"
         table.add_row(device, str(result.produced[device]), str(a["consumed"]), str(a["dropped"]), dead,
-                      str(a["buffered"] + a["in_sink"]), str(a["max_depth"]), str(result.garbage[device]),
+                      str(a["buffered"] + a["in_sink"]), unread, str(a["max_depth"]), str(result.garbage[device]),
                       str(a["dead_letter_messages"]), "yes" if ok else "[red]NO[/red]")
     table.caption = ("* pending: read but not trained yet (a fixed-mode remainder, or records held while "
-                     "BSP waits for peers whose streams ended); not acknowledged, so re-read on restart")
+                     "BSP waits for peers whose streams ended); not acknowledged, so re-read on restart. "
+                     "** unread: never read because the device's worker left the job (or never started); "
+                     "still in Kafka above its committed offset (in Kafka: the records there), nothing lost")
     return table
 
 

@@ -9,6 +9,15 @@ only once trained, or dead-lettered), consumes the job's update topics
 encodes, evaluates on the held-out set, and checkpoints model + optimizer + strategy
 state + resume offsets + the ingest ledger atomically.
 
+Membership: every process publishes a heartbeat (``control`` message, meta ``op:
+heartbeat``) on ``control.<job>`` every ``train.heartbeat_s`` and ``op: leave`` when it is
+stopped by SIGTERM/SIGINT; every process reads that topic besides its strategy's channels
+(heartbeats are not strategy input unless the strategy subscribes to ``control``) and
+keeps a ``trainers.membership.Liveness`` table. When the live set of workers changes, the
+driver is told (``TrainingDriver.membership``, on the training thread) and what the
+strategy answers is published. Once a process is stopping it freezes: no more steps,
+messages or membership changes, so the state it checkpoints is the one it left with.
+
 A step the driver rejects (the step guard: non-finite loss or gradient, gradient norm
 above its bound) is neither applied nor published; its records go to ``sensors.dlq``
 with the reason, are settled as dead-lettered, and the worker takes its next batch.
@@ -53,14 +62,25 @@ from trainers.driver import DriverConfig, Outbound, Stepped, TrainingDriver
 from trainers.errors import CheckpointNotFound, CheckpointRefused
 from trainers.guard import StepRejection
 from trainers.injection import DataInjector, shared_pool
+from trainers.membership import HEARTBEAT, LEAVE, OPS, Liveness, is_stale
+from trainers.messages import UpdateMessage
 from trainers.strategies import StrategyContext, create
-from trainers.wire import HEADER_CODEC, HEADER_TO
+from trainers.wire import (
+    HEADER_CODEC,
+    HEADER_KIND,
+    HEADER_TO,
+    MessageRejected,
+    decode_update,
+    encode_update,
+)
 
 log = logging.getLogger(__name__)
 
 #: Batches the ingest may hand over before the trainer takes one: a slow trainer then
 #: backpressures ingest (the buffers fill and the partitions pause).
 MAX_QUEUED_BATCHES = 16
+#: Changes of the live set kept for the process's summary (``training.json``).
+MEMBERSHIP_LOG_SIZE = 200
 
 
 def channel_topic(job: str, channel: str) -> str:
@@ -108,18 +128,29 @@ def driver_config(cfg: JobConfig) -> DriverConfig:
     )
 
 
-def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "worker") -> TrainingDriver:
+def initial_workers(cfg: JobConfig) -> list[str]:
+    """The workers a job starts with (``train.initial_workers``, default every configured
+    worker), in order: the strategy's initial members."""
+    wanted = set(cfg.train.initial_workers)
+    return [w for w in cfg.worker_names() if not wanted or w in wanted]
+
+
+def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "worker",
+                 joining: bool = False) -> TrainingDriver:
     """The model, strategy and driver of process ``name`` from the job (no I/O).
 
+    ``joining``: the worker enters a running job and must first receive the model
+    (``StrategyContext.joining``; its members are then the others).
     Raises ``ConfigError`` naming the key when the strategy or codec cannot be built.
     """
     model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
                         standardize=data.input_stats)
     trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
+    members = tuple(w for w in initial_workers(cfg) if not (joining and w == name))
     try:
         strategy = create(
             cfg.train.strategy,
-            StrategyContext(name, trainer, role=role, members=tuple(cfg.worker_names())),  # type: ignore[arg-type]
+            StrategyContext(name, trainer, role=role, members=members, joining=joining),  # type: ignore[arg-type]
             **parse_params(cfg.train.strategy_params),
         )
     except Exception as exc:
@@ -139,6 +170,13 @@ def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "wor
         return TrainingDriver(name, trainer, strategy, driver_config(cfg), injector=injector)
     except Exception as exc:
         raise ConfigError(f"train.codec={cfg.train.codec!r} with train.strategy={cfg.train.strategy!r}: {exc}") from exc
+
+
+def has_checkpoint(cfg: JobConfig, state_dir: Path) -> bool:
+    """Whether process state ``state_dir`` holds a checkpoint file to restore (usable or not)."""
+    store = CheckpointStore(state_dir / "checkpoints", keep=cfg.train.checkpoint_keep,
+                            legacy_path=state_dir / "checkpoint.bin")
+    return bool(store.candidates())
 
 
 @dataclass
@@ -175,10 +213,13 @@ class TrainingRuntime:
         state_dir: Path,
         *,
         role: str = "worker",
+        joining: bool = False,
     ) -> None:
         self.cfg = cfg
         self.name = name
         self.role = role
+        #: Started as a joiner (no checkpoint; enters a running job and waits for the model).
+        self.joining = joining
         self.data = data
         self.metrics = metrics
         self.state_dir = state_dir
@@ -188,7 +229,7 @@ class TrainingRuntime:
         self.evaluations_path = state_dir / "evaluations.jsonl"
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"train-{name}")
         self.executor.submit(limit_torch_threads, cfg.train.torch_threads).result()
-        self.driver = self.executor.submit(build_driver, cfg, name, data, role=role).result()
+        self.driver = self.executor.submit(build_driver, cfg, name, data, role=role, joining=joining).result()
         self.trainer = self.driver.trainer
         self.strategy = self.driver.strategy
         wanted = self.strategy.preferred_batcher
@@ -219,6 +260,17 @@ class TrainingRuntime:
         self._steps_since_checkpoint = 0
         self.restored_from: int | None = None
         self.restored_skipped: list[str] = []
+        # --- membership: heartbeats on control.<job>, the live set, the freeze on stop
+        self.liveness = Liveness(name if role == "worker" else None, cfg.train.member_timeout_s)
+        #: The live set the strategy was last told (before the first report: the initial members).
+        self.live: tuple[str, ...] = tuple(initial_workers(cfg))
+        #: Every change of the live set: seconds since start, live set, joined, gone.
+        self.membership_log: list[dict[str, Any]] = []
+        #: Set when the process is told to stop (signal) or shuts down: the loop freezes.
+        self.stopping = False
+        self.heartbeats_sent = 0
+        self._started_at = time.monotonic()
+        self._live_gauge, self._member_gauge = metrics.live_workers, metrics.worker_live
         self._restore()
 
     # --- checkpoint --------------------------------------------------------------------
@@ -289,11 +341,16 @@ class TrainingRuntime:
         """Register the update-topic agent and the train loop on ``app``."""
         job = self.cfg.job.name
         subscribed = [channel_topic(job, ch) for ch in self.strategy.subscribes]
+        control = channel_topic(job, "control")
+        # The control topic carries the heartbeats: every process reads it, whether or not
+        # its strategy takes control messages.
+        strategy_reads_control = control in subscribed
+        read = subscribed if strategy_reads_control else [*subscribed, control]
         publish_topics = {ch: app.topic(channel_topic(job, ch), key_serializer="raw", value_serializer="raw")
                           for ch in ("gradients", "models", "control")}
         dlq = app.topic(topics.gradients_dlq_topic(job), key_serializer="raw", value_serializer="raw")
         sensor_dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
-        source = app.topic(*subscribed, key_serializer="raw", value_serializer="raw")
+        source = app.topic(*read, key_serializer="raw", value_serializer="raw")
 
         async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes) -> None:
             fut = await publish_topics[channel].send(key=key, value=value, headers=headers)
@@ -320,6 +377,14 @@ class TrainingRuntime:
                 msg = event.message
                 headers = {k: (v if isinstance(v, bytes) else bytes(v)) for k, v in (event.headers or {}).items()}
                 assert self.inbox is not None and self.wakeup is not None
+                if msg.topic == control:
+                    # Heartbeats are read at once, on the event loop (never behind a step);
+                    # the strategy gets the topic only if it subscribes to it.
+                    self._on_control(event.value or b"", headers, float(msg.timestamp or 0.0))
+                    if not strategy_reads_control:
+                        if not self.stopping:
+                            self.update_offsets[OffsetTracker.key(msg.topic, msg.partition)] = msg.offset + 1
+                        continue
                 await self.inbox.put((msg.topic, msg.partition, msg.offset, float(msg.timestamp or 0.0),
                                       event.value or b"", headers))
                 self.wakeup.set()
@@ -328,11 +393,99 @@ class TrainingRuntime:
         async def train_loop() -> None:
             await self.run()
 
+        @app.task
+        async def heartbeats() -> None:
+            await self._heartbeats()
+
         @app.timer(interval=1.0)
         async def gauges() -> None:
             self.metrics.model_version.labels(self.name).set(self.trainer.version)
 
-        _ = (updates, train_loop, gauges)
+        _ = (updates, train_loop, heartbeats, gauges)
+
+    # --- membership ------------------------------------------------------------------
+    def _control_message(self, op: str) -> tuple[bytes, dict[str, bytes]]:
+        msg = UpdateMessage(kind="control", sender=self.name, step=0, base_version=0,
+                            meta={"op": op, "role": self.role})
+        return encode_update(msg, job=self.cfg.job.name)
+
+    async def _heartbeats(self) -> None:
+        """Publish ``op: heartbeat`` every ``train.heartbeat_s`` until the process stops."""
+        assert self.publish is not None
+        value, headers = self._control_message(HEARTBEAT)
+        while not self.stopping:
+            try:
+                await self.publish("control", value, headers, self.name.encode())
+                self.heartbeats_sent += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker is briefly unavailable: peers tolerate a few misses
+                log.warning("%s: heartbeat not sent: %s", self.name, exc)
+            await asyncio.sleep(self.cfg.train.heartbeat_s)  # the heartbeat period
+
+    def begin_stop(self) -> None:
+        """The process was told to stop (SIGTERM/SIGINT): freeze now, before the shutdown
+        hooks run, so nothing that peers do after this changes what it checkpoints."""
+        self.stopping = True
+
+    def _on_control(self, value: bytes, headers: dict[str, bytes], timestamp_s: float) -> None:
+        """A record of the control topic: a heartbeat or leave goes to the liveness table."""
+        if headers.get(HEADER_KIND, b"control") != b"control":
+            return
+        try:
+            msg = decode_update(value, expected_shapes={}, max_bytes=self.cfg.kafka.max_message_bytes,
+                                job=self.cfg.job.name)
+        except MessageRejected:
+            return  # not a heartbeat; a strategy that reads control dead-letters it itself
+        op, role = msg.meta.get("op"), msg.meta.get("role")
+        if op not in OPS:
+            return
+        if timestamp_s and is_stale(timestamp_s, time.time(), self.cfg.train.member_timeout_s):
+            return  # a replay of the log (after a restart): says nothing about now
+        now = time.monotonic()
+        if msg.sender == self.name and op == HEARTBEAT:
+            self.liveness.start(now)  # our own heartbeat came back: we read the topic live
+        if role == "worker":
+            self.liveness.observe(msg.sender, now, op)
+
+    async def _membership(self) -> None:
+        """Tell the driver when the live set of workers changed; publish what it answers."""
+        current = self.liveness.report(time.monotonic())
+        if current is None:
+            return
+        before, self.live = self.live, current
+        joined = sorted(set(current) - set(before))
+        gone = sorted(set(before) - set(current))
+        left = set(self.liveness.left())
+
+        def why(worker: str) -> str:
+            if worker in left:
+                return "left"
+            return "not heard" if self.liveness.last_heard(worker) is None else "timed out"
+
+        self.membership_log.append({"at_s": round(time.monotonic() - self._started_at, 3), "live": list(current),
+                                    "joined": joined, "gone": {w: why(w) for w in gone}})
+        del self.membership_log[:-MEMBERSHIP_LOG_SIZE]
+        log.warning("%s: live workers %s%s%s", self.name, list(current),
+                    f"; joined {joined}" if joined else "",
+                    "; gone " + ", ".join(f"{w} ({why(w)})" for w in gone) if gone else "")
+        self._live_gauge.labels(self.name).set(len(current))
+        for worker in current:
+            self._member_gauge.labels(self.name, worker).set(1)
+        for worker in gone:
+            self._member_gauge.labels(self.name, worker).set(0)
+        await self._send(await self._call(self.driver.membership, list(current)))
+
+    async def announce_leave(self) -> None:
+        """Publish ``op: leave`` (the process stops on purpose): peers drop it at once
+        instead of after ``train.member_timeout_s``."""
+        if self.publish is None:
+            return
+        value, headers = self._control_message(LEAVE)
+        try:
+            await self.publish("control", value, headers, self.name.encode())
+        except Exception as exc:  # peers notice by the timeout instead
+            log.warning("%s: could not announce that it leaves: %s", self.name, exc)
 
     # --- the loop: inbox, timers, a step when allowed, evaluation -----------------------
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -342,6 +495,14 @@ class TrainingRuntime:
         assert self.inbox is not None and self.wakeup is not None
         try:
             while True:
+                if self.stopping:
+                    # Frozen: the shutdown hook checkpoints this state; what arrives now is
+                    # re-read from the checkpoint's offsets if the worker comes back.
+                    self.wakeup.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wakeup.wait(), timeout=0.5)
+                    continue
+                await self._membership()
                 await self._drain_inbox()
                 await self._send(await self._call(self.driver.poll, time.monotonic()))
                 trained = False
@@ -368,8 +529,8 @@ class TrainingRuntime:
 
     async def _drain_inbox(self) -> None:
         assert self.inbox is not None
-        while not self.inbox.empty():
-            topic, partition, offset, timestamp_ms, value, headers = self.inbox.get_nowait()
+        while not self.inbox.empty() and not self.stopping:
+            topic, partition, offset, timestamp_s, value, headers = self.inbox.get_nowait()
             key = OffsetTracker.key(topic, partition)
             if offset < self.update_offsets.get(key, 0):
                 continue  # already handled before the checkpoint we restored
@@ -398,7 +559,8 @@ class TrainingRuntime:
             self.metrics.gradient_bytes_received.labels(self.name, codec_name).inc(len(value))
             if handled.staleness:
                 # Seconds: the age of the message whose arrival applied the update(s).
-                age_s = max(0.0, time.time() - timestamp_ms / 1000.0) if timestamp_ms else 0.0
+                # (Faust's message timestamp is in seconds.)
+                age_s = max(0.0, time.time() - timestamp_s) if timestamp_s else 0.0
                 for versions in handled.staleness:
                     self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=age_s)
             self._log_vote(handled.vote_switched_to)
@@ -527,7 +689,9 @@ class TrainingRuntime:
         await self._send(outbound)
 
     async def shutdown(self) -> dict[str, Any]:
-        """Final evaluation and checkpoint; the summary a run prints."""
+        """Leave the job (``op: leave``), then final evaluation and checkpoint; the summary a run prints."""
+        self.stopping = True
+        await self.announce_leave()
         await self._evaluate()
         try:
             await self._checkpoint()
@@ -553,7 +717,18 @@ class TrainingRuntime:
             "rejected_steps": self.stats.rejected_steps, "rejected_by_reason": dict(self.stats.rejected_by_reason),
             "dead_lettered_records": self.stats.dead_lettered_records,
             "restored_skipped": self.restored_skipped,
+            "joining": self.joining, "live": list(self.live), "membership_log": self.membership_log,
+            "heartbeats_sent": self.heartbeats_sent, "strategy_stats": _jsonable(stats),
         }
+
+
+def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
+    """The strategy's stats without what JSON cannot hold (it is JSON-able by contract;
+    this only guards the summary file)."""
+    try:
+        return json.loads(json.dumps(stats, default=str))
+    except (TypeError, ValueError):
+        return {}
 
 
 def _index(name: str) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import faust
@@ -24,6 +26,7 @@ from pipeline.app import (
 from pipeline.config import ConfigError, JobConfig
 from pipeline.kafka_io import (
     adopt_group_offsets,
+    end_offsets,
     ensure_topics,
     group_positions,
     sensor_topics_for,
@@ -150,14 +153,28 @@ def quiet_tracebacks(logger: logging.Logger, level: int) -> None:
 
 
 class _FaustWorker(faust.Worker):
-    """``faust.Worker`` whose log handlers (set up by Faust) hide tracebacks above debug."""
+    """``faust.Worker`` whose log handlers (set up by Faust) hide tracebacks above debug,
+    and which calls ``on_signal`` the moment SIGTERM/SIGINT arrives (before Faust's
+    shutdown hooks run): a training process freezes there."""
+
+    on_signal: Callable[[], None] | None = None
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         super().on_setup_root_logger(logger, level)
         quiet_tracebacks(logger, level)
 
+    def _on_sigterm(self) -> None:
+        if self.on_signal is not None:
+            self.on_signal()
+        super()._on_sigterm()
 
-def _execute(app: faust.App, loglevel: str) -> None:
+    def _on_sigint(self) -> None:
+        if self.on_signal is not None:
+            self.on_signal()
+        super()._on_sigint()
+
+
+def _execute(app: faust.App, loglevel: str, on_signal: Callable[[], None] | None = None) -> None:
     """Run ``app`` until it stops; raise ``ProcessCrashed`` if it stopped on an error.
 
     ``Worker.execute_from_commandline`` always ends in ``SystemExit``: code 1 after a
@@ -166,6 +183,7 @@ def _execute(app: faust.App, loglevel: str) -> None:
     """
     memory.freeze_startup_objects()
     runner = _FaustWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    runner.on_signal = on_signal
     code: object = 0
     cause: BaseException | None = None
     try:
@@ -179,13 +197,77 @@ def _execute(app: faust.App, loglevel: str) -> None:
         raise ProcessCrashed(reason, code) from reason  # the CLI logs the chain at debug level
 
 
+#: Records at the end of the gradients log a worker without a checkpoint looks at to tell
+#: whether the job is already running (records of other workers there: it joins).
+JOIN_PROBE_RECORDS = 64
+
+
+def records_of_others(bootstrap: str, cfg: JobConfig, worker: str) -> int:
+    """How many of the last ``JOIN_PROBE_RECORDS`` records of the job's gradients log, at or
+    after where ``worker`` would start reading it (its group's committed offset, else the
+    beginning), other workers published (the key of every update record is its sender)."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    from pipeline.training import channel_topic
+
+    topic = channel_topic(cfg.job.name, "gradients")
+    start = group_positions(bootstrap, app_id(cfg, worker), [topic]).get(f"{topic}:0", 0)
+    tp = TopicPartition(topic, 0)
+    end = end_offsets(bootstrap, [topic]).get(tp, 0)
+    first = max(start, end - JOIN_PROBE_RECORDS)
+    if first >= end:
+        return 0
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-join-probe",
+                             enable_auto_commit=False, max_partition_fetch_bytes=cfg.kafka.max_message_bytes,
+                             fetch_max_bytes=max(cfg.kafka.max_message_bytes, 52_428_800))
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, first)
+        others, position = 0, first
+        deadline = time.monotonic() + 30.0
+        while position < end and time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=500).get(tp, []):
+                if record.offset >= end:
+                    break
+                position = record.offset + 1
+                others += (record.key or b"").decode(errors="replace") != worker
+        return others
+    finally:
+        consumer.close()
+
+
+def join_decision(cfg: JobConfig, worker: str, bootstrap: str, state: Path, join: bool) -> tuple[bool, str]:
+    """Whether ``worker`` enters the job as a joiner, and why (for its log).
+
+    A worker with a checkpoint resumes from it (``--join`` or not). Without one it joins
+    when told (``--join``) or when the job's gradients log already holds records of other
+    workers where it would start reading: the job runs, and a fresh model replaying the
+    log from there would never match its peers.
+    """
+    from pipeline.training import has_checkpoint
+
+    if has_checkpoint(cfg, state):
+        return False, "resumes from its checkpoint" + (" (--join does not apply)" if join else "")
+    if join:
+        return True, "--join"
+    others = records_of_others(bootstrap, cfg, worker)
+    if others:
+        return True, f"no checkpoint, and the gradients log holds {others} record(s) of other workers"
+    return False, "no checkpoint and nothing of other workers in the gradients log: a founding member"
+
+
 def run_worker(
-    cfg: JobConfig, worker: str, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning"
+    cfg: JobConfig, worker: str, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning",
+    join: bool = False,
 ) -> None:
     """Run the worker until SIGINT/SIGTERM; writes its endpoint, accounting and training summary.
 
     Creates its topics first (Faust only warns about a missing topic and then barely
-    consumes). Raises ``ProcessCrashed`` if the Faust app stopped on an error.
+    consumes). ``join``: enter a running job (see ``join_decision``): the update topics
+    are read from their current end and the strategy waits for the model. A stop by
+    SIGTERM/SIGINT is a graceful leave (``op: leave`` on the control topic).
+    Raises ``ProcessCrashed`` if the Faust app stopped on an error.
     """
     memory.tune_allocator()
     devices = cfg.devices_of(worker)
@@ -196,7 +278,18 @@ def run_worker(
     if cfg.train.enabled:
         from pipeline.training import TrainingRuntime
 
-        runtime = TrainingRuntime(cfg, worker, data, metrics, state)
+        joining, why = join_decision(cfg, worker, bootstrap, state, join)
+        if joining:
+            # From the current end: the joiner's position in the log is fixed before it
+            # announces itself (its first heartbeat), as BSP's joining protocol requires.
+            ends = end_offsets(bootstrap, update_topics(cfg))
+            set_group_offsets(bootstrap, app_id(cfg, worker), {f"{tp.topic}:{tp.partition}": off
+                                                               for tp, off in ends.items()})
+            log.warning("%s joins the running job (%s): reads the update topics from their end "
+                        "and waits for the model", worker, why)
+        elif join:
+            log.warning("%s %s", worker, why)
+        runtime = TrainingRuntime(cfg, worker, data, metrics, state, joining=joining)
         # Resume exactly at the checkpoint: commit its offsets, before any consumer starts,
         # for the groups that read each topic (device topics: the ingest source's group).
         for group, offsets in offsets_by_group(cfg, worker, runtime.resume_offsets).items():
@@ -233,7 +326,7 @@ def run_worker(
             summary.update(await runtime.shutdown())
 
     try:
-        _execute(app, loglevel)
+        _execute(app, loglevel, on_signal=runtime.begin_stop if runtime is not None else None)
     finally:
         metrics.worker_up.labels(worker).set(0)
         write_json_atomic(state / "accounting.json", {"worker": worker, "devices": core.accounting()})
@@ -272,7 +365,7 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
 
     _ = assigned  # registered by its decorator
     try:
-        _execute(app, loglevel)
+        _execute(app, loglevel, on_signal=runtime.begin_stop)
     finally:
         metrics.worker_up.labels(SERVER_NAME).set(0)
         if summary:

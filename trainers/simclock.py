@@ -19,8 +19,15 @@ that happens to a worker's model goes through its ``trainers.driver.TrainingDriv
   kind); ``len(bytes)`` leaves the worker's uplink at ``bandwidth`` after
   ``latency`` and is appended to ONE totally ordered log (a single-partition
   topic) and handed, as bytes, in log order to every subscriber (the sender
-  included), whose ``driver.handle`` decodes and validates it.
-- **Evaluation**: worker 0's ``driver.evaluate`` on the held-out set every
+  included), whose ``driver.handle`` decodes and validates it. With per-host links
+  (``CostModel.link_bandwidths_bytes_per_s``) each subscriber also downloads every
+  record of its channels one at a time at its host's rate.
+- **Server**: a strategy whose ``trainers.strategies.roles`` include ``server`` gets
+  one more process, ``server`` (no device, no backlog, never trains), with its own
+  driver: it reads the log like the workers, is polled, and its messages take the
+  same transfer path.
+- **Evaluation**: the job's model (the server's when there is one, else worker 0's)
+  is evaluated with ``driver.evaluate`` on the held-out set every
   ``eval_every_s``; time to accuracy (TTA) is the first of ``hold_evals``
   consecutive evaluations at or above the target.
 
@@ -64,6 +71,7 @@ __all__ = [
     "Mode",
     "RunConfig",
     "RunReport",
+    "SERVER_NAME",
     "StreamInjection",
     "StreamSet",
     "benchmark_comparison",
@@ -106,7 +114,9 @@ class Mode:
     registered compressor for gradient messages (``None`` / ``"dense"``: no codec);
     it, ``codec_params`` and ``error_feedback`` go to each worker's ``DriverConfig``,
     as does ``max_batch`` (``max_step_batch``: the most records a window-mode step
-    takes unless the strategy's ``batch_size_wanted()`` says otherwise).
+    takes unless the strategy's ``batch_size_wanted()`` says otherwise). ``lr``, when
+    set, replaces ``RunConfig.lr`` for every process of this mode (e.g. a parameter
+    server that applies each worker's small-batch gradient on its own).
     """
 
     name: str
@@ -122,8 +132,11 @@ class Mode:
     codec_params: Mapping[str, Any] = field(default_factory=dict)
     error_feedback: bool = True
     inject: InjectHook | None = None
+    lr: float | None = None
 
     def __post_init__(self) -> None:
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"mode {self.name!r}: lr must be > 0, got {self.lr}")
         if self.batcher not in ("fixed", "window"):
             raise ValueError(
                 f"mode {self.name!r}: batcher must be 'fixed' or 'window', got {self.batcher!r}"
@@ -230,8 +243,16 @@ class CostModel:
 
     A local step on ``b`` records takes ``(compute_base_s + compute_per_record_s * b)
     * slowdown_i`` seconds (``slowdowns[i]``, 1 where not given); a message of ``n``
-    bytes is appended to the log ``n / bandwidth_bytes_per_s + latency_s`` after
-    the sender's uplink is free (one message at a time per worker).
+    bytes is appended to the log ``n / bandwidth + latency_s`` after the sender's
+    uplink is free (one message at a time per process).
+
+    ``link_bandwidths_bytes_per_s`` (optional, one per worker: the host's link, e.g. the
+    BENCHMARKS.md network regime) sets worker i's uplink to its entry and also models
+    every process's downlink: each record of a subscribed channel (also those
+    addressed to another process, which a Kafka consumer fetches too) reaches it one at a
+    time, in log order, ``n / bandwidth`` after both the append and the previous record.
+    Workers beyond the list and the server use ``bandwidth_bytes_per_s`` both ways.
+    Without the list only uplinks cost time (downlinks are free), as before.
     """
 
     compute_base_s: float = 0.01
@@ -239,23 +260,39 @@ class CostModel:
     slowdowns: tuple[float, ...] = ()
     latency_s: float = 0.002
     bandwidth_bytes_per_s: float = 12.5e6  # 100 Mbit/s
+    link_bandwidths_bytes_per_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         values = (self.compute_base_s, self.compute_per_record_s, self.latency_s, *self.slowdowns)
-        if any(not v >= 0 or math.isnan(v) for v in values) or not self.bandwidth_bytes_per_s > 0:
-            raise ValueError(f"cost model values must be >= 0 and bandwidth > 0: {self}")
+        links = (self.bandwidth_bytes_per_s, *self.link_bandwidths_bytes_per_s)
+        if any(not v >= 0 or math.isnan(v) for v in values) or any(not b > 0 for b in links):
+            raise ValueError(f"cost model values must be >= 0 and bandwidths > 0: {self}")
 
     @classmethod
     def zero(cls) -> CostModel:
         """No compute time, no latency, infinite bandwidth: the oracle's costs."""
         return cls(0.0, 0.0, (), 0.0, math.inf)
 
+    @property
+    def models_downlinks(self) -> bool:
+        """True when per-host links are given: downloads take time too."""
+        return bool(self.link_bandwidths_bytes_per_s)
+
     def compute_s(self, worker_index: int, batch_size: int) -> float:
         slowdown = self.slowdowns[worker_index] if worker_index < len(self.slowdowns) else 1.0
         return (self.compute_base_s + self.compute_per_record_s * batch_size) * slowdown
 
-    def transfer_s(self, nbytes: int) -> float:
-        return nbytes / self.bandwidth_bytes_per_s
+    def link_bandwidth(self, worker_index: int | None) -> float:
+        """Bytes/s of worker ``worker_index``'s host link (None: the server's)."""
+        links = self.link_bandwidths_bytes_per_s
+        if worker_index is not None and worker_index < len(links):
+            return links[worker_index]
+        return self.bandwidth_bytes_per_s
+
+    def transfer_s(self, nbytes: int, worker_index: int | None = None) -> float:
+        """Seconds ``nbytes`` take on a link (default: the common ``bandwidth_bytes_per_s``;
+        with ``worker_index``, that worker's host link; None for the server)."""
+        return nbytes / self.link_bandwidth(worker_index)
 
 
 @dataclass(frozen=True)
@@ -274,6 +311,9 @@ class RunConfig:
     stop_at_target: bool = True
     """Stop once TTA is known (the target held for ``hold_evals`` evaluations)."""
     time_budget_s: float = 300.0
+    min_time_s: float = 0.0
+    """With ``stop_at_target``, run at least this long (simulated seconds), so that the
+    accuracy at a fixed time can be read from the timeline of every run."""
     depth_sample_s: float = 0.1
     job: str = "simclock"
     max_message_bytes: int = 16 * 1024 * 1024
@@ -285,6 +325,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not (self.eval_every_s > 0 and self.time_budget_s > 0 and self.depth_sample_s > 0):
             raise ValueError("eval_every_s, time_budget_s and depth_sample_s must be > 0")
+        if not 0 <= self.min_time_s <= self.time_budget_s:
+            raise ValueError(f"min_time_s must be in [0, time_budget_s], got {self.min_time_s}")
         if self.hold_evals < 1:
             raise ValueError(f"hold_evals must be >= 1, got {self.hold_evals}")
 
@@ -327,18 +369,21 @@ class RunReport:
     tta_s: float | None
     final_accuracy: float
     steps: int
-    """Model version of worker 0 at the end (completed global steps for BSP-like strategies)."""
+    """Version of the job's model at the end (``evaluated``: the server's when the strategy
+    has one, else worker 0's; completed global steps for BSP-like strategies, applied
+    updates for a parameter server)."""
     local_steps: int
     sim_time_s: float
     stopped: str
     timeline: list[tuple[float, float, int]]
-    """``(time_s, held-out accuracy, model version)`` of worker 0 at every evaluation."""
+    """``(time_s, held-out accuracy, model version)`` of the job's model at every evaluation."""
     bytes_sent: int
     gradient_messages: int
     compressed_messages: int
     compressed_fraction: float
     """From the strategies' ``compressed_steps`` / ``steps`` counters (0 without them)."""
     mean_staleness: float
+    """Over every update applied by any process (the strategies' staleness trackers)."""
     devices: list[DeviceReport]
     rejected_steps: int = 0
     """Local steps the step guard rejected (all workers): neither applied nor published."""
@@ -349,6 +394,12 @@ class RunReport:
     """Worker 0's test-then-train accuracy since the start (each batch scored before training)."""
     prequential_recent_accuracy: float = 0.0
     """The same over worker 0's last ``DriverConfig.prequential_window`` scored batches."""
+    evaluated: str = "w0"
+    """The process whose model is the job's model (evaluated, ``steps``): ``server`` or ``w0``."""
+    max_staleness: int = 0
+    """Largest staleness of an applied update (any process)."""
+    server: dict[str, Any] | None = None
+    """The server's ``counters`` and ``staleness`` summary, when the strategy has a server."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -509,7 +560,7 @@ class StreamInjection:
 
 # Order of events at the same simulated time: data first, then what data enables,
 # then messages, then finished steps; observers (depth samples, evaluation) last.
-_ARRIVALS, _WINDOW, _APPEND, _STEP_DONE, _SAMPLE, _EVAL = range(6)
+_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL = range(7)
 
 
 class _EventQueue:
@@ -541,17 +592,21 @@ class _LogEntry:
 
 
 class _Worker:
-    """One worker: its device backlog and its training driver (trainer, strategy, codecs).
+    """One process: a worker (its device backlog and its training driver) or the server
+    (``backlog`` None, ``index`` None: no device, never trains).
 
     Invariant: while ``busy`` (a step is computing) the driver is not called. The
     step's effect on the model side happened when it started (``driver.step``); its
     ``Stepped`` is held in ``stepped`` and its messages leave at ``_STEP_DONE``.
     Log records delivered meanwhile wait in ``inbox`` and are handed to the driver, in
     log order, right after that publication (as the live runtime's single training
-    thread does); messages an evaluation returns meanwhile wait in ``held``.
+    thread does); messages an evaluation returns meanwhile wait in ``held``. The server
+    is never busy.
     """
 
-    def __init__(self, index: int, name: str, backlog: DeviceBacklog, driver: TrainingDriver) -> None:
+    def __init__(
+        self, index: int | None, name: str, backlog: DeviceBacklog | None, driver: TrainingDriver
+    ) -> None:
         self.index = index
         self.name = name
         self.backlog = backlog
@@ -561,6 +616,7 @@ class _Worker:
         self.held: list[Outbound] = []
         self.inbox: deque[_LogEntry] = deque()
         self.uplink_free_at = 0.0
+        self.downlink_free_at = 0.0
         self.local_steps = 0
         self.rejected_steps: Counter[str] = Counter()
         self.rejected_messages = 0
@@ -580,6 +636,10 @@ def _injector(hook: InjectHook, index: int) -> Callable[[np.ndarray, np.ndarray]
     return inject
 
 
+#: The name of the server process (strategies with a server role), as in the live runtime.
+SERVER_NAME = "server"
+
+
 class _Simulation:
     """One run of one mode on one stream set; build, then call :meth:`run` once."""
 
@@ -592,7 +652,6 @@ class _Simulation:
         self.events = _EventQueue()
         self.simulators = streams.simulators()
         names = [f"w{i}" for i in range(len(streams.devices))]
-        data = streams.data
         driver_config = DriverConfig(
             job=config.job,
             max_message_bytes=config.max_message_bytes,
@@ -608,26 +667,47 @@ class _Simulation:
         # for all: decode it once (the drivers still validate and judge it themselves).
         decodes = DecodeMemo()
         for index, (name, device) in enumerate(zip(names, streams.devices, strict=True)):
-            model = build_model(
-                config.model,
-                data.feature_shape,
-                data.num_classes,
-                config.seed,
-                **dict(config.model_options),
-            )
-            trainer = LocalTrainer(model, lr=config.lr, momentum=config.momentum)
+            trainer = self._trainer()
             ctx = StrategyContext(worker_id=name, trainer=trainer, members=tuple(names))
             strategy = strategies.create(mode.strategy, ctx, **dict(mode.strategy_params))
             injector = None if self.inject is None else _injector(self.inject, index)
             driver = TrainingDriver(name, trainer, strategy, driver_config, injector=injector,
                                     shared_decodes=decodes)
             self.workers.append(_Worker(index, name, DeviceBacklog(device, mode), driver))
+        # The server role, if the strategy has one: same initial weights and optimiser
+        # settings, its own driver (its own decodes: its strategy may read other kinds).
+        self.server: _Worker | None = None
+        if "server" in strategies.roles(mode.strategy):
+            trainer = self._trainer()
+            ctx = StrategyContext(worker_id=SERVER_NAME, trainer=trainer, role="server", members=tuple(names))
+            strategy = strategies.create(mode.strategy, ctx, **dict(mode.strategy_params))
+            self.server = _Worker(None, SERVER_NAME, None, TrainingDriver(SERVER_NAME, trainer, strategy,
+                                                                           driver_config))
+        self.processes: list[_Worker] = self.workers + ([self.server] if self.server is not None else [])
+        # The job's model: the server's, unless it says it holds none worth evaluating.
+        self.evaluated = (
+            self.server
+            if self.server is not None and self.server.driver.strategy.evaluates_model
+            else self.workers[0]
+        )
         self.timeline: list[tuple[float, float, int]] = []
         self.tta_s: float | None = None
         self.bytes_sent = 0
         self.gradient_messages = 0
         self.compressed_messages = 0
         self.now = 0.0
+
+    def _trainer(self) -> LocalTrainer:
+        data = self.streams.data
+        model = build_model(
+            self.config.model,
+            data.feature_shape,
+            data.num_classes,
+            self.config.seed,
+            **dict(self.config.model_options),
+        )
+        lr = self.config.lr if self.mode.lr is None else self.mode.lr
+        return LocalTrainer(model, lr=lr, momentum=self.config.momentum)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -648,6 +728,8 @@ class _Simulation:
                 self._on_window(payload)
             elif kind == _APPEND:
                 self._on_append(payload)
+            elif kind == _DELIVER:
+                self._on_deliver(*payload)
             elif kind == _STEP_DONE:
                 self._on_step_done(payload)
             elif kind == _SAMPLE:
@@ -665,8 +747,8 @@ class _Simulation:
         for worker, simulator in zip(self.workers, self.simulators, strict=True):
             worker.backlog.arrive(simulator.step(start, end, 0.0), self.now)
         self.events.push((tick + 1) * interval, _ARRIVALS, tick + 1)
-        for worker in self.workers:
-            self._service(worker)
+        for process in self.processes:
+            self._service(process)
 
     def _on_window(self, worker: _Worker) -> None:
         worker.backlog.close_windows(self.now)
@@ -674,12 +756,12 @@ class _Simulation:
         self._service(worker)
 
     def _service(self, worker: _Worker) -> None:
-        """Give an idle worker its timers, then start a step if it may and has data."""
+        """Give an idle process its timers, then start a step if it may and has data."""
         if worker.busy:
             return
         driver = worker.driver
         self._publish(worker, driver.poll(self.now))
-        if not worker.backlog.has_batch() or not driver.can_train():
+        if worker.backlog is None or not worker.backlog.has_batch() or not driver.can_train():
             return
         batches = worker.backlog.take(driver.batch_limit())
         records = concat([b.records for b in batches]) if len(batches) > 1 else batches[0].records
@@ -693,6 +775,7 @@ class _Simulation:
             worker.correct += int(stepped.correct_mask.sum())
         worker.stepped = stepped
         worker.busy = True
+        assert worker.index is not None  # only workers have a backlog
         compute_s = self.costs.compute_s(worker.index, stepped.records + stepped.injected)
         self.events.push(self.now + compute_s, _STEP_DONE, worker)
 
@@ -711,14 +794,14 @@ class _Simulation:
         self._service(worker)
 
     def _publish(self, worker: _Worker, outbound: list[Outbound]) -> None:
-        """Put the driver's encoded messages on the worker's uplink, one at a time."""
+        """Put the driver's encoded messages on the process's uplink, one at a time."""
         for item in outbound:
             size = len(item.value)
             self.bytes_sent += size
             if item.kind == "gradient":
                 self.gradient_messages += 1
                 self.compressed_messages += int(item.compressed)
-            sent_at = max(self.now, worker.uplink_free_at) + self.costs.transfer_s(size)
+            sent_at = max(self.now, worker.uplink_free_at) + self.costs.transfer_s(size, worker.index)
             worker.uplink_free_at = sent_at
             appended_at = sent_at + self.costs.latency_s
             # The modelled transfer time, known at once (the live runtime measures it).
@@ -726,11 +809,19 @@ class _Simulation:
             self.events.push(appended_at, _APPEND, _LogEntry(item.channel, item.to, item.value))
 
     def _on_append(self, entry: _LogEntry) -> None:
-        recipients = [
-            w
-            for w in self.workers
-            if entry.channel in w.driver.strategy.subscribes and (entry.to is None or entry.to == w.name)
-        ]
+        subscribers = [p for p in self.processes if entry.channel in p.driver.strategy.subscribes]
+        if self.costs.models_downlinks:
+            # Every subscriber fetches the record over its own link, in log order; only the
+            # addressees hand it to their driver when it has arrived.
+            for process in subscribers:
+                arrives = max(self.now, process.downlink_free_at) + self.costs.transfer_s(
+                    len(entry.value), process.index
+                )
+                process.downlink_free_at = arrives
+                if entry.to is None or entry.to == process.name:
+                    self.events.push(arrives, _DELIVER, (process, entry))
+            return
+        recipients = [p for p in subscribers if entry.to is None or entry.to == p.name]
         for worker in recipients:
             if worker.busy:
                 worker.inbox.append(entry)
@@ -739,8 +830,16 @@ class _Simulation:
         for worker in recipients:
             self._service(worker)
 
+    def _on_deliver(self, worker: _Worker, entry: _LogEntry) -> None:
+        """A record that reached one process over its downlink."""
+        if worker.busy:
+            worker.inbox.append(entry)
+            return
+        self._deliver(worker, entry)
+        self._service(worker)
+
     def _deliver(self, worker: _Worker, entry: _LogEntry) -> None:
-        """One log record to an idle worker's driver (it decodes and validates for itself)."""
+        """One log record to an idle process's driver (it decodes and validates for itself)."""
         handled = worker.driver.handle(entry.value, entry.to)
         if handled.rejection is not None:
             worker.rejected_messages += 1
@@ -753,21 +852,21 @@ class _Simulation:
         self.events.push((tick + 1) * self.config.depth_sample_s, _SAMPLE, tick + 1)
 
     def _on_eval(self, tick: int) -> bool:
-        """Evaluate worker 0; True when the run should stop (TTA known and stop_at_target)."""
-        worker = self.workers[0]
+        """Evaluate the job's model; True when the run should stop (TTA known and stop_at_target)."""
+        process = self.evaluated
         heldout = self.streams.data.heldout
-        result, outbound = worker.driver.evaluate(heldout.features, heldout.labels)
-        if worker.busy:
-            worker.held.extend(outbound)  # after the step's own messages
+        result, outbound = process.driver.evaluate(heldout.features, heldout.labels)
+        if process.busy:
+            process.held.extend(outbound)  # after the step's own messages
         else:
-            self._publish(worker, outbound)
-            self._service(worker)
-        self.timeline.append((self.now, result.accuracy, worker.driver.trainer.version))
+            self._publish(process, outbound)
+            self._service(process)
+        self.timeline.append((self.now, result.accuracy, process.driver.trainer.version))
         target = self.config.target_accuracy
         if target is not None and self.tta_s is None:
             self.tta_s = time_to_target([(t, a) for t, a, _ in self.timeline], target, self.config.hold_evals)
         self.events.push((tick + 1) * self.config.eval_every_s, _EVAL, tick + 1)
-        return self.tta_s is not None and self.config.stop_at_target
+        return self.tta_s is not None and self.config.stop_at_target and self.now >= self.config.min_time_s
 
     # -- the report -----------------------------------------------------------------------
 
@@ -775,7 +874,8 @@ class _Simulation:
         stats = [w.driver.stats() for w in self.workers]
         global_steps = sum(s["counters"].get("steps", 0) for s in stats)
         compressed = sum(s["counters"].get("compressed_steps", 0) for s in stats)
-        staleness = [s["staleness"] for s in stats]
+        server_stats = self.server.driver.stats() if self.server is not None else None
+        staleness = [s["staleness"] for s in stats + ([server_stats] if server_stats else [])]
         updates = sum(s["count"] for s in staleness)
         rejected: Counter[str] = Counter()
         for w in self.workers:
@@ -805,7 +905,7 @@ class _Simulation:
             target_accuracy=self.config.target_accuracy,
             tta_s=self.tta_s,
             final_accuracy=self.timeline[-1][1] if self.timeline else 0.0,
-            steps=self.workers[0].driver.trainer.version,
+            steps=self.evaluated.driver.trainer.version,
             local_steps=sum(w.local_steps for w in self.workers),
             sim_time_s=self.now,
             stopped=stopped,
@@ -820,9 +920,17 @@ class _Simulation:
             devices=devices,
             rejected_steps=sum(rejected.values()),
             rejected_by_reason=dict(sorted(rejected.items())),
-            rejected_messages=sum(w.rejected_messages for w in self.workers),
+            rejected_messages=sum(w.rejected_messages for w in self.processes),
             prequential_accuracy=float(prequential["accuracy"]),
             prequential_recent_accuracy=float(prequential["window_accuracy"]),
+            evaluated=self.evaluated.name,
+            max_staleness=max((int(s["max"]) for s in staleness), default=0),
+            server=None
+            if server_stats is None
+            else {
+                "counters": dict(sorted(server_stats["counters"].items())),
+                "staleness": server_stats["staleness"],
+            },
         )
 
 
@@ -849,14 +957,13 @@ def _ensure_registered(name: str) -> None:
 def run(
     mode: Mode, streams: StreamSet, costs: CostModel | None = None, config: RunConfig | None = None
 ) -> RunReport:
-    """Simulate ``mode`` on ``streams`` under ``costs``; deterministic for equal inputs."""
+    """Simulate ``mode`` on ``streams`` under ``costs``; deterministic for equal inputs.
+
+    A strategy whose ``trainers.strategies.roles`` include ``server`` runs with one more
+    process, the server, whose model is the one evaluated."""
     costs = CostModel() if costs is None else costs
     config = RunConfig() if config is None else config
     _ensure_registered(mode.strategy)
-    if "server" in strategies.roles(mode.strategy):
-        raise ValueError(
-            f"strategy {mode.strategy!r} needs a server; the simulated clock runs workers only"
-        )
     limit_torch_threads(config.torch_threads)
     return _Simulation(mode, streams, costs, config).run()
 

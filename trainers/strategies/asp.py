@@ -65,6 +65,14 @@ class ASPWorker(SyncStrategy):
         if msg.kind != "model":
             self.counters["ignored_messages"] += 1
             return []
+        last = msg.meta.get("last_step")
+        if msg.meta.get("worker") == self.worker_id and isinstance(last, int) and not isinstance(last, bool):
+            # A snapshot the server sent this worker alone (it joined or rejoined): go on
+            # from the last step the server has of it, or its duplicate filter would drop
+            # the gradients of a worker that restarted with an older (or no) step counter.
+            if last + 1 > self._local_step:
+                self._local_step = last + 1
+                self.counters["step_counter_resumed"] += 1
         if self._synced and msg.base_version <= self.trainer.version:
             self.counters["snapshots_ignored"] += 1  # duplicate or reordered older snapshot
             return []
@@ -148,7 +156,7 @@ class ASPServer(SyncStrategy):
         if self.max_staleness is not None and staleness > self.max_staleness:
             self.counters["rejected_stale"] += 1
             self.rejected_staleness.record(staleness)
-            return [Outgoing("models", self._snapshot(), to=msg.sender)]
+            return [Outgoing("models", self._snapshot(msg.sender), to=msg.sender)]
         lr_scale = 1.0 / (1 + staleness) if self.staleness_lr == "inverse" else 1.0
         self.trainer.apply_gradient(msg.tensors, lr_scale=lr_scale, buffer_deltas=msg.buffers or None)
         self.staleness.record(staleness)
@@ -167,14 +175,17 @@ class ASPServer(SyncStrategy):
         return [self._publish()]
 
     def on_membership(self, workers: Sequence[str]) -> list[Outgoing]:
-        """Send each newly seen worker the current model."""
+        """Send each newly seen worker the current model (and the last step the server has
+        of it, so a worker that rejoins without its step counter goes on after it)."""
         joined = sorted(set(workers) - self._workers)
         self._workers = set(workers)
         self.counters["snapshots_sent"] += len(joined)
-        return [Outgoing("models", self._snapshot(), to=worker) for worker in joined]
+        return [Outgoing("models", self._snapshot(worker), to=worker) for worker in joined]
 
-    def _snapshot(self) -> UpdateMessage:
-        return snapshot_message(self.trainer, self.worker_id)
+    def _snapshot(self, worker: str | None = None) -> UpdateMessage:
+        """The current model; addressed to ``worker`` it also says the last step the server has of it."""
+        meta = {} if worker is None else {"worker": worker, "last_step": self._last_step.get(worker, -1)}
+        return snapshot_message(self.trainer, self.worker_id, meta=meta)
 
     def _publish(self) -> Outgoing:
         self._updates_since_publish = 0

@@ -20,6 +20,12 @@ Protocol (each worker runs the same deterministic state machine):
    worker that is gone) and from the next step for joiners; the lowest surviving
    member sends each joiner a full snapshot (parameters, buffers, momentum) on
    ``models`` when the joiner's first step begins.
+5. A worker a view removed keeps following the views (only them); a later view that
+   names it again makes it a joiner: its model is stale, so it waits for the snapshot
+   like any joiner (a killed worker restarted from its checkpoint after the others
+   dropped it comes back this way). A ``sync_request`` from a member that still counts
+   as holding the model means it lost its state (restarted without a checkpoint): the
+   proposer takes it out with one view and lets it back in, as a joiner, with the next.
 
 Requirements on the pipeline: ``gradients`` is one totally ordered log (a single
 partition) that every worker reads from before it announces itself; messages
@@ -85,6 +91,9 @@ class BSPStrategy(SyncStrategy):
         # Members known to hold the model: the contributors of the last completed step.
         self._veterans: tuple[str, ...] = self._members if self._synced else ()
         self._desired: tuple[str, ...] | None = None
+        # Members that asked for the model although they count as holding it (lost state):
+        # proposals leave them out until a view without them is applied.
+        self._resync: tuple[str, ...] = ()
         self._proposed_view: int | None = None
         self._sync_wait_since: float | None = None
         self._last_global_batch = 0
@@ -146,6 +155,8 @@ class BSPStrategy(SyncStrategy):
 
     def on_message(self, msg: UpdateMessage) -> list[Outgoing]:
         if not self._active:
+            if msg.kind == "control" and msg.meta.get("op") == "view":
+                return self._on_view(msg)  # a removed worker follows the views: one may readmit it
             self.counters["ignored_inactive"] += 1
             return []
         if not self._synced:
@@ -266,14 +277,32 @@ class BSPStrategy(SyncStrategy):
             return []
         self._view_id = view_id
         self.counters["views"] += 1
+        self._resync = tuple(w for w in self._resync if w in proposed)  # out now: may come back
         if self.worker_id not in proposed:
             self._active = False
             self._pending.clear()
             return []
+        if not self._active:
+            return self._readmitted(proposed)
         current = tuple(sorted(set(self._members) & set(proposed)))
         self._members = current
         self._next_members = proposed if proposed != current else None
         return self._try_complete() + self._maybe_propose()
+
+    def _readmitted(self, proposed: tuple[str, ...]) -> list[Outgoing]:
+        """A view names this removed worker again: it joins from the next step, with the
+        snapshot the coordinator sends then (its own model is stale)."""
+        self._active = True
+        self._synced = False
+        self._members = tuple(m for m in proposed if m != self.worker_id)
+        self._next_members = proposed
+        self._veterans = ()
+        self._pending.clear()
+        self._prejoin = []
+        self._published_step = None
+        self._sync_wait_since = None
+        self.counters["readmitted"] += 1
+        return []
 
     def _enter_next_view(self) -> list[Outgoing]:
         assert self._next_members is not None
@@ -285,6 +314,16 @@ class BSPStrategy(SyncStrategy):
         return [self._snapshot_for(joiner) for joiner in joiners]
 
     def _on_sync_request(self, msg: UpdateMessage) -> list[Outgoing]:
+        if msg.sender in self._members and msg.sender in self._veterans and msg.sender != self.worker_id:
+            # It counts as holding the model but asks for it: it lost its state (restarted
+            # without a checkpoint). Every replica notes it at this point of the log; the
+            # proposer takes it out with a view, and the next view brings it back as a joiner.
+            if msg.sender not in self._resync:
+                self._resync = tuple(sorted({*self._resync, msg.sender}))
+                self.counters["resyncs"] += 1
+            if self._desired is None:  # no live set reported yet: bring it back afterwards
+                self._desired = self._next_members or self._members
+            return self._maybe_propose()
         # Only a member of the pending step that never contributed needs the model, and
         # only one worker (decided by the log prefix) answers.
         if msg.sender not in self._members or msg.sender in self._veterans or not self._is_coordinator():
@@ -303,12 +342,15 @@ class BSPStrategy(SyncStrategy):
         return Outgoing("models", snapshot, to=joiner)
 
     def _maybe_propose(self) -> list[Outgoing]:
-        if self._desired is None or not (self._synced and self._active):
+        if not (self._synced and self._active):
             return []
         target = self._next_members or self._members
-        if self._desired == target:
+        desired = self._desired
+        if self._resync:
+            desired = tuple(w for w in (desired if desired is not None else target) if w not in self._resync)
+        if desired is None or not desired or desired == target:
             return []
-        survivors = sorted(set(self._members) & set(self._desired))
+        survivors = sorted(set(self._members) & set(desired))
         next_view = self._view_id + 1
         if not survivors or survivors[0] != self.worker_id or self._proposed_view == next_view:
             return []
@@ -320,7 +362,7 @@ class BSPStrategy(SyncStrategy):
             sender=self.worker_id,
             step=version,
             base_version=version,
-            meta={"op": "view", "view_id": next_view, "members": list(self._desired)},
+            meta={"op": "view", "view_id": next_view, "members": list(desired)},
         )
         return [Outgoing("gradients", proposal)]
 
@@ -387,6 +429,7 @@ class BSPStrategy(SyncStrategy):
                 "prejoin": [m.to_state() for m in self._prejoin],
                 "veterans": list(self._veterans),
                 "desired": list(self._desired) if self._desired is not None else None,
+                "resync": list(self._resync),
                 "proposed_view": self._proposed_view,
                 "sync_wait_since": self._sync_wait_since,
                 "last_global_batch": self._last_global_batch,
@@ -409,6 +452,7 @@ class BSPStrategy(SyncStrategy):
         self._prejoin = [UpdateMessage.from_state(item) for item in state["prejoin"]]
         self._veterans = tuple(state["veterans"])
         self._desired = tuple(state["desired"]) if state["desired"] is not None else None
+        self._resync = tuple(state.get("resync", ()))  # absent in checkpoints of older versions
         self._proposed_view = state["proposed_view"]
         self._sync_wait_since = state["sync_wait_since"]
         self._last_global_batch = int(state["last_global_batch"])

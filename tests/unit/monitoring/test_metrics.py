@@ -10,9 +10,10 @@ import pytest
 from monitoring.metrics import Metrics, consumer_lag, name_of
 
 # ``state``: the five states of a device's record ledger (read, trained, dropped, dead_lettered, pending).
-ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state"}
+# ``member``: another worker as seen by ``worker`` (membership from heartbeats).
+ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state", "member"}
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",
-                 "_up", "_ready", "_paused", "_version", "_loss", "_vote")
+                 "_up", "_ready", "_workers", "_paused", "_version", "_loss", "_vote")
 
 
 @pytest.mark.parametrize("metric", Metrics().metric_objects(), ids=lambda m: m._name)

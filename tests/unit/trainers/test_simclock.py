@@ -1,5 +1,5 @@
 """Simulated-clock runner: exact record accounting, determinism, waiting vs window batching,
-buffer policies, transfer time, the oracle bound, the training driver's rules (wanted batch
+buffer policies, transfer time (uplinks, per-host downlinks), a server role (ASP), the oracle bound, the training driver's rules (wanted batch
 size, step guard, prequential scores), and a 10-device ScaDLES comparison."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from trainers.simclock import (
     run,
     scadles_rates,
 )
+from trainers.strategies.asp import ASPServer, ASPWorker
 from trainers.strategies.bsp import BSPStrategy
 
 FAST = RunConfig(model="mlp", lr=0.5, target_accuracy=None, time_budget_s=20.0)
@@ -217,9 +218,121 @@ def test_lower_bandwidth_makes_the_same_run_slower(two_streams):
     assert slow_link.timeline[-1][2] < fast_link.timeline[-1][2]
 
 
-def test_a_server_strategy_is_refused(two_streams):
-    with pytest.raises(ValueError, match="server"):
-        run(Mode("asp", "asp"), two_streams, CHEAP, FAST)
+def test_per_host_links_make_a_slow_hosts_downloads_cost_time(two_streams):
+    mode = _window(window_s=0.5)
+    config = dataclasses.replace(FAST, time_budget_s=10.0)
+    free = run(mode, two_streams, CHEAP, config)
+    equal = run(mode, two_streams, dataclasses.replace(CHEAP, link_bandwidths_bytes_per_s=(12.5e6, 12.5e6)), config)
+    # Host 1 uploads its ~19 kB gradient fast enough, but every step it must download both
+    # gradients (its own too) over 40 kB/s: about one second per step.
+    slow = run(mode, two_streams, dataclasses.replace(CHEAP, link_bandwidths_bytes_per_s=(12.5e6, 40e3)), config)
+
+    assert free.steps - 1 <= equal.steps <= free.steps  # 100 Mbit/s downloads: ~3 ms a step
+    assert slow.steps < equal.steps / 1.5
+    _assert_accounting(slow)
+    with pytest.raises(ValueError, match="bandwidth"):
+        CostModel(link_bandwidths_bytes_per_s=(1e6, 0.0))
+
+
+# -- a strategy with a server role (ASP) -------------------------------------------------------
+
+ASP = Mode("asp", "asp", {"max_staleness": 4}, batcher="fixed", batch_size=20, lr=0.05)
+"""ASP with a staleness bound; the server applies every 20-record gradient at lr 0.05."""
+
+
+def test_asp_runs_a_server_whose_model_is_evaluated_and_reaches_a_modest_accuracy(two_streams):
+    report = run(ASP, two_streams, CHEAP, FAST)
+
+    assert report.evaluated == "server" and report.server is not None
+    applied = report.server["counters"]["applied"]
+    # The timeline and ``steps`` follow the server's model: one version per applied gradient.
+    assert report.steps == applied == report.timeline[-1][2] > 20
+    assert report.final_accuracy > 0.7
+    # Workers never wait for each other: every full batch of each device becomes a gradient.
+    assert report.gradient_messages == report.local_steps
+    assert report.local_steps >= sum(d.arrived // 20 for d in report.devices) - 2
+    assert report.bytes_sent > report.gradient_messages * 15_000  # gradients + model snapshots
+    assert report.rejected_messages == 0
+    _assert_accounting(report)
+
+
+def test_asp_records_the_staleness_of_every_applied_gradient(two_streams):
+    report = run(ASP, two_streams, CHEAP, FAST)
+
+    staleness = report.server["staleness"]
+    counters = report.server["counters"]
+    assert staleness["count"] == counters["applied"]
+    assert staleness["count"] + counters.get("rejected_stale", 0) == report.gradient_messages
+    # The fast device's gradients overtake the slow one's: some arrive on an older version.
+    assert 0 < report.mean_staleness == pytest.approx(staleness["mean"])
+    assert report.max_staleness == staleness["max"] <= 4
+
+
+def test_asp_staleness_bound_rejects_stale_gradients_of_a_slow_worker(two_streams):
+    # Worker 1 computes 20x slower: many updates land on the server while it computes.
+    costs = dataclasses.replace(CHEAP, slowdowns=(1, 20))
+    unbounded = run(dataclasses.replace(ASP, strategy_params={}), two_streams, costs, FAST)
+    bounded = run(dataclasses.replace(ASP, strategy_params={"max_staleness": 1}), two_streams, costs, FAST)
+
+    assert unbounded.max_staleness > 1 and "rejected_stale" not in unbounded.server["counters"]
+    assert bounded.max_staleness <= 1 and bounded.server["counters"]["rejected_stale"] > 0
+    assert bounded.server["counters"]["applied"] + bounded.server["counters"]["rejected_stale"] == (
+        bounded.gradient_messages
+    )
+
+
+def test_the_servers_messages_take_the_modelled_transfer_time(two_streams):
+    config = dataclasses.replace(FAST, time_budget_s=10.0)
+    near = run(ASP, two_streams, CHEAP, config)
+    far = run(ASP, two_streams, dataclasses.replace(CHEAP, latency_s=0.3), config)
+
+    # Gradients and snapshots each take 0.3 s more: a worker's model is older when its
+    # gradient lands, so the same updates are staler.
+    assert far.mean_staleness > near.mean_staleness + 0.5
+    assert far.timeline[0][2] < near.timeline[0][2]  # fewer updates by the first evaluation
+
+
+def test_a_run_with_a_server_is_deterministic(two_streams):
+    config = dataclasses.replace(FAST, time_budget_s=6.0)
+    costs = dataclasses.replace(CHEAP, slowdowns=(1, 3), link_bandwidths_bytes_per_s=(1e6, 2e5))
+
+    first, second = (run(ASP, two_streams, costs, config) for _ in range(2))
+
+    assert dataclasses.asdict(first) == dataclasses.asdict(second)
+    json.dumps(dataclasses.asdict(first))
+
+
+class _BlindServer(ASPServer):
+    """An ASP server that says it holds no model worth evaluating."""
+
+    evaluates_model = False
+
+
+_BLIND = "test-simclock-asp-blind"
+if _BLIND not in strategies.names():
+    strategies.register(_BLIND, roles=("worker", "server"))(
+        lambda ctx, **kw: _BlindServer(ctx, **kw) if ctx.role == "server" else ASPWorker(ctx)
+    )
+
+
+def test_a_server_without_a_model_worth_evaluating_leaves_evaluation_to_worker_0(two_streams):
+    report = run(dataclasses.replace(ASP, strategy=_BLIND), two_streams, CHEAP, dataclasses.replace(FAST, time_budget_s=5.0))
+
+    assert report.evaluated == "w0" and report.server is not None
+    assert report.steps == report.timeline[-1][2] > 0  # w0 adopted the server's snapshots
+
+
+def test_min_time_keeps_a_run_going_after_its_target(two_streams):
+    config = RunConfig(model="mlp", lr=0.5, target_accuracy=0.5, time_budget_s=30.0, min_time_s=12.0)
+
+    early = run(_window(), two_streams, CHEAP, dataclasses.replace(config, min_time_s=0.0))
+    late = run(_window(), two_streams, CHEAP, config)
+
+    assert early.stopped == late.stopped == "target" and early.tta_s == late.tta_s
+    assert early.sim_time_s < 12.0 <= late.sim_time_s < 13.0
+    assert late.timeline[: len(early.timeline)] == early.timeline
+    with pytest.raises(ValueError, match="min_time_s"):
+        RunConfig(time_budget_s=10.0, min_time_s=11.0)
 
 
 # -- the training driver's rules ------------------------------------------------------------------

@@ -1,0 +1,830 @@
+"""Strategy matrix: which strategy wins where (BENCHMARKS.md, "Strategy matrix").
+
+Rows: every registered strategy in a sensible configuration, plus today's ScaDLES
+ablations, plus the zero-wait oracle:
+
+  bsp                      fixed batch of 64 per device, waits for it (the "waiting streamer")
+  asp                      parameter server, fixed batch 64 per worker, never waits for peers;
+                           staleness bound ``max_staleness`` (4): staler gradients rejected;
+                           per-update LR ``lr * 64 / (64 N)`` (the linear rule every row uses)
+  scadles                  time windows, weighted aggregation, linear LR scaling
+  scadles+compress         + top-k 10 % with error feedback, switched by the ScaDLES vote
+  scadles+compress+inject  + data injection (alpha = beta = 0.25)
+  oracle                   BSP on window batches at zero compute and transfer cost
+
+A registered strategy without a configuration here still gets a row (its preferred
+batcher, default parameters) and a note. Columns: the heterogeneity regimes of
+BENCHMARKS.md, each with IID and Dirichlet(0.3) digits:
+
+  rates    ScaDLES rates 92 38 62 42 48 88 90 22 44 28 /s, compute all 1, links equal
+  compute  every rate the mean of that list, slowdowns 1 1 1 2 2 2 4 4 8 8, links equal
+  both     ScaDLES rates, slowdowns 1 1 1 2 2 2 4 4 8 8, links equal
+  network  ScaDLES rates, compute all 1, host links 100 100 20 20 5 5 1 1 100 100 Mbit/s
+
+(the issue's "(d) = (c) with Dirichlet" is the ``both`` column with Dirichlet data).
+All rates times ``--scale`` (2, as benchmarks/time_to_accuracy.py). Every cell runs on the
+simulated clock (trainers/simclock.py) with two cost models: the simulator's default
+``CostModel`` and one calibrated to this machine (``compute_gradient`` timed with one
+torch thread, fitted ``c0 + c1 * b``; transfer as the default: 100 Mbit/s, 2 ms, real
+encoded message sizes). "Equal links" are hosts at 100 Mbit/s; with per-host links the
+simulator also charges downloads (every record of a subscribed channel, over the host's
+link). Figures: TTA (90 % held for 3 evaluations) as a ratio to BSP's on the same seed
+and as a multiple of the oracle's, and accuracy at ``--acc-budget``; medians of
+``--repeats`` seeds with the min-max spread.
+
+``--real REGIME/PARTITION:ROWS`` also runs that subset on the real broker (real processes,
+wall time, one worker per device, as benchmarks/time_to_accuracy.py does) and puts the
+simulated prediction for the same job beside it. Writes benchmarks/results/strategies.{json,md,png}.
+Never asserts.
+
+    python benchmarks/strategies.py [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
+        [--regimes rates,compute,both,network] [--partitions iid,dirichlet] [--rows bsp,asp,...]
+        [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# After the repository root: benchmarks/compression.py must not shadow the compression package.
+sys.path.append(str(ROOT / "benchmarks"))
+
+from streams.profiles import SCADLES_RATES  # noqa: E402
+from trainers import simclock, strategies  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+BATCH = 64
+#: ScaDLES's cap on one device's step batch (as benchmarks/time_to_accuracy.py).
+MAX_BATCH = 2 * BATCH
+SLOWDOWN = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
+#: The testbed's host links (BENCHMARKS.md: "100 100 20 20 5 5 1 1 ..."), the pattern
+#: repeated for ten hosts.
+NETWORK_MBIT = (100.0, 100.0, 20.0, 20.0, 5.0, 5.0, 1.0, 1.0, 100.0, 100.0)
+EQUAL_MBIT = 100.0
+ROWS = ("bsp", "asp", "scadles", "scadles+compress", "scadles+compress+inject")
+PARTITIONS = ("iid", "dirichlet")
+COST_MODELS = ("default", "calibrated")
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    rates: tuple[float, ...]
+    slowdowns: tuple[float, ...]
+    links_mbit: tuple[float, ...]
+    what: str
+
+
+def regimes() -> dict[str, Regime]:
+    scadles = tuple(float(r) for r in SCADLES_RATES)
+    mean = sum(scadles) / len(scadles)
+    ones = (1.0,) * len(scadles)
+    equal = (EQUAL_MBIT,) * len(scadles)
+    return {
+        "rates": Regime("rates", scadles, ones, equal, "ScaDLES rates, compute all 1, links equal"),
+        "compute": Regime("compute", (mean,) * len(scadles), SLOWDOWN, equal,
+                          f"all rates {mean:g}/s, slowdowns {' '.join(f'{x:g}' for x in SLOWDOWN)}, links equal"),
+        "both": Regime("both", scadles, SLOWDOWN, equal,
+                       f"ScaDLES rates, slowdowns {' '.join(f'{x:g}' for x in SLOWDOWN)}, links equal"),
+        "network": Regime("network", scadles, ones, NETWORK_MBIT,
+                          f"ScaDLES rates, compute all 1, links {' '.join(f'{x:g}' for x in NETWORK_MBIT)} Mbit/s"),
+    }
+
+
+def heterogeneity(values: tuple[float, ...]) -> float:
+    """H = sum(x) / (N * min(x))."""
+    return sum(values) / (len(values) * min(values))
+
+
+@dataclass
+class Settings:
+    """The time-to-accuracy benchmark's settings (so the real subset is the same job)."""
+
+    scale: float = 2.0
+    window_s: float = 0.5
+    budget_s: float = 120.0
+    acc_budget_s: float = 60.0
+    target: float = 0.9
+    delta: float = 0.3
+    epoch_steps: int = 10
+    eval_every_s: float = 0.5
+    message_interval_s: float = 0.05
+    lr: float = 0.3
+    momentum: float = 0.9
+    asp_max_staleness: int = 4
+    repeats: int = 3
+    first_seed: int = 0
+
+
+# -- the rows --------------------------------------------------------------------------------
+
+
+def row_modes(streams: simclock.StreamSet, s: Settings) -> dict[str, simclock.Mode]:
+    """Every configured row, and a default-configured row for any other registered strategy."""
+    n = len(streams.devices)
+    reference = BATCH * n
+    sc = simclock.default_modes(streams, batch_size=BATCH, window_s=s.window_s, max_batch=MAX_BATCH,
+                                delta=s.delta, epoch_steps=s.epoch_steps, ratio=0.1, alpha=0.25, beta=0.25)
+    by_name = {m.name: m for m in sc}
+    out = {
+        "bsp": by_name["bsp"],
+        # Each worker's gradient is applied on its own: the same linear rule lr * b / B_ref.
+        "asp": simclock.Mode("asp", "asp", {"max_staleness": s.asp_max_staleness}, batcher="fixed",
+                             batch_size=BATCH, lr=s.lr * BATCH / reference),
+        "scadles": by_name["scadles"],
+        "scadles+compress": by_name["scadles+compress"],
+        "scadles+compress+inject": by_name["scadles+compress+inject"],
+    }
+    configured = {m.strategy for m in out.values()}
+    for name in strategies.names():
+        if name not in configured:
+            batcher = _preferred_batcher(name) or "fixed"
+            out[name] = simclock.Mode(name, name, {}, batcher=batcher, batch_size=BATCH, window_s=s.window_s,
+                                      max_batch=MAX_BATCH)
+    return out
+
+
+def _preferred_batcher(name: str) -> str | None:
+    from trainers.local import LocalTrainer
+    from trainers.models import build_model
+
+    trainer = LocalTrainer(build_model("mlp", (4,), 2, 0))
+    try:
+        strategy = strategies.create(name, strategies.StrategyContext("probe", trainer, members=("probe",)))
+    except Exception:
+        return None
+    return strategy.preferred_batcher
+
+
+def unconfigured_strategies() -> list[str]:
+    configured = {"bsp", "asp", "scadles"}
+    return [name for name in strategies.names() if name not in configured]
+
+
+# -- cost models -----------------------------------------------------------------------------
+
+
+def calibrate(sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rounds: int = 7, calls: int = 60) -> dict[str, Any]:
+    """Time ``LocalTrainer.compute_gradient`` of the benchmark's model (mlp on digits), one torch
+    thread, on batches of ``sizes``; fit ``c0 + c1 * b`` by least squares to the per-size
+    medians. Sizes are interleaved over ``rounds`` so drifting load hits all of them alike.
+    Also times one gradient message's encode + decode (dense and top-k 10 %), which the
+    simulator does not charge."""
+    from compression import registry as compressors
+    from compression.memory import ErrorFeedback
+    from compression.pipeline import GradientCodec
+    from streams.simulator import fleet_data
+    from trainers.local import LocalTrainer, limit_torch_threads
+    from trainers.messages import UpdateMessage
+    from trainers.models import build_model
+    from trainers.validation import TensorSpec
+    from trainers.wire import decode_update, encode_update
+
+    limit_torch_threads(1)
+    data = fleet_data("digits", ["dev00"], scheme="iid", seed=0)
+    x, y = data.train.features, data.train.labels
+    trainer = LocalTrainer(build_model("mlp", data.feature_shape, data.num_classes, 0), lr=0.1, momentum=0.9)
+    rng = np.random.default_rng(0)
+    batches = {}
+    for b in sizes:
+        idx = rng.integers(0, len(y), size=b)
+        batches[b] = (np.ascontiguousarray(x[idx], dtype=np.float32), np.asarray(y[idx], dtype=np.int64))
+    samples: dict[int, list[float]] = {b: [] for b in sizes}
+    for b in sizes:  # warm-up
+        for _ in range(10):
+            trainer.compute_gradient(*batches[b])
+    for _ in range(rounds):
+        for b in sizes:
+            for _ in range(calls):
+                started = time.perf_counter()
+                trainer.compute_gradient(*batches[b])
+                samples[b].append(time.perf_counter() - started)
+    medians = {b: statistics.median(v) for b, v in samples.items()}
+    c1, c0 = np.polyfit(np.array(sizes, dtype=float), np.array([medians[b] for b in sizes]), 1)
+    # One gradient message, encoded and decoded as the driver does.
+    result = trainer.compute_gradient(*batches[BATCH])
+    msg = UpdateMessage(kind="gradient", sender="w0", step=0, base_version=0, batch_size=BATCH,
+                        tensors=result.gradients, meta={"loss": result.loss, "vote": True, "compress": True})
+    spec = TensorSpec.from_trainer(trainer)
+    messages = {}
+    for codec_name, codec in (("dense", None),
+                              ("topk 10 %", GradientCodec(compressors.create("topk", ratio=0.1), ErrorFeedback()))):
+        value, _ = encode_update(msg, job="calibrate", codec=codec)
+        enc, dec = [], []
+        for _ in range(300):
+            started = time.perf_counter()
+            value, _ = encode_update(msg, job="calibrate", codec=codec)
+            enc.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            decode_update(value, expected_shapes=spec, max_bytes=1 << 24, job="calibrate")
+            dec.append(time.perf_counter() - started)
+        messages[codec_name] = {"bytes": len(value), "encode_s": statistics.median(enc),
+                                "decode_s": statistics.median(dec)}
+    return {
+        "model": "mlp", "parameters": sum(int(p.numel()) for p in trainer.model.parameters()),
+        "torch_threads": 1, "sizes": list(sizes), "median_s": {str(b): medians[b] for b in sizes},
+        "p10_s": {str(b): float(np.percentile(samples[b], 10)) for b in sizes},
+        "p90_s": {str(b): float(np.percentile(samples[b], 90)) for b in sizes},
+        "compute_base_s": max(0.0, float(c0)), "compute_per_record_s": max(0.0, float(c1)),
+        "messages": messages,
+    }
+
+
+def cost_model(kind: str, regime: Regime, calibration: dict[str, Any] | None) -> simclock.CostModel:
+    default = simclock.CostModel()
+    base = default if kind == "default" else replace(
+        default, compute_base_s=calibration["compute_base_s"], compute_per_record_s=calibration["compute_per_record_s"])
+    return replace(base, slowdowns=regime.slowdowns,
+                   link_bandwidths_bytes_per_s=tuple(m * 1e6 / 8 for m in regime.links_mbit))
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=8)
+def _streams(regime_name: str, partition: str, seed: int, scale: float, interval: float) -> simclock.StreamSet:
+    regime = regimes()[regime_name]
+    return simclock.StreamSet.from_fleet("digits", tuple(r * scale for r in regime.rates), partition=partition,
+                                         seed=seed, message_interval_s=interval)
+
+
+@dataclass
+class Task:
+    regime: str
+    partition: str
+    seed: int
+    row: str  # a row name, or "oracle"
+    cost: str | None  # None for the oracle (zero cost)
+
+
+def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """One simulated run; a JSON-able dict of its raw figures."""
+    started = time.monotonic()
+    streams = _streams(task.regime, task.partition, task.seed, s.scale, s.message_interval_s)
+    config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
+                                eval_every_s=s.eval_every_s, target_accuracy=s.target,
+                                time_budget_s=s.budget_s, min_time_s=s.acc_budget_s)
+    if task.row == "oracle":
+        base = simclock.oracle_mode(streams, window_s=s.window_s, max_batch=MAX_BATCH, reference_per_worker=BATCH)
+        report = simclock.oracle(streams, config, base)
+    else:
+        mode = row_modes(streams, s)[task.row]
+        report = simclock.run(mode, streams, cost_model(task.cost, regimes()[task.regime], calibration), config)
+    return {
+        **asdict(task), "tta_s": report.tta_s,
+        "acc_at_budget": accuracy_at(report.timeline, s.acc_budget_s),
+        "acc_at": {str(t): accuracy_at(report.timeline, t) for t in (15, 30, 45, 60, 90, 120) if t <= s.budget_s},
+        "final_accuracy": report.final_accuracy, "sim_time_s": report.sim_time_s, "stopped": report.stopped,
+        "steps": report.steps, "local_steps": report.local_steps, "bytes_sent": report.bytes_sent,
+        "gradient_messages": report.gradient_messages, "compressed_fraction": report.compressed_fraction,
+        "mean_staleness": report.mean_staleness, "max_staleness": report.max_staleness,
+        "server": report.server["counters"] if report.server else None,
+        "max_backlog": max(d.max_depth for d in report.devices),
+        "dropped": sum(d.dropped for d in report.devices),
+        "rejected_steps": report.rejected_steps, "rejected_messages": report.rejected_messages,
+        "wall_s": time.monotonic() - started,
+    }
+
+
+def accuracy_at(timeline: list[tuple[float, float, int]], t: float) -> float | None:
+    """Held-out accuracy of the last evaluation at or before ``t`` (None if the run ended earlier)."""
+    if not timeline or timeline[-1][0] < t - 1e-9:
+        return None
+    best = None
+    for at, acc, _ in timeline:
+        if at <= t + 1e-9:
+            best = acc
+    return best
+
+
+def _worker_init() -> None:
+    from trainers.local import limit_torch_threads
+
+    limit_torch_threads(1)
+
+
+def run_matrix(tasks: list[Task], s: Settings, calibration: dict[str, Any] | None, jobs: int,
+               progress=print) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if jobs <= 1:
+        _worker_init()
+        for i, task in enumerate(tasks, 1):
+            out.append(run_task(task, s, calibration))
+            progress(_progress_line(i, len(tasks), out[-1]))
+        return out
+    import multiprocessing
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init) as pool:
+        futures = [pool.submit(run_task, task, s, calibration) for task in tasks]
+        for i, future in enumerate(as_completed(futures), 1):
+            out.append(future.result())
+            progress(_progress_line(i, len(tasks), out[-1]))
+    key = {(t.regime, t.partition, t.seed, t.row, t.cost): i for i, t in enumerate(tasks)}
+    return sorted(out, key=lambda r: key[(r["regime"], r["partition"], r["seed"], r["row"], r["cost"])])
+
+
+def _progress_line(i: int, n: int, r: dict[str, Any]) -> str:
+    tta = f"{r['tta_s']:.1f} s" if r["tta_s"] is not None else "missed"
+    return (f"[{i}/{n}] {r['cost'] or 'zero'} {r['regime']}/{r['partition']} seed {r['seed']} {r['row']}: "
+            f"TTA {tta}, acc@budget {_f3(r['acc_at_budget'])} ({r['wall_s']:.1f} s)")
+
+
+def _f3(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+# -- summary ---------------------------------------------------------------------------------
+
+
+def summarise(raw: list[dict[str, Any]], s: Settings, rows: list[str], columns: list[tuple[str, str]],
+              costs: list[str]) -> dict[str, Any]:
+    """Per cost model, row and column: medians and min-max over seeds of TTA, its ratio to
+    BSP's on the same seed, its multiple of the oracle's on the same seed, accuracy at budget.
+
+    A missed target is censored at the budget: a ratio is then ``>`` (the row missed) or
+    ``<`` (BSP missed) a bound, and the median is taken over the bounds with that mark.
+    """
+    by = {(r["cost"], r["regime"], r["partition"], r["seed"], r["row"]): r for r in raw}
+    seeds = sorted({r["seed"] for r in raw})
+    cells: dict[str, Any] = {}
+    for cost in costs:
+        for regime, partition in columns:
+            for row in ["oracle", *rows]:
+                cell_cost = None if row == "oracle" else cost
+                runs = [by.get((cell_cost, regime, partition, seed, row)) for seed in seeds]
+                runs = [r for r in runs if r is not None]
+                if not runs:
+                    continue
+                ratios, multiples = [], []
+                for r in runs:
+                    bsp = by.get((cost, regime, partition, r["seed"], "bsp"))
+                    orc = by.get((None, regime, partition, r["seed"], "oracle"))
+                    ratios.append(censored_ratio(r["tta_s"], bsp["tta_s"] if bsp else None, s.budget_s))
+                    multiples.append(censored_ratio(r["tta_s"], orc["tta_s"] if orc else None, s.budget_s))
+                ttas = [r["tta_s"] for r in runs]
+                accs = [r["acc_at_budget"] for r in runs if r["acc_at_budget"] is not None]
+                cells[f"{cost}/{regime}/{partition}/{row}"] = {
+                    "cost": cost, "regime": regime, "partition": partition, "row": row, "seeds": len(runs),
+                    "tta_s": [t for t in ttas], "tta_median": censored_median(ttas, s.budget_s),
+                    "vs_bsp": ratios, "vs_bsp_median": median_bound(ratios),
+                    "x_oracle": multiples, "x_oracle_median": median_bound(multiples),
+                    "acc_at_budget": accs, "acc_median": statistics.median(accs) if accs else None,
+                    "missed": sum(t is None for t in ttas),
+                    "mean_staleness": statistics.median(r["mean_staleness"] for r in runs),
+                    "bytes_sent": statistics.median(r["bytes_sent"] for r in runs),
+                    "compressed_fraction": statistics.median(r["compressed_fraction"] for r in runs),
+                    "max_backlog": max(r["max_backlog"] for r in runs),
+                }
+    return cells
+
+
+def censored_ratio(a: float | None, b: float | None, budget: float) -> dict[str, Any] | None:
+    """``a / b`` with a missed target counted as the budget: ``{"value", "bound": "=" | ">" | "<"}``;
+    None when neither reached it (nothing known)."""
+    if a is None and b is None:
+        return None
+    if a is None:
+        return {"value": budget / b, "bound": ">"}
+    if b is None:
+        return {"value": a / budget, "bound": "<"}
+    return {"value": a / b, "bound": "="}
+
+
+def median_bound(values: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    ordered = sorted(known, key=lambda v: v["value"])
+    mid = ordered[(len(ordered) - 1) // 2] if len(ordered) % 2 else None
+    if mid is None:  # even count: mean of the middle two, marked if either is a bound
+        lo, hi = ordered[len(ordered) // 2 - 1], ordered[len(ordered) // 2]
+        marks = {lo["bound"], hi["bound"]} - {"="}
+        mid = {"value": (lo["value"] + hi["value"]) / 2, "bound": marks.pop() if len(marks) == 1 else "="}
+    return {"value": mid["value"], "bound": mid["bound"], "min": ordered[0]["value"], "max": ordered[-1]["value"]}
+
+
+def censored_median(ttas: list[float | None], budget: float) -> dict[str, Any] | None:
+    return median_bound([{"value": t, "bound": "="} if t is not None else {"value": budget, "bound": ">"}
+                         for t in ttas])
+
+
+def _cell(m: dict[str, Any] | None, fmt: str = "{:.2f}", spread: bool = True) -> str:
+    if m is None:
+        return "missed"
+    mark = {"=": "", ">": ">", "<": "<"}[m["bound"]]
+    text = mark + fmt.format(m["value"])
+    if spread and not math.isclose(m["min"], m["max"]):
+        text += f" ({fmt.format(m['min'])}-{fmt.format(m['max'])})"
+    return text
+
+
+def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[tuple[str, str]], costs: list[str],
+             calibration: dict[str, Any] | None, seconds: float, seeds: list[int], notes: list[str]) -> str:
+    reg = regimes()
+    lines = [
+        f"Simulated clock, digits (held-out 20 %), 10 devices, one worker each; rates x{s.scale:g}; "
+        f"target {s.target:.0%} held for 3 evaluations (every {s.eval_every_s:g} s); TTA budget {s.budget_s:.0f} s, "
+        f"accuracy read at {s.acc_budget_s:.0f} s; seeds {', '.join(map(str, seeds))} (streams, shares and initial "
+        f"weights); medians with the min-max over seeds. {seconds / 60:.1f} min for the whole matrix.",
+        "",
+        "| regime | rates /s (x scale) | compute slowdowns | links Mbit/s | H rates | H speeds | H links |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for name in dict.fromkeys(r for r, _ in columns):
+        g = reg[name]
+        lines.append(
+            f"| {name} | {' '.join(f'{x:g}' for x in g.rates)} | {' '.join(f'{x:g}' for x in g.slowdowns)} "
+            f"| {' '.join(f'{x:g}' for x in g.links_mbit)} | {heterogeneity(g.rates):.2f} "
+            f"| {heterogeneity(tuple(1 / x for x in g.slowdowns)):.2f} | {heterogeneity(g.links_mbit):.2f} |")
+    lines += ["", "Cost models: " + cost_line(calibration), ""]
+    header = "| row | " + " | ".join(f"{r} {p}" for r, p in columns) + " |"
+    rule = "|---|" + "---:|" * len(columns)
+    for cost in costs:
+        lines += [f"### {cost} cost model: TTA / BSP's TTA (same seed; < 1 is faster than BSP)", "", header, rule]
+        for row in ["oracle", *rows]:
+            lines.append(f"| {row} | " + " | ".join(
+                _cell(cells.get(f"{cost}/{r}/{p}/{row}", {}).get("vs_bsp_median")) for r, p in columns) + " |")
+        lines += ["", f"### {cost} cost model: TTA seconds (median) and x oracle", "", header, rule]
+        for row in ["oracle", *rows]:
+            parts = []
+            for r, p in columns:
+                c = cells.get(f"{cost}/{r}/{p}/{row}")
+                if c is None:
+                    parts.append("-")
+                    continue
+                tta = _cell(c["tta_median"], "{:.1f}", spread=False)
+                parts.append(f"{tta} s, {_cell(c['x_oracle_median'], spread=False)}x")
+            lines.append(f"| {row} | " + " | ".join(parts) + " |")
+        lines += ["", f"### {cost} cost model: held-out accuracy at {s.acc_budget_s:.0f} s (median, min-max)", "",
+                  header, rule]
+        for row in ["oracle", *rows]:
+            parts = []
+            for r, p in columns:
+                c = cells.get(f"{cost}/{r}/{p}/{row}")
+                accs = c["acc_at_budget"] if c else []
+                parts.append(f"{statistics.median(accs):.3f} ({min(accs):.3f}-{max(accs):.3f})" if accs else "-")
+            lines.append(f"| {row} | " + " | ".join(parts) + " |")
+        lines.append("")
+    lines += [
+        "`>x`: the row missed the target within the budget on the median seed (ratio at least x); `<x`: BSP "
+        "missed it (ratio at most x); `missed`: both missed. The oracle row is the zero-cost run "
+        "(independent of the cost model); its ratio to BSP is the most any waiting-free synchronous mode could gain.",
+    ]
+    lines += [f"Note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def cost_line(calibration: dict[str, Any] | None) -> str:
+    d = simclock.CostModel()
+    text = (f"default: step {d.compute_base_s * 1e3:g} ms + {d.compute_per_record_s * 1e3:g} ms/record, "
+            f"latency {d.latency_s * 1e3:g} ms, {d.bandwidth_bytes_per_s * 8 / 1e6:g} Mbit/s")
+    if calibration:
+        text += (f"; calibrated (this machine, mlp compute_gradient, 1 torch thread): step "
+                 f"{calibration['compute_base_s'] * 1e3:.3f} ms + {calibration['compute_per_record_s'] * 1e6:.2f} "
+                 f"us/record, transfer as the default")
+    return text + ". Step time x the device's slowdown; equal links = every host at 100 Mbit/s (up and down)."
+
+
+# -- heat map --------------------------------------------------------------------------------
+
+
+def heat_map(cells: dict[str, Any], rows: list[str], columns: list[tuple[str, str]], costs: list[str],
+             s: Settings, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    all_rows = ["oracle", *rows]
+    fig, axes = plt.subplots(len(costs), 1, figsize=(1.45 * len(columns) + 3, 0.62 * len(all_rows) * len(costs) + 1.6),
+                             squeeze=False)
+    norm = TwoSlopeNorm(vcenter=0.0, vmin=-math.log2(8), vmax=math.log2(8))
+    image = None
+    for ax, cost in zip(axes[:, 0], costs, strict=True):
+        grid = np.full((len(all_rows), len(columns)), np.nan)
+        for i, row in enumerate(all_rows):
+            for j, (r, p) in enumerate(columns):
+                c = cells.get(f"{cost}/{r}/{p}/{row}")
+                m = c and c["vs_bsp_median"]
+                if m:
+                    grid[i, j] = math.log2(m["value"])
+                    oracle = c["x_oracle_median"]
+                    text = _cell(m, spread=False) + "\n" + (f"{_cell(oracle, spread=False)}x orc" if oracle else "")
+                    ax.text(j, i, text, ha="center", va="center", fontsize=7)
+                else:
+                    ax.text(j, i, "missed", ha="center", va="center", fontsize=7)
+        image = ax.imshow(np.clip(grid, -3, 3), cmap="RdYlGn_r", norm=norm, aspect="auto")
+        ax.set_xticks(range(len(columns)), [f"{r}\n{p}" for r, p in columns], fontsize=8)
+        ax.set_yticks(range(len(all_rows)), all_rows, fontsize=8)
+        ax.set_title(f"{cost} cost model: TTA / BSP's TTA (green < 1 faster), and x oracle", fontsize=9)
+    if image is not None:
+        bar = fig.colorbar(image, ax=axes[:, 0].tolist(), shrink=0.8)
+        ticks = [-3, -2, -1, 0, 1, 2, 3]
+        bar.set_ticks(ticks, labels=[f"{2.0 ** t:g}" for t in ticks])
+        bar.set_label("TTA ratio to BSP (log scale)")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+# -- the real-broker subset ------------------------------------------------------------------
+
+
+@dataclass
+class RealSpec:
+    regime: str
+    partition: str
+    rows: list[str] = field(default_factory=lambda: ["bsp", "scadles", "asp"])
+
+    @classmethod
+    def parse(cls, text: str) -> RealSpec:
+        head, _, rows = text.partition(":")
+        regime, _, partition = head.partition("/")
+        spec = cls(regime, partition or "iid", [r for r in rows.split(",") if r] or ["bsp", "scadles", "asp"])
+        if spec.regime not in regimes() or spec.regime == "network":
+            raise ValueError(f"--real regime must be one of rates, compute, both (the broker has no link shaping), "
+                             f"got {spec.regime!r}")
+        if spec.partition not in PARTITIONS:
+            raise ValueError(f"--real partition must be iid or dirichlet, got {spec.partition!r}")
+        unknown = set(spec.rows) - set(ROWS)
+        if unknown:
+            raise ValueError(f"--real rows {sorted(unknown)} unknown; choose from {', '.join(ROWS)}")
+        return spec
+
+
+def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed: int):
+    """The job of one real run: benchmarks/time_to_accuracy.py's job, with the regime's rates
+    and slowdowns and the row's strategy."""
+    from time_to_accuracy import Settings as TtaSettings
+    from time_to_accuracy import job_config
+
+    regime = regimes()[spec.regime]
+    tta = TtaSettings(scale=s.scale, window_s=s.window_s, budget_s=s.acc_budget_s, target=s.target, delta=s.delta,
+                      eval_every_s=s.eval_every_s, lr=s.lr, momentum=s.momentum, seed=seed, slowdown=regime.slowdowns)
+    base = "bsp" if row in ("bsp", "asp") else row
+    cfg = job_config(base, spec.partition, tta, state, tag)
+    cfg.devices.rates_hz = list(regime.rates)
+    if row == "asp":
+        cfg.train.strategy = "asp"
+        cfg.train.strategy_params = [f"max_staleness={s.asp_max_staleness}"]
+        cfg.train.lr = s.lr * BATCH / (BATCH * cfg.devices.count)
+    return cfg.validate()
+
+
+def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, calibration: dict[str, Any] | None,
+              progress=print) -> list[dict[str, Any]]:
+    """The subset on the real broker (rows interleaved within a repeat), each with the simulated
+    prediction for the same job (``pipeline.simjob``: the same data and seed) under both cost models."""
+    from rich.console import Console
+    from time_to_accuracy import Sampler, fill_backlog
+
+    from deploy.kafka.broker import LocalBroker
+    from pipeline.run import run_job
+    from pipeline.simjob import run_config_from_job, streams_from_job
+    from trainers.evaluation import time_to_target
+
+    work = Path(tempfile.mkdtemp(prefix="bench-strategies-"))
+    broker = None
+    out = []
+    try:
+        if not bootstrap:
+            broker = LocalBroker(work / "kafka").start()
+            bootstrap = broker.bootstrap
+        for repeat in range(repeats):
+            seed = s.first_seed + repeat
+            for row in spec.rows:
+                tag = uuid.uuid4().hex[:6]
+                cfg = real_job(row, spec, s, work, tag, seed)
+                progress(f"real broker: {spec.regime}/{spec.partition} seed {seed} {row} "
+                         f"({cfg.run.duration_s:.0f} s of streaming) ...")
+                started = time.monotonic()
+                entry: dict[str, Any] = {"regime": spec.regime, "partition": spec.partition, "seed": seed, "row": row,
+                                         "workers": cfg.workers.count, "server": row == "asp",
+                                         "loadavg_before": os.getloadavg()}
+                try:
+                    sampler = Sampler()
+                    result = run_job(cfg, bootstrap, console=Console(file=io.StringIO()), live=False,
+                                     on_streaming=sampler, drain=False)
+                    origin = json.loads((cfg.state_path() / "simulation.json").read_text())["started_at"]
+
+                    def timeline_of(process: str, origin: float = origin, cfg=cfg) -> list[tuple[float, float]]:
+                        path = cfg.state_path() / "workers" / process / "evaluations.jsonl"
+                        evals = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+                        return [(e["t"] - origin, e["accuracy"]) for e in evals if e["t"] - origin <= s.acc_budget_s]
+
+                    # The job's model is the server's when there is one (as on the simulated clock).
+                    evaluator = "server" if row == "asp" else "w0"
+                    timeline = timeline_of(evaluator)
+                    w0 = timeline_of("w0") if evaluator != "w0" else timeline
+                    from time_to_accuracy import ModeRun
+
+                    backlog = ModeRun(row, spec.partition, repeat)
+                    fill_backlog(backlog, sampler.backlog)
+                    training = result.training.get(evaluator, {})
+                    entry.update({
+                        "tta_s": time_to_target(timeline, s.target), "evaluated": evaluator,
+                        "acc_at_budget": timeline[-1][1] if timeline else None,
+                        "last_eval_s": timeline[-1][0] if timeline else None,
+                        "w0_tta_s": time_to_target(w0, s.target), "w0_acc_at_budget": w0[-1][1] if w0 else None,
+                        "steps": training.get("version"),
+                        "server_counters": training.get("counters") if evaluator == "server" else None,
+                        "staleness": training.get("staleness"),
+                        "max_backlog": max(backlog.max_backlog.values(), default=0.0),
+                        "timeline": [(round(t, 3), round(a, 4)) for t, a in timeline],
+                        "w0_timeline": [(round(t, 3), round(a, 4)) for t, a in w0] if evaluator != "w0" else None,
+                    })
+                except Exception as exc:  # one failed run must not lose the others' figures
+                    entry["error"] = f"{type(exc).__name__}: {exc}"
+                entry["wall_s"] = time.monotonic() - started
+                entry["loadavg_after"] = os.getloadavg()  # 1, 5, 15 min: was the machine shared meanwhile?
+                # The simulated prediction for the same job: same data, seed, rates, slowdowns, settings.
+                streams = streams_from_job(cfg)
+                config = run_config_from_job(cfg, time_budget_s=s.acc_budget_s, target_accuracy=s.target,
+                                             stop_at_target=False)
+                mode = row_modes(streams, s)[row]
+                entry["simulated"] = {}
+                for cost in COST_MODELS:
+                    if cost == "calibrated" and calibration is None:
+                        continue
+                    report = simclock.run(mode, streams, cost_model(cost, regimes()[spec.regime], calibration), config)
+                    entry["simulated"][cost] = {"tta_s": report.tta_s, "acc_at_budget": report.final_accuracy,
+                                                "steps": report.steps}
+                progress(f"  real TTA {_s(entry.get('tta_s'))} (error: {entry['error']})" if "error" in entry else
+                         f"  real TTA {_s(entry['tta_s'])}, simulated default {_s(entry['simulated']['default']['tta_s'])}"
+                         f", calibrated {_s(entry['simulated'].get('calibrated', {}).get('tta_s'))}")
+                out.append(entry)
+    finally:
+        if broker is not None:
+            broker.stop()
+    return out
+
+
+def _s(v: float | None) -> str:
+    return "missed" if v is None else f"{v:.1f} s"
+
+
+def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) -> str:
+    lines = [
+        f"### Real broker: {spec.regime} / {spec.partition}, {entries[0]['workers']} workers (one per device) "
+        f"{'+ a server for asp ' if any(e['server'] for e in entries) else ''}on this machine; "
+        f"{s.acc_budget_s:.0f} s of streaming; wall time from the first record",
+        "",
+        "| seed | row | real TTA s | vs BSP | acc @ end | last evaluation s | sim TTA (default) | real / sim "
+        "| sim TTA (calibrated) | real / sim | model version | notes |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for e in entries:
+        if "error" in e:
+            lines.append(f"| {e['seed']} | {e['row']} | failed: {e['error']} | | | | | | | | | |")
+            continue
+        bsp = next((b for b in entries if b["seed"] == e["seed"] and b["row"] == "bsp" and "error" not in b), None)
+        ratio = e["tta_s"] / bsp["tta_s"] if bsp and bsp["tta_s"] and e["tta_s"] else None
+        sim = e["simulated"]
+
+        def gap(cost: str, sim: dict[str, Any] = sim, real: float | None = e["tta_s"]) -> str:
+            t = sim.get(cost, {}).get("tta_s")
+            return f"{real / t:.2f}" if t and real else "-"
+
+        notes = []
+        if e.get("server_counters"):
+            c = e["server_counters"]
+            notes.append(f"server applied {c.get('applied', 0)}, rejected as stale {c.get('rejected_stale', 0)}")
+        if e.get("w0_timeline") is not None:
+            notes.append(f"w0 (adopted snapshots): TTA {_s(e['w0_tta_s'])}, acc {_f3(e['w0_acc_at_budget'])}")
+        last = e.get("last_eval_s")
+        lines.append(
+            f"| {e['seed']} | {e['row']} | {_s(e['tta_s'])} | {f'{ratio:.2f}' if ratio else '-'} "
+            f"| {_f3(e['acc_at_budget'])} | {'-' if last is None else f'{last:.1f}'} "
+            f"| {_s(sim.get('default', {}).get('tta_s'))} | {gap('default')} "
+            f"| {_s(sim.get('calibrated', {}).get('tta_s'))} | {gap('calibrated')} | {e.get('steps')} "
+            f"| {'; '.join(notes)} |")
+    return "\n".join(lines)
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=Settings.repeats, help="seeds per cell (median and min-max)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations in parallel")
+    parser.add_argument("--budget", type=float, default=Settings.budget_s, help="simulated seconds per run at most")
+    parser.add_argument("--acc-budget", type=float, default=Settings.acc_budget_s,
+                        help="the accuracy figure is read at this simulated time (runs last at least this long)")
+    parser.add_argument("--regimes", default=",".join(regimes()), help="comma list of rates, compute, both, network")
+    parser.add_argument("--partitions", default=",".join(PARTITIONS), help="comma list of iid, dirichlet")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of rows ({', '.join(ROWS)})")
+    parser.add_argument("--costs", default=",".join(COST_MODELS), help="comma list of default, calibrated")
+    parser.add_argument("--real", metavar="SUBSET",
+                        help="also run REGIME/PARTITION:ROWS on the real broker, e.g. both/iid:bsp,scadles,asp")
+    parser.add_argument("--real-repeats", type=int, default=1, help="seeds of the real subset")
+    parser.add_argument("--bootstrap", help="existing cluster for --real (default: start a local broker)")
+    parser.add_argument("--reuse-matrix", metavar="JSON",
+                        help="take the simulated runs (and calibration) from an earlier strategies.json with the same "
+                             "settings instead of simulating again (e.g. to add a --real subset)")
+    parser.add_argument("--out", default=str(RESULTS / "strategies"), help="output path without suffix")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    s = Settings(budget_s=args.budget, acc_budget_s=min(args.acc_budget, args.budget), repeats=args.repeats)
+    reg = regimes()
+    regime_names = [r for r in args.regimes.split(",") if r]
+    partitions = [p for p in args.partitions.split(",") if p]
+    costs = [c for c in args.costs.split(",") if c]
+    bad = (set(regime_names) - set(reg)) | (set(partitions) - set(PARTITIONS)) | (set(costs) - set(COST_MODELS))
+    if bad:
+        parser.error(f"unknown regimes, partitions or cost models: {sorted(bad)}")
+    rows = [r for r in args.rows.split(",") if r]
+    notes = []
+    extra = unconfigured_strategies()
+    if extra:
+        rows += [r for r in extra if r not in rows]
+        notes.append(f"registered strategies without a tuned row, run with defaults: {', '.join(extra)}")
+    try:
+        real = RealSpec.parse(args.real) if args.real else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    columns = [(r, p) for r in regime_names for p in partitions]
+    seeds = [s.first_seed + i for i in range(s.repeats)]
+
+    calibration = None
+    previous = json.loads(Path(args.reuse_matrix).read_text()) if args.reuse_matrix else None
+    if previous is not None:
+        if previous["settings"] != asdict(s):
+            parser.error(f"--reuse-matrix: settings differ: {previous['settings']} vs {asdict(s)}")
+        calibration = previous["cost_models"].get("calibrated")
+    elif "calibrated" in costs or real is not None:
+        print("calibrating: timing compute_gradient (mlp, 1 torch thread) ...", flush=True)
+        calibration = calibrate()
+        print(f"  c0 = {calibration['compute_base_s'] * 1e3:.3f} ms, c1 = {calibration['compute_per_record_s'] * 1e6:.2f} "
+              f"us/record; medians by batch size: "
+              + ", ".join(f"{b}: {v * 1e3:.3f} ms" for b, v in calibration["median_s"].items()), flush=True)
+    tasks = [Task(r, p, seed, "oracle", None) for seed in seeds for r, p in columns]
+    tasks += [Task(r, p, seed, row, cost) for seed in seeds for r, p in columns for cost in costs for row in rows]
+    if previous is not None:
+        wanted = {(t.regime, t.partition, t.seed, t.row, t.cost) for t in tasks}
+        raw = [r for r in previous["runs"] if (r["regime"], r["partition"], r["seed"], r["row"], r["cost"]) in wanted]
+        missing = len(wanted) - len(raw)
+        if missing:
+            parser.error(f"--reuse-matrix: {missing} of the {len(wanted)} runs asked for are not in {args.reuse_matrix}")
+        seconds = previous["matrix_seconds"]
+        print(f"reusing {len(raw)} simulated runs from {args.reuse_matrix}", flush=True)
+    else:
+        print(f"{len(tasks)} simulated runs on {args.jobs} processes ...", flush=True)
+        started = time.monotonic()
+        raw = run_matrix(tasks, s, calibration, args.jobs, progress=lambda line: print(line, flush=True))
+        seconds = time.monotonic() - started
+    cells = summarise(raw, s, rows, columns, costs)
+    md = "## Strategy matrix (simulated clock)\n\n" + markdown(cells, s, rows, columns, costs, calibration, seconds,
+                                                               seeds, notes)
+    real_entries: list[dict[str, Any]] = []
+    if real is not None:
+        real_entries = real_runs(real, s, args.real_repeats, args.bootstrap, calibration,
+                                 progress=lambda line: print(line, flush=True))
+        md += "\n\n" + real_markdown(real_entries, real, s)
+    print(md)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    heat_map(cells, rows, columns, costs, s, out.with_suffix(".png"))
+    out.with_suffix(".md").write_text(md + "\n")
+    import torch
+
+    out.with_suffix(".json").write_text(json.dumps({
+        "benchmark": "strategies", "clock": "simulated (matrix); wall (real)",
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "processor": platform.processor()},
+        "versions": {"torch": torch.__version__, "numpy": np.__version__},
+        "settings": asdict(s), "seeds": seeds,
+        "regimes": {name: {**asdict(reg[name]), "H_rates": heterogeneity(reg[name].rates),
+                           "H_speeds": heterogeneity(tuple(1 / x for x in reg[name].slowdowns)),
+                           "H_links": heterogeneity(reg[name].links_mbit)} for name in regime_names},
+        "partitions": partitions, "rows": rows, "cost_models": {
+            "default": asdict(simclock.CostModel()),
+            **({"calibrated": calibration} if calibration else {})},
+        "matrix_seconds": seconds, "jobs": args.jobs, "notes": notes,
+        "runs": raw, "cells": cells, "real": real_entries,
+    }, indent=1, default=str))
+    print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
