@@ -192,6 +192,26 @@ def consumer(bootstrap: str, *topic_names: str, max_message_bytes: int = topics.
     return KafkaConsumer(*topic_names, **options)
 
 
+def read_range(bootstrap: str, tp: TopicPartition, first: int, end: int, *, timeout_s: float,
+               max_message_bytes: int = topics.MAX_MESSAGE_BYTES, client_id: str = "edgestream-range"):
+    """Yield the records of ``tp`` at offsets ``[first, end)`` in order (no group, nothing
+    committed); stops early, without an error, when ``timeout_s`` has passed."""
+    cons = consumer(bootstrap, max_message_bytes=max_message_bytes, client_id=client_id)
+    try:
+        cons.assign([tp])
+        cons.seek(tp, first)
+        position = first
+        deadline = time.monotonic() + timeout_s
+        while position < end and time.monotonic() < deadline:
+            for record in cons.poll(timeout_ms=500).get(tp, []):
+                if record.offset >= end:
+                    return
+                position = record.offset + 1
+                yield record
+    finally:
+        cons.close()
+
+
 def end_offsets(bootstrap: str, topic_names: list[str]) -> dict[TopicPartition, int]:
     """Current end offset of every partition of ``topic_names``."""
     cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets")

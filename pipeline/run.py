@@ -469,35 +469,20 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
     message there (a malformed one counts 0). What the summary's "unread" is checked against."""
     from kafka.structs import TopicPartition
 
-    from pipeline.kafka_io import consumer, end_offsets, group_positions
+    from pipeline.kafka_io import end_offsets, group_positions, read_range
     from streams import codec
 
     topic = topics.sensor_topic(device)
     start = group_positions(bootstrap, group, [topic])
-    ends = end_offsets(bootstrap, [topic])
     total = 0
-    cons = consumer(bootstrap, max_message_bytes=cfg.kafka.max_message_bytes, client_id="edgestream-unread")
-    try:
-        for tp, end in ends.items():
-            first = start.get(f"{tp.topic}:{tp.partition}", 0)
-            if first >= end:
-                continue
-            part = TopicPartition(tp.topic, tp.partition)
-            cons.assign([part])
-            cons.seek(part, first)
-            position = first
-            deadline = time.monotonic() + 60.0
-            while position < end and time.monotonic() < deadline:
-                for record in cons.poll(timeout_ms=500).get(part, []):
-                    if record.offset >= end:
-                        break
-                    position = record.offset + 1
-                    try:
-                        total += len(codec.decode(record.value).seq)
-                    except Exception:  # a malformed message carries no records
-                        pass
-    finally:
-        cons.close()
+    for tp, end in end_offsets(bootstrap, [topic]).items():
+        first = start.get(f"{tp.topic}:{tp.partition}", 0)
+        for record in read_range(bootstrap, TopicPartition(tp.topic, tp.partition), first, end, timeout_s=60.0,
+                                 max_message_bytes=cfg.kafka.max_message_bytes, client_id="edgestream-unread"):
+            try:
+                total += len(codec.decode(record.value).seq)
+            except Exception:  # a malformed message carries no records
+                pass
     return total
 
 

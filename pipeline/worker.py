@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,9 +205,9 @@ def records_of_others(bootstrap: str, cfg: JobConfig, worker: str) -> int:
     """How many of the last ``JOIN_PROBE_RECORDS`` records of the job's gradients log, at or
     after where ``worker`` would start reading it (its group's committed offset, else the
     beginning), other workers published (the key of every update record is its sender)."""
-    from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
+    from pipeline.kafka_io import read_range
     from pipeline.training import channel_topic
 
     topic = channel_topic(cfg.job.name, "gradients")
@@ -218,23 +217,10 @@ def records_of_others(bootstrap: str, cfg: JobConfig, worker: str) -> int:
     first = max(start, end - JOIN_PROBE_RECORDS)
     if first >= end:
         return 0
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-join-probe",
-                             enable_auto_commit=False, max_partition_fetch_bytes=cfg.kafka.max_message_bytes,
-                             fetch_max_bytes=max(cfg.kafka.max_message_bytes, 52_428_800))
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, first)
-        others, position = 0, first
-        deadline = time.monotonic() + 30.0
-        while position < end and time.monotonic() < deadline:
-            for record in consumer.poll(timeout_ms=500).get(tp, []):
-                if record.offset >= end:
-                    break
-                position = record.offset + 1
-                others += (record.key or b"").decode(errors="replace") != worker
-        return others
-    finally:
-        consumer.close()
+    return sum((record.key or b"").decode(errors="replace") != worker
+               for record in read_range(bootstrap, tp, first, end, timeout_s=30.0,
+                                        max_message_bytes=cfg.kafka.max_message_bytes,
+                                        client_id="edgestream-join-probe"))
 
 
 def join_decision(cfg: JobConfig, worker: str, bootstrap: str, state: Path, join: bool) -> tuple[bool, str]:
