@@ -444,7 +444,7 @@ def drive_bsp(
     for round_index in range(max_rounds):
         if on_round is not None:
             on_round(round_index)
-        active = [n for n in nodes if getattr(n.strategy, "active", True)]
+        active = [n for n in nodes if n.strategy.active]  # BSP workers (and ScaDLES, built on them)
         if all(n.trainer.version >= target_version for n in active):
             return round_index
         order = list(active) if rng is None else [active[i] for i in rng.permutation(len(active))]
