@@ -31,6 +31,12 @@ STEP_REJECT_REASONS = ("bad_batch", "non_finite_loss", "non_finite_gradient", "g
 DEAD_RECORD_REASONS = ("out_of_range", *STEP_REJECT_REASONS)
 STALENESS_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 STALENESS_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+#: ``param`` values of ``edgestream_loss_curve_fit``: ``l(t) = 1 / (a2 t + b) + c0`` and the fit's RMSE.
+LOSS_FIT_PARAMS = ("a2", "b", "c0", "rmse")
+#: The fields of ``trainers.strategies.base.Observations`` (kept here so monitoring does not
+#: import torch; a unit test keeps the two equal), exported by ``Metrics.record_observations``.
+OBSERVATIONS = ("commit_target", "committed_local_steps", "blocked_seconds", "clock_gap_steps",
+                *(f"fit_{param}" for param in LOSS_FIT_PARAMS))
 
 
 class Metrics:
@@ -199,9 +205,40 @@ class Metrics:
             ["worker", "member"], registry=r,
         )
         self.commits = Counter(
-            "edgestream_commits_total", "Updates committed to the shared model (ADSP commits)",
+            "edgestream_commits_total",
+            "Updates (gradients, deltas) the worker committed to the shared model, one per published update",
             ["worker"], registry=r,
         )
+        # --- what strategies observe (``SyncStrategy.observations``, ``record_observations``) ---
+        self.committed_local_steps = Counter(
+            "edgestream_committed_local_steps_total",
+            "Local steps contained in the updates the worker committed (ADSP, local SGD); "
+            "local steps per commit = rate(this) / rate(edgestream_commits_total)",
+            ["worker"], registry=r,
+        )
+        self.target_commits = Gauge(
+            "edgestream_target_commits",
+            "Commits per check period the worker aims for (ADSP's C; on the server: the C its search chose)",
+            ["worker"], registry=r,
+        )
+        self.loss_curve_fit = Gauge(
+            "edgestream_loss_curve_fit",
+            "Last fitted loss curve l(t) = 1 / (a2 t + b) + c0 of the ADSP server's search for C: "
+            "param a2, b, c0, and the fit's rmse (loss units)",
+            ["worker", "param"], registry=r,
+        )
+        self.blocked_seconds = Counter(
+            "edgestream_blocked_seconds_total",
+            "Seconds the sync rule kept the worker from training although it had a model (SSP: more "
+            "than s clocks ahead of the slowest worker); rate = fraction of time blocked",
+            ["worker"], registry=r,
+        )
+        self.clock_gap = Gauge(
+            "edgestream_clock_gap_steps",
+            "Fastest minus slowest live worker's clock, in local steps (SSP server; at most s + 1)",
+            ["worker"], registry=r,
+        )
+        self._observed_totals: dict[tuple[str, str], float] = {}
         self.rejected_steps = Counter(
             "edgestream_rejected_steps_total",
             "Local training steps not applied nor published (non-finite loss or gradient, gradient "
@@ -306,10 +343,49 @@ class Metrics:
         self.staleness_seconds.labels(worker).observe(staleness_s)
 
     def record_sent(self, worker: str, codec: str, wire_bytes: int, dense_bytes: int) -> None:
-        """A gradient message put on the wire; updates bytes and the compression ratio."""
+        """A gradient or delta message put on the wire: one commit; updates bytes and the
+        compression ratio."""
+        self.commits.labels(worker).inc()
         self.gradient_bytes_sent.labels(worker, codec).inc(wire_bytes)
         if wire_bytes > 0:
             self.compression_ratio.labels(worker).set(dense_bytes / wire_bytes)
+
+    def _observation_metrics(self) -> dict[str, tuple[Counter | Gauge, tuple[str, ...]]]:
+        """Each observation's metric and its labels after ``worker``."""
+        out: dict[str, tuple[Counter | Gauge, tuple[str, ...]]] = {
+            "commit_target": (self.target_commits, ()),
+            "committed_local_steps": (self.committed_local_steps, ()),
+            "blocked_seconds": (self.blocked_seconds, ()),
+            "clock_gap_steps": (self.clock_gap, ()),
+        }
+        for param in LOSS_FIT_PARAMS:
+            out[f"fit_{param}"] = (self.loss_curve_fit, (param,))
+        return out
+
+    def record_observations(self, worker: str, values: Mapping[str, float | None]) -> None:
+        """A strategy's observations (``Observations`` as a dict; keys from ``OBSERVATIONS``).
+
+        None: not observed, nothing recorded. A level sets its gauge. A total is exported
+        as a counter of its growth since this process first saw it: the first value (say,
+        restored from a checkpoint) creates the counter at 0, each larger one adds the
+        difference; a smaller one (a reset) is only taken as the new base.
+        """
+        metrics = self._observation_metrics()
+        unknown = sorted(set(values) - set(metrics))
+        if unknown:
+            raise ValueError(f"unknown observations {unknown}; known: {list(OBSERVATIONS)}")
+        for key, value in values.items():
+            if value is None:
+                continue
+            metric, extra = metrics[key]
+            child = metric.labels(worker, *extra)
+            if metric._type == "counter":
+                last = self._observed_totals.get((worker, key))
+                self._observed_totals[(worker, key)] = float(value)
+                if last is not None and value > last:
+                    child.inc(value - last)
+            else:
+                child.set(value)
 
     def record_prequential(
         self, worker: str, *, accuracy: float, loss: float, recent_accuracy: float, recent_loss: float

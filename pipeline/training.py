@@ -272,6 +272,7 @@ class TrainingRuntime:
         self._started_at = time.monotonic()
         self._live_gauge, self._member_gauge = metrics.live_workers, metrics.worker_live
         self._restore()
+        self.executor.submit(self._observe).result()  # the base of the strategy's totals
 
     # --- checkpoint --------------------------------------------------------------------
     def _restore(self) -> None:
@@ -400,8 +401,13 @@ class TrainingRuntime:
         @app.timer(interval=1.0)
         async def gauges() -> None:
             self.metrics.model_version.labels(self.name).set(self.trainer.version)
+            await self._call(self._observe)
 
         _ = (updates, train_loop, heartbeats, gauges)
+
+    def _observe(self) -> None:
+        """Export the strategy's observations (on the training thread: it reads strategy state)."""
+        self.metrics.record_observations(self.name, dataclasses.asdict(self.strategy.observations()))
 
     # --- membership ------------------------------------------------------------------
     def _control_message(self, op: str) -> tuple[bytes, dict[str, bytes]]:
@@ -589,7 +595,6 @@ class TrainingRuntime:
         self.stats.loss = float(stepped.loss)
         self.metrics.record_step(self.name, step_s=time.monotonic() - started, wait_s=wait_s, records=size,
                                  loss=self.stats.loss, compressed=compressed)
-        self.metrics.commits.labels(self.name).inc(sum(o.kind in ("gradient", "delta") for o in stepped.outbound))
         if stepped.injected:
             self.metrics.injected_records.labels(self.name).inc(stepped.injected)
         self._record_prequential(parts, stepped)

@@ -28,7 +28,13 @@ from trainers.commit_rate import CommitRateSearch, CommitScheduler, commit_inter
 from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import StrategyContext, SyncStrategy, register, snapshot_message
+from trainers.strategies.base import (
+    Observations,
+    StrategyContext,
+    SyncStrategy,
+    register,
+    snapshot_message,
+)
 
 #: ``meta.op`` of the control message that carries the commit target.
 COMMIT_RATE_OP = "commit_rate"
@@ -226,6 +232,10 @@ class ADSPWorker(SyncStrategy):
         })
         return stats
 
+    def observations(self) -> Observations:
+        """The ``C`` this worker commits by and the local steps in its commits so far."""
+        return Observations(commit_target=self.c, committed_local_steps=self.counters["committed_local_steps"])
+
 
 class ADSPServer(SyncStrategy):
     """Server side: apply ``W += delta / N`` on arrival, answer with the model, search ``C``.
@@ -397,6 +407,13 @@ class ADSPServer(SyncStrategy):
             "commits_per_worker": {w: self.counters[f"commits:{w}"] for w in sorted(self._last_step)},
         })
         return stats
+
+    def observations(self) -> Observations:
+        """The search's ``C`` and its last fitted loss curve (none before the first period ends)."""
+        fit = self.search.last_fit
+        if fit is None:
+            return Observations(commit_target=self.search.c)
+        return Observations(commit_target=self.search.c, fit_a2=fit.a2, fit_b=fit.b, fit_c0=fit.c0, fit_rmse=fit.rmse)
 
 
 _WORKER_PARAMS = frozenset({"period_s", "commit_rate", "min_interval_s", "overhead_s"})

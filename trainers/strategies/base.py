@@ -25,6 +25,7 @@ Role = Literal["worker", "server"]
 __all__ = [
     "Channel",
     "MessageKind",
+    "Observations",
     "Outgoing",
     "Role",
     "StrategyContext",
@@ -53,6 +54,37 @@ class StrategyContext:
     role: Role = "worker"
     members: tuple[str, ...] = ()
     joining: bool = False
+
+
+@dataclass(frozen=True)
+class Observations:
+    """A strategy's own numbers for the live runtime's metrics (:meth:`SyncStrategy.observations`).
+
+    A fixed vocabulary: each field is one metric of ``monitoring/metrics.py``
+    (``OBSERVATION_METRICS``), so the runtime exports them without knowing which strategy
+    it runs. None: the strategy has no such number (nothing is exported for it).
+
+    *Levels* are the current value (gauges). *Totals* only grow; they count since the
+    strategy's state began and continue across restarts (they live in its checkpointed
+    state); the runtime exports the growth it sees as counters.
+    """
+
+    commit_target: int | None = None
+    """Level: commits per check period each worker aims for (ADSP's ``C``; on the server, its search's ``C``)."""
+    committed_local_steps: int | None = None
+    """Total: local steps contained in the updates this worker committed (ADSP, local SGD)."""
+    blocked_seconds: float | None = None
+    """Total: seconds the sync rule kept this worker from training although it had a model (SSP)."""
+    clock_gap_steps: int | None = None
+    """Level: fastest minus slowest live worker's clock, in local steps (SSP server)."""
+    fit_a2: float | None = None
+    """Level: ``a^2`` of the last fitted loss curve ``l(t) = 1 / (a^2 t + b) + c0`` (ADSP server)."""
+    fit_b: float | None = None
+    """Level: ``b`` of the last fitted loss curve."""
+    fit_c0: float | None = None
+    """Level: ``c0`` (the loss floor) of the last fitted loss curve."""
+    fit_rmse: float | None = None
+    """Level: root mean square error of the last fit, in loss units."""
 
 
 class SyncStrategy(ABC):
@@ -181,6 +213,13 @@ class SyncStrategy(ABC):
             "staleness": self.staleness.summary(),
             "counters": dict(self.counters),
         }
+
+    def observations(self) -> Observations:
+        """The strategy's numbers for the live metrics, from the fixed vocabulary of
+        :class:`Observations` (commit target, committed local steps, blocked seconds, clock
+        gap, loss-curve fit). The runtime calls it about once a second on the training
+        thread; it must be cheap and must not change state. Default: nothing."""
+        return Observations()
 
 
 def snapshot_message(

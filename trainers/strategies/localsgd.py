@@ -43,7 +43,7 @@ from trainers.aggregation import weighted_mean
 from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import StrategyContext, register
+from trainers.strategies.base import Observations, StrategyContext, register
 from trainers.strategies.bsp import BSPStrategy
 
 MOMENTUM_POLICIES = ("local", "reset")
@@ -316,3 +316,7 @@ class LocalSGDStrategy(BSPStrategy):
             }
         )
         return stats
+
+    def observations(self) -> Observations:
+        """Local steps committed so far: ``period_steps`` in every delta sent."""
+        return Observations(committed_local_steps=self.counters["deltas_sent"] * self.period_steps)

@@ -37,7 +37,7 @@ from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies.asp import ASPServer, ASPWorker, StalenessLR
-from trainers.strategies.base import StrategyContext, SyncStrategy, register
+from trainers.strategies.base import Observations, StrategyContext, SyncStrategy, register
 
 DEFAULT_STALENESS = 3
 
@@ -149,6 +149,10 @@ class SSPWorker(ASPWorker):
             }
         )
         return stats
+
+    def observations(self) -> Observations:
+        """Time blocked so far (measured at ``poll``)."""
+        return Observations(blocked_seconds=self.blocked_seconds)
 
 
 class SSPServer(ASPServer):
@@ -272,6 +276,11 @@ class SSPServer(ASPServer):
             }
         )
         return stats
+
+    def observations(self) -> Observations:
+        """The live workers' current clock gap (0 with none)."""
+        clocks = self.clocks().values()
+        return Observations(clock_gap_steps=max(clocks) - min(clocks) if clocks else 0)
 
 
 _SERVER_PARAMS = frozenset({"publish_every", "publish_interval_s", "staleness_lr"})

@@ -7,13 +7,17 @@ from collections import namedtuple
 
 import pytest
 
-from monitoring.metrics import Metrics, consumer_lag, name_of
+from monitoring.metrics import LOSS_FIT_PARAMS, OBSERVATIONS, Metrics, consumer_lag, name_of, serve
+from monitoring.scrape import scrape
 
 # ``state``: the five states of a device's record ledger (read, trained, dropped, dead_lettered, pending).
 # ``member``: another worker as seen by ``worker`` (membership from heartbeats).
-ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state", "member"}
+# ``param``: a parameter of the ADSP server's fitted loss curve (``LOSS_FIT_PARAMS``).
+ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state", "member", "param"}
+# ``_fit``: the fitted loss curve, each ``param`` in its own unit.
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",
-                 "_up", "_ready", "_workers", "_paused", "_version", "_loss", "_vote")
+                 "_up", "_ready", "_workers", "_paused", "_version", "_loss", "_vote", "_commits", "_steps",
+                 "_fit")
 
 
 @pytest.mark.parametrize("metric", Metrics().metric_objects(), ids=lambda m: m._name)
@@ -71,3 +75,79 @@ def test_the_monitoring_doc_lists_every_metric():
     doc = (REPO_ROOT / "docs" / "monitoring.md").read_text()
     missing = [name_of(m) for m in Metrics().metric_objects() if f"`{name_of(m)}`" not in doc]
     assert not missing, f"docs/monitoring.md does not list {missing}"
+
+
+@pytest.fixture
+def served():
+    metrics = Metrics()
+    port = serve(metrics, 0)
+    return metrics, f"http://127.0.0.1:{port}/metrics"
+
+
+def test_a_sent_gradient_or_delta_is_one_commit_of_its_worker(served):
+    metrics, url = served
+    metrics.init_worker("w0")
+    metrics.init_worker("w1")
+
+    for _ in range(3):
+        metrics.record_sent("w0", "dense", 100, 100)
+    metrics.record_sent("w1", "topk", 10, 100)
+
+    s = scrape(url)
+    assert s.get("edgestream_commits_total", worker="w0") == 3
+    assert s.get("edgestream_commits_total", worker="w1") == 1
+    assert s.get("edgestream_gradient_bytes_sent_total", worker="w0", codec="dense") == 300
+
+
+def test_observed_levels_set_gauges_and_none_records_nothing(served):
+    metrics, url = served
+    fit = {"fit_a2": 0.25, "fit_b": 2.0, "fit_c0": 0.1, "fit_rmse": 0.01}
+
+    metrics.record_observations("server", {"commit_target": 5, "clock_gap_steps": None, **fit})
+    metrics.record_observations("w0", {"commit_target": 4, "blocked_seconds": None})
+
+    s = scrape(url)
+    assert s.by_label("edgestream_target_commits", "worker") == {"server": 5, "w0": 4}
+    assert s.by_label("edgestream_loss_curve_fit", "param") == {"a2": 0.25, "b": 2.0, "c0": 0.1, "rmse": 0.01}
+    assert s.get("edgestream_loss_curve_fit", worker="w0", default=-1) == -1
+    assert "edgestream_clock_gap_steps" not in {x.name for x in s.samples}
+    assert "edgestream_blocked_seconds_total" not in {x.name for x in s.samples}
+
+
+def test_observed_totals_count_their_growth_from_the_first_value(served):
+    metrics, url = served
+    # restored from a checkpoint: 40 s blocked and 120 committed local steps before this process
+    metrics.record_observations("w0", {"blocked_seconds": 40.0, "committed_local_steps": 120})
+    first = scrape(url)
+    metrics.record_observations("w0", {"blocked_seconds": 41.5, "committed_local_steps": 126})
+    metrics.record_observations("w0", {"blocked_seconds": 41.5, "committed_local_steps": 130})
+    metrics.record_observations("w0", {"blocked_seconds": 3.0})  # a reset: the new base, no decrease
+    metrics.record_observations("w0", {"blocked_seconds": 3.5})
+
+    s = scrape(url)
+    assert first.get("edgestream_blocked_seconds_total", worker="w0", default=-1) == 0  # born at 0
+    assert first.get("edgestream_committed_local_steps_total", worker="w0", default=-1) == 0
+    assert s.get("edgestream_blocked_seconds_total", worker="w0") == pytest.approx(2.0)
+    assert s.get("edgestream_committed_local_steps_total", worker="w0") == 10
+
+
+def test_totals_are_kept_per_worker():
+    metrics = Metrics()
+    metrics.record_observations("w0", {"committed_local_steps": 5})
+    metrics.record_observations("w1", {"committed_local_steps": 50})
+    metrics.record_observations("w0", {"committed_local_steps": 7})
+
+    assert metrics.committed_local_steps.labels("w0")._value.get() == 2
+    assert metrics.committed_local_steps.labels("w1")._value.get() == 0
+
+
+def test_an_unknown_observation_is_refused():
+    with pytest.raises(ValueError, match="unknown observations \\['wall_clock'\\]"):
+        Metrics().record_observations("w0", {"commit_target": 3, "wall_clock": 1.0})
+
+
+def test_every_observation_has_its_metric():
+    metrics = Metrics()
+    for key in OBSERVATIONS:
+        metrics.record_observations("w0", {key: 1.0})
+    assert {f"fit_{p}" for p in LOSS_FIT_PARAMS} <= set(OBSERVATIONS)
