@@ -65,7 +65,7 @@ def cluster_topics(bootstrap: str) -> set[str]:
 
 # --- configuration errors: one line, exit 2, nothing created ----------------------------
 @pytest.mark.parametrize(("key", "value", "words"), [
-    ("train.strategy", "nosuch", ["train.strategy='nosuch'", "registered: asp, bsp"]),
+    ("train.strategy", "nosuch", ["train.strategy='nosuch'", "registered:", "asp", "bsp", "scadles"]),
     ("train.model", "nosuch", ["train.model='nosuch'", "registered:", "mlp"]),
     ("train.codec", "nosuch", ["train.codec='nosuch'", "known:", "topk"]),
 ])
