@@ -400,6 +400,9 @@ class RunReport:
     """Largest staleness of an applied update (any process)."""
     server: dict[str, Any] | None = None
     """The server's ``counters`` and ``staleness`` summary, when the strategy has a server."""
+    loss_timeline: list[tuple[float, float]] = field(default_factory=list)
+    """``(time_s, held-out mean cross-entropy)`` of the job's model at every evaluation
+    (the same evaluations as ``timeline``: time to a target loss)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -691,6 +694,7 @@ class _Simulation:
             else self.workers[0]
         )
         self.timeline: list[tuple[float, float, int]] = []
+        self.loss_timeline: list[tuple[float, float]] = []
         self.tta_s: float | None = None
         self.bytes_sent = 0
         self.gradient_messages = 0
@@ -862,6 +866,7 @@ class _Simulation:
             self._publish(process, outbound)
             self._service(process)
         self.timeline.append((self.now, result.accuracy, process.driver.trainer.version))
+        self.loss_timeline.append((self.now, result.loss))
         target = self.config.target_accuracy
         if target is not None and self.tta_s is None:
             self.tta_s = time_to_target([(t, a) for t, a, _ in self.timeline], target, self.config.hold_evals)
@@ -931,6 +936,7 @@ class _Simulation:
                 "counters": dict(sorted(server_stats["counters"].items())),
                 "staleness": server_stats["staleness"],
             },
+            loss_timeline=list(self.loss_timeline),
         )
 
 

@@ -577,3 +577,29 @@ def test_injection_tops_up_non_iid_batches_without_touching_the_accounting():
     assert [d.arrived for d in plain.devices] == [d.arrived for d in injected.devices]
     _assert_accounting(injected)
     assert not math.isnan(injected.final_accuracy)
+
+
+def test_the_loss_timeline_has_one_held_out_loss_per_evaluation(two_streams):
+    report = run(_fixed(batch_size=20), two_streams, CHEAP, FAST)
+
+    assert [t for t, _ in report.loss_timeline] == [t for t, _, _ in report.timeline]
+    losses = [loss for _, loss in report.loss_timeline]
+    assert all(math.isfinite(loss) and loss > 0 for loss in losses)
+    assert losses[-1] < losses[0]  # it learns
+
+
+def test_adsp_workers_commit_on_their_timer_while_busy_and_the_server_applies_every_commit(two_streams):
+    # The slow device's worker computes 5x longer; both commit every 1 s (period 4 s, C = 4),
+    # polled between steps, so both commit about equally often whatever their step counts.
+    mode = Mode("adsp", "adsp", {"period_s": 4.0, "commit_rate": 4, "search": False}, batcher="fixed", batch_size=10,
+                lr=0.05)
+    costs = dataclasses.replace(CHEAP, slowdowns=(1.0, 5.0))
+    report = run(mode, two_streams, costs, FAST)
+
+    counters = report.server["counters"]
+    commits = [counters.get("commits:w0", 0), counters.get("commits:w1", 0)]
+    assert report.evaluated == "server" and report.steps == counters["applied"] == sum(commits)
+    assert min(commits) >= 10 and max(commits) - min(commits) <= 0.3 * max(commits)
+    assert report.local_steps > report.steps  # several local steps per commit
+    assert report.final_accuracy > 0.5
+    _assert_accounting(report)
