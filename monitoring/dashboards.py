@@ -194,7 +194,28 @@ def training() -> Dashboard:
             ), "training", description="Versions between computing a gradient and applying it"),
             Panel("Staleness (seconds) p95", (
                 Query(_quantile(0.95, m.staleness_seconds, "worker", WRK), "{{worker}}"),), "training", "s"),
-            Panel("Commits / s (ADSP)", (Query(_rate(m.commits, "worker", WRK), "{{worker}}"),), "training", "ops"),
+            Panel("Commits / s per worker", (Query(_rate(m.commits, "worker", WRK), "{{worker}}"),), "training",
+                  "ops", description="Updates (gradients, deltas) each worker published to the shared model"),
+            Panel("Local steps per commit", (Query(
+                f"{_rate(m.committed_local_steps, 'worker', WRK)} / {_rate(m.commits, 'worker', WRK)}",
+                "{{worker}}"),), "training",
+                description="Local steps in each committed update (ADSP: fast workers put more in; "
+                            "local SGD: its period)"),
+            Panel("Commit target C (ADSP)", (
+                Query(f"max by (worker) ({n(m.target_commits)}{{{WRK}}})", "{{worker}}"),), "training",
+                description="Commits per check period: the server's search (server) and what each worker "
+                            "commits by (workers)"),
+            Panel("Loss-curve fit of the C search (ADSP)", (
+                Query(f"max by (worker, param) ({n(m.loss_curve_fit)}{{{WRK}}})", "{{worker}} {{param}}"),),
+                "training", description="Last fit of l(t) = 1 / (a2 t + b) + c0 over a check period, "
+                                        "and its RMSE (loss units)"),
+            Panel("Time blocked by the sync rule (SSP)", (
+                Query(_rate(m.blocked_seconds, "worker", WRK), "{{worker}}"),), "training", "percentunit",
+                max_value=1.0, description="Fraction of time each worker could not train because it was "
+                                           "more than s clocks ahead of the slowest"),
+            Panel("Clock gap (SSP)", (
+                Query(f"max by (worker) ({n(m.clock_gap)}{{{WRK}}})", "{{worker}}"),), "training",
+                description="Fastest minus slowest live worker's clock at the server (at most s + 1)"),
             Panel("Loss", (Query(f"max by (worker, split) ({n(m.loss)}{{{WRK}}})", "{{worker}} {{split}}"),),
                   "training"),
             Panel("Accuracy", (Query(f"max by (worker, split) ({n(m.accuracy)}{{{WRK}}})",

@@ -9,9 +9,11 @@ automatically once its metrics appear in the scrape (e.g. a training worker). Wh
 panels were series-checked and which only parsed is printed and written to
 ``dashboard-check.json`` in the test's tmp dir.
 
-A second test runs ``edgestream run``'s ``run_job`` with training (ASP: a server and 2
-workers) and checks every panel while it streams, so the training, sync and
-compression panels whose metrics the training runtime records are series-checked too.
+A second test runs ``edgestream run``'s ``run_job`` with training (a server and 2 workers;
+once with SSP, whose worker and server are ASP's plus clocks, once with ADSP) and checks every panel while it streams, so the training,
+sync and compression panels whose metrics the training runtime records are series-checked
+too, including each strategy's own numbers (ADSP: commits from its timer, local steps per
+commit, C, the loss-curve fit; SSP: blocked time, clock gap).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -236,14 +239,58 @@ def report_checks(checked: list[dict], path: Path) -> None:
           f"{sum(1 for c in checked if 'alert' in c)} alert rules evaluated")
 
 
-def test_training_panels_have_series_in_a_training_run(kafka_bootstrap, unique, tmp_path):
-    """`edgestream run` with ASP (server + 2 workers): checked while the run streams."""
+#: Panels every training run below must give series (what the training runtime records).
+TRAINING_PANELS = ("Step time p50 / p95", "Steps / s", "Records trained / s", "Model version", "Loss", "Accuracy",
+                   "Time since last checkpoint", "Commits / s per worker")
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One strategy's short run: its settings, what to wait for, the panels it must fill."""
+
+    settings: tuple[str, ...]
+    ready: tuple[str, ...] = ()  # PromQL that must return a series before the panels are checked
+    panels: tuple[str, ...] = ()  # training-dashboard panels beyond TRAINING_PANELS
+    observed: dict[str, str] = field(default_factory=dict)  # name -> PromQL, printed and reported
+
+
+#: SSP stands for ASP here: its worker and server are ASP's (plus clocks), so its run fills
+#: every panel an ASP run does, and its own two; one run each keeps the test short.
+TRAINING_RUNS = {
+    # ADSP with its server: C starts at 2 and the search moves it after each 4 s check period
+    "adsp": TrainingRun(
+        ("train.strategy=adsp",
+         "train.strategy_params=period_s=4,commit_rate=2,max_commit_rate=4,min_interval_s=0.5"),
+        ready=('min(increase(edgestream_commits_total{job="worker"}[1m])) > 0',
+               'count(edgestream_loss_curve_fit{job="server"}) == 4',
+               'min(count_over_time(edgestream_committed_local_steps_total[1m])) >= 3'),
+        panels=("Local steps per commit", "Commit target C (ADSP)", "Loss-curve fit of the C search (ADSP)",
+                "Staleness (versions) p50 / p95"),
+        observed={"C": "edgestream_target_commits", "commits": "edgestream_commits_total",
+                  "local steps per commit": 'edgestream_committed_local_steps_total / edgestream_commits_total',
+                  "fit": "edgestream_loss_curve_fit"}),
+    # SSP with s = 0 and w1 four times slower: w0 keeps waiting for it
+    "ssp": TrainingRun(
+        ("train.strategy=ssp", "train.strategy_params=staleness=0", "workers.slowdown=1,4"),
+        ready=('sum(increase(edgestream_blocked_seconds_total{job="worker"}[1m])) > 0',
+               'min(count_over_time(edgestream_clock_gap_steps[1m])) >= 3'),
+        panels=("Time blocked by the sync rule (SSP)", "Clock gap (SSP)"),
+        observed={"blocked seconds": "edgestream_blocked_seconds_total", "commits": "edgestream_commits_total",
+                  "clock gap": "edgestream_clock_gap_steps"}),
+}
+
+
+@pytest.mark.parametrize("strategy", list(TRAINING_RUNS))
+def test_training_panels_have_series_in_a_training_run(kafka_bootstrap, unique, tmp_path, strategy):
+    """`edgestream run` with a server and 2 workers: every panel is checked while the run
+    streams, and the panels of the strategy's own numbers must have series."""
+    run = TRAINING_RUNS[strategy]
     cfg = load_config(overrides=[
-        f"job.name=dasht-{unique}", f"run.state_dir={tmp_path / 'state'}",
+        f"job.name=dasht-{strategy}-{unique}", f"run.state_dir={tmp_path / 'state'}",
         f"devices.ids=a{unique},b{unique}", "devices.count=2", "devices.rates_hz=160,120",
         "devices.message_interval_s=0.05", "batcher.window_s=0.25", "batcher.max_batch=64",
-        "workers.count=2", "train.enabled=true", "train.model=mlp", "train.strategy=asp",
-        "train.lr=0.03", "train.momentum=0.5", "train.strategy_params=max_staleness=4",
+        "workers.count=2", "train.enabled=true", "train.model=mlp",
+        "train.lr=0.03", "train.momentum=0.5", *run.settings,
         "train.eval_every_s=1", "train.checkpoint_every_steps=5",
         "run.duration_s=12", "run.drain_timeout_s=60",
     ], env={})
@@ -261,9 +308,14 @@ def test_training_panels_have_series_in_a_training_run(kafka_bootstrap, unique, 
             "min(count_over_time(edgestream_steps_total[1m])) >= 3 "
             "and min(count_over_time(edgestream_model_version[1m])) >= 3").result) and r,
             60, "training metrics to be scraped three times")
+        for expr in run.ready:
+            wait_until(lambda expr=expr: prom.api.query(expr).result, 40, expr)
         # ingest panels are demanded by the test above; here every panel whose metrics appear
         box["checks"] = check_dashboards_and_rules(prom, set())
         box["server_up"] = prom.api.query('up{job="server"} == 1').result
+        box["observed"] = {name: {_series_name(r["metric"]): float(r["value"][1])
+                                  for r in prom.api.query(expr).result}
+                           for name, expr in run.observed.items()}
 
     try:
         run_job(cfg, kafka_bootstrap, console=Console(file=io.StringIO(), width=160), live=False,
@@ -273,14 +325,28 @@ def test_training_panels_have_series_in_a_training_run(kafka_bootstrap, unique, 
 
     checked, failures = box["checks"]
     report_checks(checked, tmp_path / "dashboard-check.json")
+    print(f"{strategy} observed through Prometheus: {json.dumps(box['observed'], sort_keys=True)}")
     assert not failures, "\n".join(failures)
     assert box["server_up"], "the server is scraped as job=server"
     by_panel = {(c["dashboard"], c["panel"]): c for c in checked if "panel" in c}
-    # what the training runtime records today must be series-checked, not skipped
-    for title in ("Step time p50 / p95", "Steps / s", "Records trained / s", "Model version", "Loss",
-                  "Accuracy", "Time since last checkpoint"):
+    # what the training runtime records for this strategy must be series-checked, not skipped
+    for title in (*TRAINING_PANELS, *run.panels):
         assert by_panel[("edgestream-training", title)]["check"] == "parse+series", title
     assert by_panel[("edgestream-compression", "Gradient bytes sent / s by codec")]["check"] == "parse+series"
+    observed = box["observed"]
+    if strategy == "adsp":
+        # commits come from poll: each worker's are counted; the search's C reached the workers
+        assert all(observed["commits"][w] > 0 for w in ("w0", "w1")), observed
+        assert {observed["C"][w] for w in ("server", "w0", "w1")} <= set(range(2, 5)), observed
+        assert observed["fit"], observed
+    if strategy == "ssp":
+        assert observed["blocked seconds"]["w0"] + observed["blocked seconds"]["w1"] > 0, observed
+        assert 0 <= observed["clock gap"]["server"] <= 1, observed  # s + 1
+
+
+def _series_name(labels: dict[str, str]) -> str:
+    """``w0``, or ``server a2`` for a series with a ``param``."""
+    return " ".join(v for v in (labels.get("worker", ""), labels.get("param", "")) if v)
 
 
 def _docs_png_target() -> Path | None:
