@@ -263,7 +263,11 @@ TRAINING_RUNS = {
          "train.strategy_params=period_s=4,commit_rate=2,max_commit_rate=4,min_interval_s=0.5"),
         ready=('min(increase(edgestream_commits_total{job="worker"}[1m])) > 0',
                'count(edgestream_loss_curve_fit{job="server"}) == 4',
-               'min(count_over_time(edgestream_committed_local_steps_total[1m])) >= 3'),
+               'min(count_over_time(edgestream_committed_local_steps_total[1m])) >= 3',
+               # the search moved C, the broadcast reached both workers over Kafka, all agree
+               'changes(edgestream_target_commits{job="server"}[2m]) >= 1',
+               'min(changes(edgestream_target_commits{job="worker"}[2m])) >= 1',
+               'count(count_values("c", edgestream_target_commits)) == 1'),
         panels=("Local steps per commit", "Commit target C (ADSP)", "Loss-curve fit of the C search (ADSP)",
                 "Staleness (versions) p50 / p95"),
         observed={"C": "edgestream_target_commits", "commits": "edgestream_commits_total",
