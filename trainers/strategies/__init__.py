@@ -2,6 +2,7 @@
 
 from trainers.strategies import adsp, asp, bsp, localsgd, scadles, ssp  # noqa: F401  (registry entries: one line per strategy)
 from trainers.strategies.base import (
+    Observations,
     Outgoing,
     StrategyContext,
     SyncStrategy,
@@ -13,6 +14,7 @@ from trainers.strategies.base import (
 )
 
 __all__ = [
+    "Observations",
     "Outgoing",
     "StrategyContext",
     "SyncStrategy",
