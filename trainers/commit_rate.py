@@ -90,7 +90,9 @@ class CommitScheduler:
     def due(self, now: float) -> bool:
         """True if a commit is due at ``now`` (starts the timer on the first call)."""
         now = _finite("now", now)
-        if self._anchor is None:
+        if self._anchor is None or now < self._anchor:
+            # Not started, or restored from a checkpoint taken on another clock (another
+            # host, or before a reboot: monotonic time went backwards): start afresh.
             self._anchor = now
             return False
         return now >= self._anchor + self.interval_s
@@ -330,7 +332,8 @@ class CommitRateSearch:
         now = _finite("now", now)
         if self._latest is None:
             return None  # no loss known yet: the first period has not started
-        if self._start is None:
+        if self._start is None or now < self._start[0]:
+            # Not started, or restored from a checkpoint taken on another clock: a new period.
             self._begin(now)
             return None
         if self._jumped:

@@ -46,6 +46,12 @@ def _check_positive_int(name: str, value: Any) -> int:
     return value
 
 
+def _check_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise StrategyError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
 def _clone(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in named.items()}
 
@@ -80,9 +86,9 @@ class ADSPWorker(SyncStrategy):
         ``min_interval_s``: shortest interval between commits; ``overhead_s``: time a
         commit costs, taken off the interval."""
         super().__init__(ctx)
-        self.period_s = float(period_s)
-        self.min_interval_s = float(min_interval_s)
-        self.overhead_s = float(overhead_s)
+        self.period_s = _check_number("period_s", period_s)
+        self.min_interval_s = _check_number("min_interval_s", min_interval_s)
+        self.overhead_s = _check_number("overhead_s", overhead_s)
         self.c = _check_positive_int("commit_rate", commit_rate)
         try:
             self.scheduler = CommitScheduler(self._interval())
@@ -156,16 +162,26 @@ class ADSPWorker(SyncStrategy):
 
     def _adopt(self, msg: UpdateMessage) -> None:
         last = msg.meta.get("last_step")
+        committed_elsewhere = False
         if msg.meta.get("worker") == self.worker_id and isinstance(last, int) and not isinstance(last, bool):
             # Addressed to us (a pull or a (re)join): number further commits after the last
             # one the server has, so a worker restarted without its counter is not dropped.
             if last + 1 > self._commit:
+                # The server holds a commit we do not remember making: this worker was
+                # restored from a checkpoint older than its last commits, which already
+                # carried the progress it holds uncommitted. Keeping that progress would
+                # apply it twice: take the model as it is.
+                committed_elsewhere = self._synced and msg.base_version >= self._base_version
                 self._commit = last + 1
                 self.counters["commit_counter_resumed"] += 1
-        if self._synced and msg.base_version <= self._base_version:
+        if self._synced and msg.base_version <= self._base_version and not committed_elsewhere:
             self.counters["snapshots_ignored"] += 1  # duplicate or older than what we have
             return
-        if self._synced:
+        if committed_elsewhere:
+            params, buffers = dict(msg.tensors), dict(msg.buffers)
+            self._steps, self._samples, self._loss_sum = 0, 0, 0.0
+            self.counters["uncommitted_progress_dropped"] += 1
+        elif self._synced:
             # Keep the uncommitted progress: continue from model + (w - base).
             current = self._current()
             params = {n: msg.tensors[n] + (current["params"][n] - self._base["params"][n]) for n in msg.tensors}
@@ -312,6 +328,9 @@ class ADSPServer(SyncStrategy):
         last = self._last_step.get(msg.sender)
         if last is not None and msg.step <= last:
             self.counters["duplicates"] += 1
+            # Per sender too: a worker restored from a checkpoint older than its last commits
+            # re-sends commit numbers the server has (their progress is in it already).
+            self.counters[f"duplicates:{msg.sender}"] += 1
             return []
         staleness = self.trainer.version - msg.base_version
         if staleness < 0:

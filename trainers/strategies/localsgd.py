@@ -49,7 +49,6 @@ from trainers.strategies.bsp import BSPStrategy
 MOMENTUM_POLICIES = ("local", "reset")
 
 
-@register("localsgd", roles=("worker",))
 class LocalSGDStrategy(BSPStrategy):
     """Model averaging every ``period_steps`` local steps, over BSP's log and views.
 
@@ -96,6 +95,8 @@ class LocalSGDStrategy(BSPStrategy):
         # The round's starting model; None means "the trainer holds it" (no local step yet).
         self._anchor: dict[str, dict[str, torch.Tensor]] | None = None
         self._anchor_version = self.trainer.version
+        #: ``parameter_digest()`` of the model the last averaged round produced ("" before one).
+        self._round_digest = ""
 
     # -- read-only view -------------------------------------------------------------
 
@@ -209,6 +210,9 @@ class LocalSGDStrategy(BSPStrategy):
                 self.trainer.set_momentum({})
             self._veterans = self._members
             self.counters["rounds"] += 1
+            # What every replica holds right after this average (the next round's anchor):
+            # identical everywhere, unlike the model a moment later (local steps diverge).
+            self._round_digest = self.trainer.parameter_digest()
             for old in [r for r in self._pending if r <= self._round]:
                 del self._pending[old]
             self._start_round(self._round + 1, version)
@@ -289,6 +293,7 @@ class LocalSGDStrategy(BSPStrategy):
                 "round_loss": self._round_loss,
                 "anchor": self._anchor,
                 "anchor_version": self._anchor_version,
+                "round_digest": self._round_digest,
             }
         )
         return state
@@ -304,6 +309,7 @@ class LocalSGDStrategy(BSPStrategy):
             None if anchor is None else {part: dict(anchor[part]) for part in ("params", "buffers")}
         )
         self._anchor_version = int(state["anchor_version"])
+        self._round_digest = str(state.get("round_digest", ""))
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
@@ -311,6 +317,8 @@ class LocalSGDStrategy(BSPStrategy):
             {
                 "round": self._round,
                 "local_steps": self._local_steps,
+                "rounds_averaged": self.counters["rounds"],
+                "round_digest": self._round_digest,
                 "period_steps": self.period_steps,
                 "momentum_policy": self.momentum_policy,
             }
@@ -320,3 +328,16 @@ class LocalSGDStrategy(BSPStrategy):
     def observations(self) -> Observations:
         """Local steps committed so far: ``period_steps`` in every delta sent."""
         return Observations(committed_local_steps=self.counters["deltas_sent"] * self.period_steps)
+
+
+_PARAMS = frozenset({"period_steps", "momentum_policy", "max_future_steps", "max_prejoin_messages", "sync_retry_s"})
+
+
+@register("localsgd", roles=("worker",))
+def create_localsgd(ctx: StrategyContext, **params: Any) -> LocalSGDStrategy:
+    """Build a local SGD worker; an unknown parameter is refused by name (a typo in the
+    job file must not silently fall back to a default)."""
+    unknown = set(params) - _PARAMS
+    if unknown:
+        raise StrategyError(f"unknown localsgd parameters {sorted(unknown)}; known: {sorted(_PARAMS)}")
+    return LocalSGDStrategy(ctx, **params)

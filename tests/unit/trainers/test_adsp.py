@@ -218,6 +218,34 @@ def test_a_pull_keeps_the_progress_made_since_the_commit(make_node, digits):
     assert worker.strategy.stats()["counters"]["snapshots_ignored"] == 2
 
 
+def test_a_worker_restored_behind_its_commits_drops_the_progress_they_carried(make_node, digits):
+    # Restored from a checkpoint taken before commits 1 and 2: the server's answer names
+    # commit 2, so the progress the checkpoint holds uncommitted is already in its model.
+    worker = make_node("w0", "adsp", members=WORKERS, data=digits.shards(1)[0], period_s=10.0, commit_rate=10)
+    worker.strategy.poll(0.0)
+    _step(worker, 2)
+    worker.strategy.poll(1.0)  # commit 0
+    _step(worker, 2)  # uncommitted at the checkpoint (the lost life committed it as commit 1)
+    restored = make_node("w0", "adsp", members=WORKERS, data=digits.shards(1)[0], period_s=10.0, commit_rate=10)
+    restored.strategy.load_state_dict(worker.strategy.state_dict())
+    restored.trainer.load_state_dict(worker.trainer.state_dict())
+    model = {n: torch.full_like(p, 0.01) for n, p in worker.trainer.get_parameters().items()}
+    answer = dataclasses.replace(
+        snapshot_message(worker.trainer, "server", meta={"worker": "w0", "last_step": 2}),
+        tensors=model, step=7, base_version=7,
+    )
+
+    restored.strategy.on_message(answer)
+
+    for name, value in restored.trainer.get_parameters().items():
+        torch.testing.assert_close(value, model[name])  # the model as it is, nothing added twice
+    assert restored.strategy.stats()["counters"]["uncommitted_progress_dropped"] == 1
+    assert restored.strategy.poll(3.0) == []  # nothing left to commit
+    _step(restored)
+    [commit] = restored.strategy.poll(4.0)
+    assert (commit.message.step, commit.message.base_version, commit.message.meta["local_steps"]) == (3, 7, 1)
+
+
 def test_c_from_the_server_changes_the_commit_interval(make_node):
     worker = make_node("w0", "adsp", members=WORKERS, period_s=60.0, commit_rate=4, min_interval_s=2.0)
     assert worker.strategy.scheduler.interval_s == 15.0
@@ -251,6 +279,7 @@ def test_a_joining_worker_waits_for_the_model(make_node):
 
 @pytest.mark.parametrize(("role", "params"), [
     ("worker", {"commit_rate": 0}), ("worker", {"period_s": -1.0}), ("worker", {"bogus": 1}),
+    ("worker", {"min_interval_s": "abc"}), ("worker", {"overhead_s": True}),
     ("server", {"server_momentum": 1.0}), ("server", {"jump_ratio": 0.0}), ("server", {"max_commit_rate": 0}),
 ])
 def test_bad_parameters_are_refused(make_trainer, role, params):

@@ -50,6 +50,18 @@ def test_the_scheduler_starts_at_the_first_poll_and_resets_on_commit():
     assert scheduler.due(clock.advance(1.0))
 
 
+def test_a_scheduler_restored_from_another_clock_starts_afresh():
+    # Checkpointed at t = 10,000 s on one host, restored where monotonic time reads 50 s:
+    # waiting until 10,005 would stop the worker committing for hours.
+    scheduler = CommitScheduler(5.0)
+    scheduler.committed(10_000.0)
+    restored = CommitScheduler(5.0)
+    restored.load_state_dict(scheduler.state_dict())
+
+    assert not restored.due(50.0)  # the timer restarts here
+    assert restored.next_due == 55.0 and restored.due(55.0)
+
+
 def test_a_new_interval_counts_from_the_last_commit():
     scheduler = CommitScheduler(10.0)
     scheduler.due(0.0)

@@ -49,6 +49,8 @@ def test_replicas_are_bitwise_identical_after_every_round(bus, make_cluster, del
         drive_bsp(bus, nodes, target_version=_round_version(rounds), rng=rng)
         assert len(_digests(nodes)) == 1, rounds
         assert all(n.strategy.round == rounds and n.strategy.local_steps == 0 for n in nodes)
+        # the digest each replica reports for its last averaged round is that common model's
+        assert {n.strategy.stats()["round_digest"] for n in nodes} == _digests(nodes)
 
     for node in nodes:
         stats = node.strategy.stats()
