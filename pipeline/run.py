@@ -382,9 +382,12 @@ def run_job(
                              device_view(cfg, scrape_all(ctx.workers), report)),
                          since=ctx.last_ready_at)
             if training and drain:
-                # Replicas that read the whole update log agree on the version.
+                # Replicas that read the whole update log agree on the version; where the
+                # strategy keeps replicas apart (local steps, per-worker pulls), every
+                # process's version stops moving instead.
+                quiet = VersionsQuiet()
                 try:
-                    wait_for(lambda: ctx.supervise() or _versions_settled(cfg, scrape_all(ctx.workers)), 30,
+                    wait_for(lambda: ctx.supervise() or quiet.settled(scrape_all(ctx.workers)), 30,
                              "workers to apply every published update")
                 except ProcessFailed:
                     raise
@@ -486,9 +489,26 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
     return total
 
 
-def _versions_settled(cfg: JobConfig, scrapes: dict[str, Scrape]) -> bool:
-    versions = {s.get("edgestream_model_version", -1.0, worker=w) for w, s in scrapes.items() if w != SERVER_NAME}
-    return len(versions) == 1
+class VersionsQuiet:
+    """The end-of-run check that training settled: every worker is at one model version,
+    or no process's version (the server's included) moved for ``quiet_s`` seconds (ADSP
+    and local SGD workers end at versions of their own)."""
+
+    def __init__(self, quiet_s: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.quiet_s = quiet_s
+        self.clock = clock
+        self._last: dict[str, float] | None = None
+        self._since = clock()
+
+    def settled(self, scrapes: dict[str, Scrape]) -> bool:
+        versions = {w: s.get("edgestream_model_version", -1.0, worker=w) for w, s in scrapes.items()}
+        if len({v for w, v in versions.items() if w != SERVER_NAME}) == 1:
+            return True
+        now = self.clock()
+        if versions != self._last:
+            self._last, self._since = versions, now
+            return False
+        return now - self._since >= self.quiet_s
 
 
 @dataclass

@@ -571,6 +571,18 @@ class TrainingRuntime:
                     self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=age_s)
             self._log_vote(handled.vote_switched_to)
             await self._send(handled.outbound)
+            if self.role == "server":
+                # A server takes no steps: it checkpoints every checkpoint_every_steps
+                # updates it handled, so a restart replays only the log since then.
+                await self._count_towards_checkpoint()
+
+    async def _count_towards_checkpoint(self) -> None:
+        """One more step (or, on a server, handled update) since the last checkpoint;
+        checkpoint every ``train.checkpoint_every_steps``."""
+        self._steps_since_checkpoint += 1
+        if self._steps_since_checkpoint >= self.cfg.train.checkpoint_every_steps:
+            self._steps_since_checkpoint = 0
+            await self._checkpoint()
 
     async def _step(self) -> None:
         parts = self.pending.take(await self._call(self.driver.batch_limit))
@@ -604,10 +616,7 @@ class TrainingRuntime:
         assert self.settle is not None
         for batch in parts:
             await self.settle(batch, CONSUMED)
-        self._steps_since_checkpoint += 1
-        if self._steps_since_checkpoint >= self.cfg.train.checkpoint_every_steps:
-            self._steps_since_checkpoint = 0
-            await self._checkpoint()
+        await self._count_towards_checkpoint()
 
     def _record_prequential(self, parts: list[Batch], stepped: Stepped) -> None:
         """Test-then-train scores: per worker (cumulative and recent) and per device."""
