@@ -74,3 +74,35 @@ def show(result, training: bool = True) -> None:
     console.print(summary_table(result, training))
     if training:
         console.print(training_table(result))
+
+
+def read_topic(bootstrap: str, topic: str, timeout_ms: int = 5000) -> list:
+    """Every record of ``topic`` now (from the beginning until nothing came for ``timeout_ms``)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=timeout_ms)
+    try:
+        return list(consumer)
+    finally:
+        consumer.close()
+
+
+def dead_letter_reasons(bootstrap: str, job: str) -> list[str]:
+    """The reason header of every record of ``gradients.<job>.dlq``, in log order."""
+    from streams import topics
+
+    return [dict(r.headers)[topics.DLQ_HEADER_REASON].decode()
+            for r in read_topic(bootstrap, topics.gradients_dlq_topic(job))]
+
+
+def published_by_sender(bootstrap: str, topic: str, kind: str) -> dict[str, int]:
+    """How many messages of ``kind`` each sender (the record key) published on ``topic``."""
+    from trainers.wire import HEADER_KIND
+
+    counts: dict[str, int] = {}
+    for record in read_topic(bootstrap, topic):
+        if dict(record.headers).get(HEADER_KIND) == kind.encode():
+            sender = (record.key or b"").decode()
+            counts[sender] = counts.get(sender, 0) + 1
+    return counts
