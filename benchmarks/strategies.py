@@ -7,6 +7,14 @@ ablations, plus the zero-wait oracle:
   asp                      parameter server, fixed batch 64 per worker, never waits for peers;
                            staleness bound ``max_staleness`` (4): staler gradients rejected;
                            per-update LR ``lr * 64 / (64 N)`` (the linear rule every row uses)
+  ssp(s=3), ssp(s=40)      SSP (ADSP paper's baselines): ASP's server and LR, no staleness rejection;
+                           a worker more than s clocks ahead of the slowest blocks; server steps
+                           scaled by 1 / (1 + staleness) (``staleness_lr = "inverse"``)
+  adsp                     local SGD at the BSP LR (0.3) on each worker, fixed batch 64, never waits;
+                           commits every max(0.2 s, period / C) with period 10 s and C = 10 at the
+                           start (a commit a second), online search for C on; server W += delta / N
+  localsgd                 fixed-period local SGD: H = 4 local steps at the BSP LR, then the
+                           weighted average of the deltas (BSP-like rounds), momentum kept locally
   scadles                  time windows, weighted aggregation, linear LR scaling
   scadles+compress         + top-k 10 % with error feedback, switched by the ScaDLES vote
   scadles+compress+inject  + data injection (alpha = beta = 0.25)
@@ -39,7 +47,13 @@ Never asserts.
 
     python benchmarks/strategies.py [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
         [--regimes rates,compute,both,network] [--partitions iid,dirichlet] [--rows bsp,asp,...]
-        [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--bootstrap HOST:PORT]
+        [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--real-workers 10] [--bootstrap HOST:PORT]
+        [--reuse-matrix results/strategies.json] [--real-from OLD.json]
+
+``--real-workers N`` runs the real subset on the regime's first N devices (e.g. ``--real
+both/iid:bsp,adsp --real-workers 4``). Real-broker entries are kept across invocations: those
+of the ``--reuse-matrix`` file and of ``--real-from`` files (a new run of the same subset,
+seed and row replaces its entry).
 """
 
 from __future__ import annotations
@@ -81,7 +95,8 @@ SLOWDOWN = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 #: repeated for ten hosts.
 NETWORK_MBIT = (100.0, 100.0, 20.0, 20.0, 5.0, 5.0, 1.0, 1.0, 100.0, 100.0)
 EQUAL_MBIT = 100.0
-ROWS = ("bsp", "asp", "scadles", "scadles+compress", "scadles+compress+inject")
+ROWS = ("bsp", "asp", "ssp(s=3)", "ssp(s=40)", "adsp", "localsgd", "scadles", "scadles+compress",
+        "scadles+compress+inject")
 PARTITIONS = ("iid", "dirichlet")
 COST_MODELS = ("default", "calibrated")
 
@@ -132,6 +147,10 @@ class Settings:
     lr: float = 0.3
     momentum: float = 0.9
     asp_max_staleness: int = 4
+    adsp_period_s: float = 10.0
+    adsp_commit_rate: int = 10
+    adsp_min_interval_s: float = 0.2
+    localsgd_period_steps: int = 4
     repeats: int = 3
     first_seed: int = 0
 
@@ -151,6 +170,17 @@ def row_modes(streams: simclock.StreamSet, s: Settings) -> dict[str, simclock.Mo
         # Each worker's gradient is applied on its own: the same linear rule lr * b / B_ref.
         "asp": simclock.Mode("asp", "asp", {"max_staleness": s.asp_max_staleness}, batcher="fixed",
                              batch_size=BATCH, lr=s.lr * BATCH / reference),
+        # SSP: ASP's server and per-update LR, fast workers block s clocks ahead of the slowest;
+        # steps scaled by 1 / (1 + staleness) (without it, momentum 0.9 on stale gradients
+        # oscillates: s = 3 stayed below 50 % in the compute and both regimes).
+        **{f"ssp(s={bound})": simclock.Mode(f"ssp(s={bound})", "ssp", {"staleness": bound, "staleness_lr": "inverse"},
+                                            batcher="fixed",
+                                            batch_size=BATCH, lr=s.lr * BATCH / reference) for bound in (3, 40)},
+        # ADSP: local SGD at the BSP LR on each worker, commits W += delta / N every period / C s.
+        "adsp": simclock.Mode("adsp", "adsp", adsp_params(s), batcher="fixed", batch_size=BATCH),
+        # Local SGD: H local steps at the BSP LR, then a BSP-like average of the deltas.
+        "localsgd": simclock.Mode("localsgd", "localsgd", {"period_steps": s.localsgd_period_steps},
+                                  batcher="fixed", batch_size=BATCH),
         "scadles": by_name["scadles"],
         "scadles+compress": by_name["scadles+compress"],
         "scadles+compress+inject": by_name["scadles+compress+inject"],
@@ -162,6 +192,15 @@ def row_modes(streams: simclock.StreamSet, s: Settings) -> dict[str, simclock.Mo
             out[name] = simclock.Mode(name, name, {}, batcher=batcher, batch_size=BATCH, window_s=s.window_s,
                                       max_batch=MAX_BATCH)
     return out
+
+
+def adsp_params(s: Settings) -> dict[str, Any]:
+    """ADSP's parameters for runs of 10-120 simulated seconds: a check period of
+    ``adsp_period_s`` (the paper's 60 s would not end one period before most runs reach
+    the target) with ``C`` starting at ``adsp_commit_rate`` (a commit every second), the
+    online search on (halving time of the loss: no target loss is assumed)."""
+    return {"period_s": s.adsp_period_s, "commit_rate": s.adsp_commit_rate, "min_interval_s": s.adsp_min_interval_s,
+            "search": True}
 
 
 def _preferred_batcher(name: str) -> str | None:
@@ -177,7 +216,7 @@ def _preferred_batcher(name: str) -> str | None:
 
 
 def unconfigured_strategies() -> list[str]:
-    configured = {"bsp", "asp", "scadles"}
+    configured = {"bsp", "asp", "ssp", "adsp", "localsgd", "scadles"}
     return [name for name in strategies.names() if name not in configured]
 
 
@@ -555,12 +594,13 @@ class RealSpec:
     regime: str
     partition: str
     rows: list[str] = field(default_factory=lambda: ["bsp", "scadles", "asp"])
+    workers: int = 10
 
     @classmethod
-    def parse(cls, text: str) -> RealSpec:
+    def parse(cls, text: str, workers: int = 10) -> RealSpec:
         head, _, rows = text.partition(":")
         regime, _, partition = head.partition("/")
-        spec = cls(regime, partition or "iid", [r for r in rows.split(",") if r] or ["bsp", "scadles", "asp"])
+        spec = cls(regime, partition or "iid", [r for r in rows.split(",") if r] or ["bsp", "scadles", "asp"], workers)
         if spec.regime not in regimes() or spec.regime == "network":
             raise ValueError(f"--real regime must be one of rates, compute, both (the broker has no link shaping), "
                              f"got {spec.regime!r}")
@@ -569,25 +609,42 @@ class RealSpec:
         unknown = set(spec.rows) - set(ROWS)
         if unknown:
             raise ValueError(f"--real rows {sorted(unknown)} unknown; choose from {', '.join(ROWS)}")
+        if not 1 <= spec.workers <= 10:
+            raise ValueError(f"--real-workers must be in 1..10, got {spec.workers}")
         return spec
+
+
+def _row_mode(row: str, s: Settings, regime: Regime, partition: str, n: int, seed: int) -> simclock.Mode:
+    """The simulated row's mode for the regime's first ``n`` devices (the LR rules depend on ``n``)."""
+    streams = simclock.StreamSet.from_fleet("digits", regime.rates[:n], partition=partition, seed=seed)
+    return row_modes(streams, s)[row]
 
 
 def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed: int):
     """The job of one real run: benchmarks/time_to_accuracy.py's job, with the regime's rates
-    and slowdowns and the row's strategy."""
+    and slowdowns (the first ``spec.workers`` devices) and the row's strategy."""
     from time_to_accuracy import Settings as TtaSettings
     from time_to_accuracy import job_config
 
     regime = regimes()[spec.regime]
     tta = TtaSettings(scale=s.scale, window_s=s.window_s, budget_s=s.acc_budget_s, target=s.target, delta=s.delta,
                       eval_every_s=s.eval_every_s, lr=s.lr, momentum=s.momentum, seed=seed, slowdown=regime.slowdowns)
-    base = "bsp" if row in ("bsp", "asp") else row
-    cfg = job_config(base, spec.partition, tta, state, tag)
-    cfg.devices.rates_hz = list(regime.rates)
-    if row == "asp":
-        cfg.train.strategy = "asp"
-        cfg.train.strategy_params = [f"max_staleness={s.asp_max_staleness}"]
-        cfg.train.lr = s.lr * BATCH / (BATCH * cfg.devices.count)
+    scadles = row.startswith("scadles")
+    cfg = job_config(row if scadles else "bsp", spec.partition, tta, state, tag)
+    n = spec.workers
+    cfg.devices.rates_hz = list(regime.rates[:n])
+    if n != cfg.devices.count:
+        cfg.devices.count = n
+        cfg.devices.ids = cfg.devices.ids[:n]
+        cfg.workers.count = n
+        cfg.workers.slowdown = list(regime.slowdowns[:n])
+    if not scadles and row != "bsp":
+        # The simulated row's strategy, parameters and LR (fixed batch 64, as BSP's job).
+        mode = _row_mode(row, s, regime, spec.partition, n, seed)
+        cfg.train.strategy = mode.strategy
+        cfg.train.strategy_params = [f"{k}={json.dumps(v)}" for k, v in mode.strategy_params.items()]
+        if mode.lr is not None:
+            cfg.train.lr = mode.lr
     return cfg.validate()
 
 
@@ -619,7 +676,8 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                          f"({cfg.run.duration_s:.0f} s of streaming) ...")
                 started = time.monotonic()
                 entry: dict[str, Any] = {"regime": spec.regime, "partition": spec.partition, "seed": seed, "row": row,
-                                         "workers": cfg.workers.count, "server": row == "asp",
+                                         "workers": cfg.workers.count,
+                                         "server": "server" in strategies.roles(cfg.train.strategy),
                                          "loadavg_before": os.getloadavg()}
                 try:
                     sampler = Sampler()
@@ -633,7 +691,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                         return [(e["t"] - origin, e["accuracy"]) for e in evals if e["t"] - origin <= s.acc_budget_s]
 
                     # The job's model is the server's when there is one (as on the simulated clock).
-                    evaluator = "server" if row == "asp" else "w0"
+                    evaluator = "server" if entry["server"] else "w0"
                     timeline = timeline_of(evaluator)
                     w0 = timeline_of("w0") if evaluator != "w0" else timeline
                     from time_to_accuracy import ModeRun
@@ -666,7 +724,8 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                 for cost in COST_MODELS:
                     if cost == "calibrated" and calibration is None:
                         continue
-                    report = simclock.run(mode, streams, cost_model(cost, regimes()[spec.regime], calibration), config)
+                    report = simclock.run(mode, streams, cost_model(cost, _first(regimes()[spec.regime], spec.workers), calibration),
+                                          config)
                     entry["simulated"][cost] = {"tta_s": report.tta_s, "acc_at_budget": report.final_accuracy,
                                                 "steps": report.steps}
                 progress(f"  real TTA {_s(entry.get('tta_s'))} (error: {entry['error']})" if "error" in entry else
@@ -679,14 +738,24 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
     return out
 
 
+def _first(regime: Regime, n: int) -> Regime:
+    """The regime's first ``n`` hosts (the real subset's workers)."""
+    return replace(regime, rates=regime.rates[:n], slowdowns=regime.slowdowns[:n], links_mbit=regime.links_mbit[:n])
+
+
 def _s(v: float | None) -> str:
     return "missed" if v is None else f"{v:.1f} s"
 
 
+def _hosts(n: int) -> str:
+    return "" if n == 10 else f": the regime's first {n} hosts"
+
+
 def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) -> str:
     lines = [
-        f"### Real broker: {spec.regime} / {spec.partition}, {entries[0]['workers']} workers (one per device) "
-        f"{'+ a server for asp ' if any(e['server'] for e in entries) else ''}on this machine; "
+        f"### Real broker: {spec.regime} / {spec.partition}, {entries[0]['workers']} workers (one per device"
+        f"{_hosts(entries[0]['workers'])}) "
+        f"{'+ a server (' + ', '.join(sorted({e['row'] for e in entries if e['server']})) + ') ' if any(e['server'] for e in entries) else ''}on this machine; "
         f"{s.acc_budget_s:.0f} s of streaming; wall time from the first record",
         "",
         "| seed | row | real TTA s | vs BSP | acc @ end | last evaluation s | sim TTA (default) | real / sim "
@@ -708,7 +777,10 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
         notes = []
         if e.get("server_counters"):
             c = e["server_counters"]
-            notes.append(f"server applied {c.get('applied', 0)}, rejected as stale {c.get('rejected_stale', 0)}")
+            note = f"server applied {c.get('applied', 0)}"
+            if "rejected_stale" in c or e["row"] == "asp":
+                note += f", rejected as stale {c.get('rejected_stale', 0)}"
+            notes.append(note)
         if e.get("w0_timeline") is not None:
             notes.append(f"w0 (adopted snapshots): TTA {_s(e['w0_tta_s'])}, acc {_f3(e['w0_acc_at_budget'])}")
         last = e.get("last_eval_s")
@@ -733,12 +805,17 @@ def main() -> None:
                         help="the accuracy figure is read at this simulated time (runs last at least this long)")
     parser.add_argument("--regimes", default=",".join(regimes()), help="comma list of rates, compute, both, network")
     parser.add_argument("--partitions", default=",".join(PARTITIONS), help="comma list of iid, dirichlet")
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of rows ({', '.join(ROWS)})")
+    parser.add_argument("--rows", help=f"comma list of rows (default: {', '.join(ROWS)}, and any registered "
+                                       "strategy without a tuned row, with its defaults)")
     parser.add_argument("--costs", default=",".join(COST_MODELS), help="comma list of default, calibrated")
     parser.add_argument("--real", metavar="SUBSET",
                         help="also run REGIME/PARTITION:ROWS on the real broker, e.g. both/iid:bsp,scadles,asp")
     parser.add_argument("--real-repeats", type=int, default=1, help="seeds of the real subset")
+    parser.add_argument("--real-workers", type=int, default=10,
+                        help="workers (and devices: the regime's first N) of the real subset")
     parser.add_argument("--bootstrap", help="existing cluster for --real (default: start a local broker)")
+    parser.add_argument("--real-from", action="append", metavar="JSON",
+                        help="keep the real-broker entries of an earlier strategies.json (repeatable)")
     parser.add_argument("--reuse-matrix", metavar="JSON",
                         help="take the simulated runs (and calibration) from an earlier strategies.json with the same "
                              "settings instead of simulating again (e.g. to add a --real subset)")
@@ -753,14 +830,15 @@ def main() -> None:
     bad = (set(regime_names) - set(reg)) | (set(partitions) - set(PARTITIONS)) | (set(costs) - set(COST_MODELS))
     if bad:
         parser.error(f"unknown regimes, partitions or cost models: {sorted(bad)}")
-    rows = [r for r in args.rows.split(",") if r]
+    rows = [r for r in (args.rows or ",".join(ROWS)).split(",") if r]
     notes = []
-    extra = unconfigured_strategies()
+    # Registered strategies without a tuned row join the default matrix (not an explicit --rows).
+    extra = unconfigured_strategies() if args.rows is None else []
     if extra:
         rows += [r for r in extra if r not in rows]
         notes.append(f"registered strategies without a tuned row, run with defaults: {', '.join(extra)}")
     try:
-        real = RealSpec.parse(args.real) if args.real else None
+        real = RealSpec.parse(args.real, args.real_workers) if args.real else None
     except ValueError as exc:
         parser.error(str(exc))
     columns = [(r, p) for r in regime_names for p in partitions]
@@ -796,11 +874,25 @@ def main() -> None:
     cells = summarise(raw, s, rows, columns, costs)
     md = "## Strategy matrix (simulated clock)\n\n" + markdown(cells, s, rows, columns, costs, calibration, seconds,
                                                                seeds, notes)
-    real_entries: list[dict[str, Any]] = []
+    # Real-broker entries of earlier invocations are kept: those of the reused matrix file and of
+    # --real-from (a file with other simulated settings: its own predictions stay beside it).
+    kept: list[dict[str, Any]] = list(previous.get("real", [])) if previous is not None else []
+    for path in args.real_from or []:
+        kept += json.loads(Path(path).read_text()).get("real", [])
+    new_entries: list[dict[str, Any]] = []
     if real is not None:
-        real_entries = real_runs(real, s, args.real_repeats, args.bootstrap, calibration,
-                                 progress=lambda line: print(line, flush=True))
-        md += "\n\n" + real_markdown(real_entries, real, s)
+        new_entries = real_runs(real, s, args.real_repeats, args.bootstrap, calibration,
+                                progress=lambda line: print(line, flush=True))
+        # A new run of the same subset replaces the kept one.
+        kept = [e for e in kept if (e["regime"], e["partition"], e["workers"], e["row"], e["seed"])
+                not in {(n["regime"], n["partition"], n["workers"], n["row"], n["seed"]) for n in new_entries}]
+    real_entries = kept + new_entries
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for e in real_entries:
+        groups.setdefault((e["regime"], e["partition"], e["workers"]), []).append(e)
+    for (regime, partition, workers), entries in groups.items():
+        spec = RealSpec(regime, partition, list(dict.fromkeys(e["row"] for e in entries)), workers)
+        md += "\n\n" + real_markdown(entries, spec, s)
     print(md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
