@@ -266,9 +266,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 # --- worker -----------------------------------------------------------------------------
 def cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline.worker import check_training_config, run_worker
+    from pipeline.worker import check_training_config, run_worker, worker_cpus
 
     cfg, bootstrap = _process_config(args, args.worker)
+    worker_cpus(cfg, args.worker)
     check_training_config(cfg)  # before any side effect (topics, state, /metrics)
     run_worker(cfg, args.worker, bootstrap, args.metrics_port, loglevel=args.loglevel, join=args.join)
     return 0
@@ -319,7 +320,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.kafka_io import check_reachable
     from pipeline.run import run_job
-    from pipeline.worker import check_training_config, process_topics
+    from pipeline.worker import check_training_config, process_topics, worker_cpus
 
     cfg = job_config(args)
     if args.duration:
@@ -331,6 +332,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Everything a process of the run would refuse, refused now: before a broker or topic exists.
     for name in cfg.worker_names():
         process_topics(cfg, name)
+        worker_cpus(cfg, name)
     check_training_config(cfg)
     console = Console() if sys.stdout.isatty() else Console(width=140)
     broker = None

@@ -121,8 +121,32 @@ class WorkersSection:
     #: waits (slowdown[i] - 1) * t (cycled if shorter than the worker count; [] = none).
     slowdown: list[float] = field(default_factory=list)
 
+    #: CPU affinity per worker (Linux ``sched_setaffinity``), for real compute heterogeneity:
+    #: CPU lists such as "0", "1-3" or "0+2" (cycled like slowdown; [] = no pinning).
+    #: Workers pinned to one shared CPU get a share of it; the others run on their own.
+    cpus: list[str] = field(default_factory=list)
+
     def slowdown_of(self, index: int) -> float:
         return float(self.slowdown[index % len(self.slowdown)]) if self.slowdown else 1.0
+
+    def cpus_of(self, index: int) -> set[int] | None:
+        """The CPUs worker ``index`` is pinned to (None: not pinned)."""
+        return parse_cpu_list(self.cpus[index % len(self.cpus)]) if self.cpus else None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """``"0"``, ``"1-3"``, ``"0+2"`` or ``"0,2"`` -> a non-empty set of CPU numbers
+    (ValueError otherwise)."""
+    cpus: set[int] = set()
+    for part in text.replace("+", ",").split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{text!r} is not a CPU list like 0, 1-3 or 0+2")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ValueError(f"{text!r}: range {low}-{high} is empty")
+        cpus.update(range(low, high + 1))
+    return cpus
 
 
 @dataclass
@@ -279,6 +303,11 @@ class JobConfig:
         _positive("kafka.max_message_bytes", self.kafka.max_message_bytes)
         if any(f < 1 for f in self.workers.slowdown):
             raise ConfigError(f"workers.slowdown factors must be >= 1 (got {self.workers.slowdown})")
+        for entry in self.workers.cpus:
+            try:
+                parse_cpu_list(entry)
+            except ValueError as exc:
+                raise ConfigError(f"workers.cpus: {exc}") from None
         if not 0 <= self.train.injection_alpha <= 1 or self.train.injection_beta < 0:
             raise ConfigError("train.injection_alpha must be in [0, 1] and train.injection_beta >= 0")
         _positive("train.injection_pool_per_class", self.train.injection_pool_per_class)

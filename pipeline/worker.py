@@ -77,6 +77,22 @@ def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str]) -> 
     return state, metrics
 
 
+def worker_cpus(cfg: JobConfig, worker: str) -> set[int] | None:
+    """The CPUs ``worker`` is pinned to (``workers.cpus``), checked against the CPUs this
+    process may use; None: not pinned. Raises ``ConfigError`` naming the key."""
+    names = cfg.worker_names()
+    cpus = cfg.workers.cpus_of(names.index(worker)) if worker in names else None
+    if cpus is None:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("workers.cpus needs Linux (os.sched_setaffinity); leave it empty here")
+    usable = os.sched_getaffinity(0)
+    if not cpus <= usable:
+        raise ConfigError(f"workers.cpus pins {worker} to CPUs {sorted(cpus)}, but only {sorted(usable)} "
+                          "are available here")
+    return cpus
+
+
 def process_topics(cfg: JobConfig, name: str) -> dict[str, str]:
     """Topics process ``name`` (a worker or the server) reads or writes, name -> kind:
     a worker's device topics and ``sensors.dlq``, and the job's training topics."""
@@ -256,6 +272,10 @@ def run_worker(
     Raises ``ProcessCrashed`` if the Faust app stopped on an error.
     """
     memory.tune_allocator()
+    cpus = worker_cpus(cfg, worker)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)  # before torch or Faust start their threads: they inherit it
+        log.info("%s pinned to CPUs %s", worker, sorted(cpus))
     devices = cfg.devices_of(worker)
     ensure_topics(bootstrap, process_topics(cfg, worker))
     state, metrics = _start(cfg, worker, metrics_port, devices)

@@ -74,11 +74,19 @@ def commits_check(bootstrap: str, cfg, result, restarted: tuple[str, ...] = ()) 
 
 
 def test_adsp_learns_commits_balance_and_bad_deltas_are_dead_lettered(kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, *ADSP, "train.target_accuracy=0.9")
+    # Real CPU shares too: w0 on the first usable CPU, w1 and w2 sharing the last one.
+    usable = sorted(os.sched_getaffinity(0))
+    pinned = {"w0": {usable[0]}, "w1": {usable[-1]}, "w2": {usable[-1]}}
+    # One 16-record batch per step: w0's 240 records/s make 15 steps/s, w2's 120 make 7.5.
+    cfg = train_job(unique, state_dir, *ADSP, "train.target_accuracy=0.9",
+                    "batcher.mode=fixed", "batcher.batch_size=16", "train.max_step_batch=16",
+                    f"workers.cpus={usable[0]},{usable[-1]},{usable[-1]}")
     poison = bad_deltas(cfg.job.name)
+    seen: dict = {}
 
     def inject(ctx: RunContext) -> None:
         wait_until(lambda: steps_of(ctx, "w0") >= 3, 60, "w0 to train")
+        seen["cpus"] = {w: os.sched_getaffinity(ctx.worker(w).proc.pid) for w in WORKERS}
         prod = producer(kafka_bootstrap)
         for _reason, value in poison:
             prod.send(channel_topic(cfg.job.name, "gradients"), value=value, key=b"w0")
@@ -89,6 +97,7 @@ def test_adsp_learns_commits_balance_and_bad_deltas_are_dead_lettered(kafka_boot
     show(result)
 
     server, trained = result.training["server"], workers_of(result)
+    assert seen["cpus"] == pinned  # each worker process runs where workers.cpus put it
     assert server["accuracy"] >= 0.85 and min(t["accuracy"] for t in trained.values()) >= 0.85
     assert result.balanced
     # Each commit a worker sent is in the log once and was applied once; the bad ones never.
@@ -101,8 +110,11 @@ def test_adsp_learns_commits_balance_and_bad_deltas_are_dead_lettered(kafka_boot
         counters = t["counters"]
         assert counters["committed_local_steps"] == counters["local_steps"] == t["steps"]  # nothing left behind
         assert t["strategy_stats"]["commit_rate"] == server["strategy_stats"]["commit_rate"]  # C reached them
-    # Commits are equalised across speeds: no worker commits more than 1.5x another.
+    # Commits are equalised across speeds (no worker commits more than 1.5x another); the
+    # faster worker puts more local steps into each.
     assert max(logged.values()) <= 1.5 * min(logged.values())
+    per_commit = {w: trained[w]["strategy_stats"]["local_steps_per_commit"] for w in WORKERS}
+    assert per_commit["w0"] >= 1.3 * per_commit["w2"], per_commit
     assert server["counters"]["commit_rate_changes"] >= 1  # the search moved C
     assert 0 < server["staleness"]["max"]
 
