@@ -494,7 +494,7 @@ class VersionsQuiet:
     or no process's version (the server's included) moved for ``quiet_s`` seconds (ADSP
     and local SGD workers end at versions of their own)."""
 
-    def __init__(self, quiet_s: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, quiet_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet_s = quiet_s
         self.clock = clock
         self._last: dict[str, float] | None = None
