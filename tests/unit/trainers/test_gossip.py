@@ -1,0 +1,550 @@
+"""Serverless gossip (``gossip``) and EdgeGossip (``edgegossip``): consensus, messages,
+balancing, accuracy-aware mixing, plateau decay and checkpoints (trainers/strategies/gossip.py).
+
+Clusters run on the unit tests' bus (``fakes.FakeBus``, real wire bytes, every worker behind
+a ``TrainingDriver``); single-worker checks call the strategy directly.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, announce, build_node, drive
+from trainers.driver import DriverConfig, TrainingDriver
+from trainers.errors import StrategyError
+from trainers.local import LocalTrainer
+from trainers.messages import UpdateMessage
+from trainers.models import build_model
+from trainers.strategies import StrategyContext, create
+from trainers.strategies.gossip import EdgeGossipStrategy, GossipStrategy, balanced_batch_size
+from trainers.topology import build_graph
+
+FEATURES, CLASSES = 4, 2
+TOLERANCE = 1e-5
+
+
+def _trainer(seed: int = 0, momentum: float = 0.0) -> LocalTrainer:
+    return LocalTrainer(build_model("mlp", (FEATURES,), CLASSES, seed=seed, hidden=(8,)), lr=0.1, momentum=momentum)
+
+
+def _data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(96, FEATURES)).astype(np.float32)
+    return features, (features[:, 0] > 0).astype(np.int64)
+
+
+def _names(count: int) -> tuple[str, ...]:
+    return tuple(f"n{k:02d}" for k in range(count))
+
+
+def _cluster(bus: FakeBus, strategy: str, count: int, *, batch: int | list[int] = 8, **params) -> list[Node]:
+    """``count`` workers, each from its own seed (different initial models), one shard each."""
+    names = _names(count)
+    features, labels = _data()
+    batches = batch if isinstance(batch, list) else [batch] * count
+    return [
+        build_node(bus, name, strategy, _trainer(seed=k), members=names,
+                   batches=BatchStream(features, labels, batches[k], seed=k), **params)
+        for k, name in enumerate(names)
+    ]
+
+
+def _flat(parameters: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([parameters[name].flatten().double() for name in sorted(parameters)])
+
+
+def _models(nodes: list[Node]) -> torch.Tensor:
+    return torch.stack([_flat(n.trainer.get_parameters()) for n in nodes])
+
+
+def _max_distance(nodes: list[Node], target: torch.Tensor) -> float:
+    return float((_models(nodes) - target).abs().max())
+
+
+def _strategy(name: str = "gossip", worker: str = "a", members: tuple[str, ...] = ("a", "b", "c"), *,
+              seed: int = 0, joining: bool = False, **params) -> GossipStrategy:
+    ctx = StrategyContext(worker_id=worker, trainer=_trainer(seed), members=members, joining=joining)
+    strategy = create(name, ctx, **params)
+    assert isinstance(strategy, GossipStrategy)
+    return strategy
+
+
+def _step(strategy: GossipStrategy, batch: int = 8, seed: int = 0) -> list:
+    features, labels = _data(seed)
+    return strategy.on_local_step(strategy.trainer.compute_gradient(features[:batch], labels[:batch]))
+
+
+def _model_from(sender: str, seed: int, *, step: int = 0, meta: dict | None = None) -> UpdateMessage:
+    trainer = _trainer(seed)
+    return UpdateMessage(kind="model", sender=sender, step=step, base_version=step,
+                         tensors=trainer.get_parameters(), buffers=trainer.get_buffers(), meta=dict(meta or {}))
+
+
+def _delta_from(sender: str, step: int, value: float = 0.01, *, batch: int = 8) -> UpdateMessage:
+    tensors = {n: torch.full_like(p, value) for n, p in _trainer().get_parameters().items()}
+    return UpdateMessage(kind="delta", sender=sender, step=step, base_version=step, batch_size=batch, tensors=tensors)
+
+
+def _assert_valid_row(strategy: GossipStrategy, row: dict[str, float]) -> None:
+    base = strategy.graph.weights[strategy.worker_id]
+    assert set(row) <= {strategy.worker_id, *strategy.neighbours}
+    assert all(weight >= 0 for weight in row.values())
+    assert math.fsum(row.values()) == pytest.approx(1.0, abs=1e-12)
+    for name, weight in row.items():
+        if name != strategy.worker_id:
+            assert weight <= base[name] + 1e-15
+
+
+# -- consensus: lr = 0 ----------------------------------------------------------------------------
+
+#: (strategy, topology, workers, local steps): steps measured to reach 1e-5, with margin.
+CONSENSUS = [
+    ("gossip", "ring", 8, 80),
+    ("gossip", "torus", 9, 30),
+    ("gossip", "torus", 8, 30),
+    ("gossip", "regular", 8, 50),
+    ("gossip", "complete", 8, 10),
+    ("edgegossip", "ring", 8, 80),
+    ("edgegossip", "regular", 8, 50),
+]
+
+
+@pytest.mark.parametrize(("strategy", "topology", "count", "steps"), CONSENSUS)
+def test_with_lr_zero_every_worker_converges_to_the_average_of_the_initial_models(strategy, topology, count, steps):
+    bus = FakeBus()
+    nodes = _cluster(bus, strategy, count, topology=topology, lr_scale=0.0)
+    average = _models(nodes).mean(dim=0)
+    assert _max_distance(nodes, average) > 0.1  # they start far apart
+
+    drive(bus, nodes, steps=steps)
+
+    assert _max_distance(nodes, average) < TOLERANCE
+    assert all(n.strategy.staleness.summary()["max"] == 0 for n in nodes)  # lockstep: no lag
+
+
+def test_after_a_worker_is_removed_the_rest_converge_to_their_average():
+    bus = FakeBus()
+    nodes = _cluster(bus, "gossip", 6, topology="ring", lr_scale=0.0)
+    drive(bus, nodes, steps=5)
+    removed, survivors = nodes[3], nodes[:3] + nodes[4:]
+    # What mixing conserves is the sum of the workers' own models x_i (the trainers hold mixes).
+    start = torch.stack([_flat(n.strategy.own_model()) for n in survivors])
+    assert float((start - start.mean(dim=0)).abs().max()) > 0.01
+
+    bus.unsubscribe(removed.name)
+    for node in survivors:
+        announce(bus, node, [n.name for n in survivors], now=5.0)
+    drive(bus, survivors, steps=5 + 80)
+
+    assert _max_distance(survivors, start.mean(dim=0)) < TOLERANCE
+    assert survivors[2].strategy.neighbours == ("n01", "n04")  # the ring closed over the gap
+    assert all(removed.name not in n.strategy.stats()["neighbour_lag"] for n in survivors)
+
+
+def test_under_reordering_and_duplicates_workers_still_reach_consensus():
+    bus = FakeBus(jitter=3.0, duplicate=True, seed=1)
+    nodes = _cluster(bus, "gossip", 8, topology="ring", lr_scale=0.0)
+
+    drive(bus, nodes, steps=150)
+
+    models = _models(nodes)
+    assert float((models - models.mean(dim=0)).abs().max()) < TOLERANCE
+    assert all(n.strategy.counters["duplicate_deltas"] > 0 for n in nodes)
+    assert max(n.strategy.staleness.summary()["max"] for n in nodes) > 0  # lagging models were mixed
+
+
+def test_data_weighted_mixing_drives_to_the_sample_weighted_mean():
+    bus = FakeBus()
+    batches = [8, 8, 16, 32]
+    nodes = _cluster(bus, "edgegossip", 4, batch=batches, topology="ring", lr_scale=0.0, accuracy_bias=0.0)
+    weights = torch.tensor(batches, dtype=torch.float64) / sum(batches)
+    target = (weights[:, None] * _models(nodes)).sum(dim=0)
+    plain = _models(nodes).mean(dim=0)
+
+    drive(bus, nodes, steps=80)
+
+    assert _max_distance(nodes, target) < TOLERANCE
+    assert _max_distance(nodes, plain) > 100 * TOLERANCE
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+def test_first_contact_sends_the_model_then_deltas_one_per_neighbour():
+    strategy = _strategy(topology="ring", members=("a", "b", "c", "d"))
+    before = strategy.own_model()
+
+    first = _step(strategy)
+    middle = strategy.own_model()
+    second = _step(strategy)
+
+    assert [(o.to, o.channel, o.message.kind, o.message.step) for o in first] == [
+        ("b", "models", "model", 1), ("d", "models", "model", 1)]
+    assert [(o.to, o.message.kind, o.message.step, o.message.batch_size) for o in second] == [
+        ("b", "delta", 2, 8), ("d", "delta", 2, 8)]
+    for name, tensor in second[0].message.tensors.items():
+        assert torch.equal(tensor, strategy.own_model()[name] - middle[name])
+    assert not torch.equal(_flat(before), _flat(middle))
+
+
+def test_a_neighbour_copy_follows_the_sender_through_its_deltas():
+    bus = FakeBus()
+    nodes = _cluster(bus, "gossip", 4, topology="ring")
+
+    drive(bus, nodes, steps=12)
+
+    for node in nodes:
+        for name in node.strategy.neighbours:
+            sender = next(n for n in nodes if n.name == name)
+            copy = node.strategy.neighbour_model(name)
+            assert copy is not None
+            assert float((_flat(copy) - _flat(sender.strategy.own_model())).abs().max()) < 1e-6
+
+
+def test_duplicates_old_models_and_foreign_messages_change_nothing():
+    strategy = _strategy()
+    strategy.on_message(_model_from("b", seed=1, step=0))
+    strategy.on_message(_delta_from("b", step=1))
+    digest, version = strategy.trainer.parameter_digest(), strategy.trainer.version
+
+    strategy.on_message(_delta_from("b", step=1))
+    strategy.on_message(_model_from("b", seed=2, step=1))
+    strategy.on_message(_delta_from("x", step=5))
+    strategy.on_message(_delta_from("a", step=5))
+    strategy.on_message(_delta_from("c", step=1))  # no model of c yet
+
+    assert (strategy.trainer.parameter_digest(), strategy.trainer.version) == (digest, version)
+    assert strategy.counters["duplicate_deltas"] == 1
+    assert strategy.counters["old_models"] == 1
+    assert strategy.counters["not_neighbour"] == 1
+    assert strategy.counters["own_messages"] == 1
+    assert strategy.counters["delta_without_model"] == 1
+    assert strategy.staleness.summary()["count"] == 1
+
+
+def test_deltas_arriving_out_of_order_give_the_same_copy():
+    in_order, shuffled = _strategy(), _strategy()
+    deltas = [_delta_from("b", step=k, value=0.01 * k) for k in range(1, 6)]
+    for strategy, order in ((in_order, deltas), (shuffled, [deltas[k] for k in (3, 0, 4, 2, 1)])):
+        strategy.on_message(_model_from("b", seed=1))
+        for msg in order:
+            strategy.on_message(msg)
+
+    # Deltas commute up to float rounding.
+    assert float((_flat(in_order.neighbour_model("b")) - _flat(shuffled.neighbour_model("b"))).abs().max()) < 1e-6
+    assert in_order.neighbour_model("b")["3.bias"][0] != _trainer(1).get_parameters()["3.bias"][0]
+    assert in_order.staleness.summary()["count"] == shuffled.staleness.summary()["count"] == 5
+
+
+def test_a_missing_neighbour_gives_its_weight_to_the_worker_itself():
+    strategy = _strategy(topology="ring", members=("a", "b", "c", "d"))
+    own = strategy.own_model()
+    strategy.on_message(_model_from("b", seed=1))
+
+    row = strategy.mixing_row()
+
+    assert row == pytest.approx({"b": 1 / 3, "a": 2 / 3})
+    expected = {n: own[n] * row["a"] + strategy.neighbour_model("b")[n] * row["b"] for n in own}
+    assert float((_flat(strategy.trainer.get_parameters()) - _flat(expected)).abs().max()) < 1e-6
+
+
+def test_models_beyond_max_lag_leave_the_mix_and_are_counted():
+    strategy = _strategy(max_lag=2, lr_scale=0.0)
+    strategy.on_message(_model_from("b", seed=1))
+    strategy.on_message(_model_from("c", seed=2))
+    for _ in range(3):
+        _step(strategy)
+
+    assert strategy.mixing_row() == {"a": 1.0}
+    assert strategy.counters["lag_excluded"] == 2  # b and c at the third step (lag 3)
+    strategy.on_message(_delta_from("b", step=1))  # lag 2: back in the mix
+    assert set(strategy.mixing_row()) == {"a", "b"}
+    assert strategy.staleness.summary()["histogram"] == {"2": 1}
+    _step(strategy)  # iteration 4: b (at 1) and c (at 0) lag 3 and 4
+    strategy.on_message(_delta_from("c", step=1))  # lag 3: kept out
+    strategy.on_message(_delta_from("b", step=3))  # lag 1: in
+
+    assert strategy.counters["lag_excluded"] == 4 and strategy.counters["stale_deltas"] == 1
+    assert set(strategy.mixing_row()) == {"a", "b"}
+    assert strategy.staleness.summary()["histogram"] == {"1": 1, "2": 1}  # never above max_lag
+
+
+def test_a_stale_delta_is_kept_in_the_copy_but_does_not_move_the_model():
+    strategy = _strategy(max_lag=1, lr_scale=0.0)
+    strategy.on_message(_model_from("b", seed=1))
+    for _ in range(4):
+        _step(strategy)
+    digest, copy_before = strategy.trainer.parameter_digest(), strategy.neighbour_model("b")
+
+    strategy.on_message(_delta_from("b", step=1))
+
+    assert strategy.trainer.parameter_digest() == digest
+    assert strategy.counters["stale_deltas"] == 1
+    assert strategy.staleness.summary()["count"] == 0
+    assert float((_flat(strategy.neighbour_model("b")) - _flat(copy_before)).abs().min()) > 0
+
+
+def test_a_joiner_waits_for_a_model_and_starts_from_it():
+    joiner = _strategy(worker="c", joining=True, seed=9)
+
+    assert not joiner.can_train()
+    assert joiner.on_message(_delta_from("a", step=3)) == []
+    out = joiner.on_message(_model_from("a", seed=1, step=7))
+
+    assert joiner.can_train()
+    assert joiner.iteration == 7
+    assert torch.equal(_flat(joiner.trainer.get_parameters()), _flat(_trainer(1).get_parameters()))
+    assert sorted((o.to, o.message.kind) for o in out) == [("a", "model"), ("b", "model")]
+
+
+def test_membership_change_sends_the_model_to_new_neighbours_only():
+    strategy = _strategy(topology="ring", members=("a", "b", "c", "d", "e"))
+    _step(strategy)
+    strategy.on_message(_model_from("b", seed=1))
+    strategy.on_message(_model_from("e", seed=2))
+
+    out = strategy.on_membership(["a", "c", "d", "e"])
+
+    assert strategy.neighbours == ("c", "e")
+    assert [(o.to, o.message.kind) for o in out] == [("c", "model")]
+    assert strategy.neighbour_model("b") is None and strategy.neighbour_model("e") is not None
+    assert strategy.on_membership(["e", "d", "c", "a"]) == []
+
+
+@pytest.mark.parametrize("bad", [{"topology": "star"}, {"max_lag": -1}, {"lr_scale": -1.0}, {"batch_size": 0},
+                                 {"rate_alpha": 0.0}, {"topology": "regular", "degree": 1}])
+def test_bad_parameters_are_refused(bad):
+    with pytest.raises(StrategyError):
+        _strategy(members=_names(5), worker="n00", **bad)
+
+
+# -- balanced iterations ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("rate", "known", "members", "expected"), [
+    (10.0, [10.0, 20.0, 30.0], 3, 16),       # 96 * 10 / 60
+    (30.0, [10.0, 20.0, 30.0], 3, 48),
+    (10.0, [10.0, 30.0], 4, 12),             # unknown members count at the mean: sum ~ 80
+    (1.0, [1.0, 1000.0], 2, 4),              # clamped below
+    (1000.0, [1000.0, 1.0], 2, 64),          # clamped above
+    (0.0, [], 3, 32),                        # nothing measured: B_total / N
+])
+def test_balancing_rule_is_proportional_to_throughput_and_clamped(rate, known, members, expected):
+    assert balanced_batch_size(96, rate, known, members, min_batch=4, max_batch=64) == expected
+
+
+def test_throughput_idle_fraction_and_iteration_time_come_from_poll_times():
+    strategy = _strategy("edgegossip", total_batch=60, rate_alpha=0.5)
+    for second in range(7):
+        strategy.poll(float(second))
+        if second % 2 == 0:
+            _step(strategy, batch=10)
+    strategy.poll(7.0)
+
+    stats = strategy.stats()
+    assert strategy.rate == pytest.approx(5.0)  # 10 samples every 2 s
+    assert stats["idle_fraction"] == pytest.approx(3 / 7)  # busy [0,1], [2,3], [4,5], [6,7]
+    assert stats["iteration_time_mean_s"] == pytest.approx(2.0) and stats["iteration_time_cv"] == 0.0
+    assert strategy.batch_size_wanted() == 20  # only its own rate known: B_total / N
+
+
+def test_iteration_time_variation_is_reported():
+    strategy = _strategy()
+    for now in (0.0, 1.0, 4.0, 5.0, 8.0):
+        strategy.poll(now)
+        _step(strategy)
+
+    mean, cv = strategy.iteration_time_stats()
+    assert mean == pytest.approx(2.0) and cv == pytest.approx(0.5)
+
+
+def test_rates_spread_through_metadata_and_set_the_batch():
+    bus = FakeBus()
+    nodes = _cluster(bus, "edgegossip", 5, batch=32, topology="ring", total_batch=100, max_batch=64)
+
+    drive(bus, nodes, steps=12, periods={"n00": 1, "n01": 2, "n02": 1, "n03": 4, "n04": 1})
+
+    for node in nodes:
+        strategy = node.strategy
+        assert isinstance(strategy, EdgeGossipStrategy)
+        known = strategy.stats()["known_rates"]
+        assert set(known) == set(_names(5))  # also of non-neighbours, through the tables
+        expected = balanced_batch_size(100, strategy.rate, list(known.values()), 5, 4, 64)
+        assert strategy.batch_size_wanted() == expected
+    wanted = {n.name: n.strategy.batch_size_wanted() for n in nodes}
+    assert wanted["n03"] < wanted["n01"] < wanted["n00"]  # slower workers take smaller batches
+
+
+def test_the_baseline_keeps_its_fixed_batch_and_shares_no_rates():
+    strategy = _strategy(batch_size=24)
+    strategy.poll(0.0)
+    _step(strategy)
+    strategy.poll(1.0)
+    out = _step(strategy)
+
+    assert strategy.batch_size_wanted() == 24
+    assert all(o.message.meta == {} for o in out)
+
+
+# -- accuracy-aware mixing and plateau ---------------------------------------------------------------
+
+
+def _edge_with_neighbours(batches: dict[str, int], scores: dict[str, float], own_score: float | None,
+                          own_batch: int = 8, **params) -> EdgeGossipStrategy:
+    members = ("a", *sorted(batches))
+    strategy = _strategy("edgegossip", members=members, topology="complete", **params)
+    assert isinstance(strategy, EdgeGossipStrategy)
+    for seed, name in enumerate(sorted(batches), start=1):
+        meta = {"batch": batches[name]} | ({"accuracy": scores[name]} if name in scores else {})
+        strategy.on_message(_model_from(name, seed, meta=meta))
+    _step(strategy, batch=own_batch)
+    if own_score is not None:
+        strategy.on_evaluation(own_score, 0.5)
+    return strategy
+
+
+def test_accuracy_bias_keeps_every_row_a_valid_averaging_step():
+    rng = random.Random(4)
+    for _ in range(100):
+        names = [f"p{k}" for k in range(rng.randint(1, 6))]
+        batches = {n: rng.randint(1, 64) for n in names}
+        scores = {n: rng.random() for n in names if rng.random() < 0.8}
+        strategy = _edge_with_neighbours(batches, scores, rng.choice([None, rng.random()]),
+                                         own_batch=rng.randint(1, 64), accuracy_bias=rng.choice([0.0, 4.0, 50.0]))
+
+        _assert_valid_row(strategy, strategy.mixing_row())
+
+
+def test_neighbours_less_accurate_than_the_worker_weigh_less_and_the_rest_keep_w():
+    biased = _edge_with_neighbours({"b": 8, "c": 8, "d": 8}, {"b": 0.9, "c": 0.5, "d": 0.7}, 0.7)
+    neutral = _edge_with_neighbours({"b": 8, "c": 8, "d": 8}, {"b": 0.9, "c": 0.5, "d": 0.7}, 0.7,
+                                    accuracy_bias=0.0)
+    base = build_graph("complete", "abcd").weights["a"]
+
+    row = biased.mixing_row()
+
+    assert row["b"] == row["d"] == base["b"] > row["c"]  # Metropolis-Hastings: min(1, pi_c / pi_a) < 1
+    assert row["c"] == pytest.approx(base["c"] * math.exp(4.0 * (0.5 - 0.7)))
+    assert neutral.mixing_row() == pytest.approx(dict(base))
+    assert row["a"] > neutral.mixing_row()["a"]  # bounded: what the worse one loses stays home
+
+
+def test_with_lr_zero_accuracy_aware_mixing_drives_to_the_accuracy_weighted_mean():
+    bus = FakeBus()
+    nodes = _cluster(bus, "edgegossip", 4, topology="ring", lr_scale=0.0, score_every=1, accuracy_bias=4.0)
+    accuracies = [0.9, 0.5, 0.6, 0.7]
+    for node, accuracy in zip(nodes, accuracies, strict=True):
+        node.strategy.on_evaluation(accuracy, 0.5)
+    pi = torch.tensor([math.exp(4.0 * a) for a in accuracies], dtype=torch.float64)
+    target = ((pi / pi.sum())[:, None] * _models(nodes)).sum(dim=0)
+    plain = _models(nodes).mean(dim=0)
+    assert float((target - plain).abs().max()) > 100 * TOLERANCE
+
+    drive(bus, nodes, steps=80)
+
+    assert _max_distance(nodes, target) < TOLERANCE
+
+
+def test_the_rows_of_two_workers_with_the_same_knowledge_are_in_detailed_balance():
+    # pi ~ samples * exp(beta * accuracy): pi_a P_ab = pi_b P_ba, the chain is reversible.
+    a = _edge_with_neighbours({"b": 32}, {"b": 0.6}, 0.8, own_batch=8)
+    b = _strategy("edgegossip", worker="b", members=("a", "b"), topology="complete", seed=1)
+    b.on_message(_model_from("a", 0, meta={"batch": 8, "accuracy": 0.8}))
+    _step(b, batch=32)
+    b.on_evaluation(0.6, 0.5)
+
+    pi_a, pi_b = 8 * math.exp(4.0 * 0.8), 32 * math.exp(4.0 * 0.6)
+    assert pi_a * a.mixing_row()["b"] == pytest.approx(pi_b * b.mixing_row()["a"])
+
+
+def test_scores_ride_in_metadata_every_k_iterations():
+    strategy = _strategy("edgegossip", score_every=3)
+    strategy.on_evaluation(0.75, 0.4)
+
+    shared = [any("accuracy" in o.message.meta for o in _step(strategy)) for _ in range(6)]
+
+    assert shared == [False, False, True, False, False, True]
+
+
+def test_a_plateau_decays_the_learning_rate_and_the_step_uses_it(monkeypatch):
+    strategy = _strategy("edgegossip", plateau_patience=2, plateau_eps=0.01, lr_decay=0.5, min_lr_scale=0.2)
+    scales: list[float] = []
+    apply = strategy.trainer.apply_gradient
+
+    def spy(grads, lr_scale=1.0, buffer_deltas=None):
+        scales.append(lr_scale)
+        return apply(grads, lr_scale=lr_scale, buffer_deltas=buffer_deltas)
+
+    monkeypatch.setattr(strategy.trainer, "apply_gradient", spy)
+    accuracies = [0.50, 0.60, 0.605, 0.61, 0.70, 0.69, 0.70, 0.70, 0.70, 0.70, 0.70]
+    decays = []
+    for accuracy in accuracies:
+        strategy.on_evaluation(accuracy, 1.0)
+        decays.append(strategy.decays)
+        _step(strategy)
+
+    # No gain above 0.01 after 0.60 twice -> decay; 0.70 is a gain; then every second stall decays.
+    assert decays == [0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 4]
+    assert scales == [1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25, 0.2, 0.2, 0.2]
+    assert strategy.stats()["lr_scale"] == 0.2
+
+
+def test_training_stops_after_the_configured_number_of_decays():
+    strategy = _strategy("edgegossip", plateau_patience=1, stop_after_decays=2)
+    for accuracy in (0.5, 0.5):
+        strategy.on_evaluation(accuracy, 1.0)
+    assert strategy.can_train()
+
+    strategy.on_evaluation(0.5, 1.0)
+
+    assert not strategy.can_train()
+
+
+def test_malformed_metadata_is_ignored_and_counted():
+    strategy = _strategy("edgegossip")
+    meta = {"rates": {"b": ["fast", 1], "c": [5.0, 2], "zz": [1.0, 1]}, "batch": -3, "accuracy": 7}
+    strategy.on_message(_model_from("b", seed=1, meta=meta))
+
+    assert strategy.stats()["known_rates"] == {"c": 5.0}
+    assert strategy.counters["bad_rate_entries"] == 1
+    _assert_valid_row(strategy, strategy.mixing_row())
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gossip", "edgegossip"])
+def test_state_round_trips_and_the_restored_worker_continues_identically(name):
+    bus = FakeBus()
+    nodes = _cluster(bus, name, 3, topology="ring", batch=[8, 16, 8])
+
+    def evaluate(round_index: int) -> None:
+        for node in nodes:
+            node.strategy.on_evaluation(0.5 + 0.01 * (round_index % 3), 0.7)
+
+    drive(bus, nodes, steps=6, periods={"n00": 1, "n01": 2, "n02": 1}, on_round=evaluate)
+    original = nodes[1]
+    buffer = io.BytesIO()
+    torch.save({"trainer": original.trainer.state_dict(), "strategy": original.strategy.state_dict()}, buffer)
+    saved = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    trainer = _trainer(seed=5)
+    trainer.load_state_dict(saved["trainer"])
+    fresh = create(name, StrategyContext(worker_id=original.name, trainer=trainer, members=_names(3)),
+                   topology="ring")
+    fresh.load_state_dict(saved["strategy"])
+    copy = TrainingDriver(original.name, trainer, fresh, DriverConfig(job="test"))
+
+    features, labels = _data(3)
+    for driver in (original.driver, copy):
+        driver.poll(10.0)
+    outputs = [[o.value for o in d.step(features[:8], labels[:8]).outbound] for d in (original.driver, copy)]
+
+    assert outputs[0] == outputs[1] and outputs[0]
+    assert fresh.stats() == original.strategy.stats()
+    assert trainer.parameter_digest() == original.trainer.parameter_digest()
