@@ -280,12 +280,13 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     cfg, bootstrap = _process_config(args, SERVER_NAME)
     check_training_config(cfg)
-    from trainers.strategies import roles
+    from trainers.strategies import names, roles
 
     if not cfg.train.enabled or "server" not in roles(cfg.train.strategy):
+        with_server = ", ".join(n for n in names() if "server" in roles(n))
         raise CommandError(f"train.strategy={cfg.train.strategy!r} (train.enabled={cfg.train.enabled}) has "
-                           "no server role; `edgestream server` runs with e.g. --set train.enabled=true "
-                           "--set train.strategy=asp", EXIT_CONFIG)
+                           f"no server role; `edgestream server` runs strategies that have one ({with_server}), "
+                           "e.g. --set train.enabled=true --set train.strategy=asp", EXIT_CONFIG)
     run_server(cfg, bootstrap, args.metrics_port, loglevel=args.loglevel)
     return 0
 
