@@ -495,7 +495,7 @@ def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[
             f"| {name} | {' '.join(f'{x:g}' for x in g.rates)} | {' '.join(f'{x:g}' for x in g.slowdowns)} "
             f"| {' '.join(f'{x:g}' for x in g.links_mbit)} | {heterogeneity(g.rates):.2f} "
             f"| {heterogeneity(tuple(1 / x for x in g.slowdowns)):.2f} | {heterogeneity(g.links_mbit):.2f} |")
-    lines += ["", "Cost models: " + cost_line(calibration), ""]
+    lines += ["", "Cost models: " + cost_line(calibration), "", "Rows: " + rows_line(s), ""]
     header = "| row | " + " | ".join(f"{r} {p}" for r, p in columns) + " |"
     rule = "|---|" + "---:|" * len(columns)
     for cost in costs:
@@ -531,6 +531,17 @@ def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[
     ]
     lines += [f"Note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+def rows_line(s: Settings) -> str:
+    return (f"bsp fixed batch {BATCH}, LR {s.lr:g} on the aggregate; asp / ssp: fixed batch {BATCH}, server LR "
+            f"{s.lr:g} x {BATCH} / ({BATCH} N) per gradient, asp rejects staleness > {s.asp_max_staleness}, ssp blocks a "
+            f"worker s clocks ahead and scales steps by 1 / (1 + staleness); adsp: local SGD at LR {s.lr:g}, fixed "
+            f"batch {BATCH}, period {s.adsp_period_s:g} s, C = {s.adsp_commit_rate} at the start (a commit every "
+            f"{s.adsp_period_s / s.adsp_commit_rate:g} s), min interval {s.adsp_min_interval_s:g} s, search on, server "
+            f"W += delta / N; localsgd: H = {s.localsgd_period_steps} local steps at LR {s.lr:g}, then the weighted "
+            f"average (momentum kept locally); scadles rows: {s.window_s:g} s windows, batch cap {MAX_BATCH}, linear LR "
+            f"scaling (benchmarks/strategies.py has the details).")
 
 
 def cost_line(calibration: dict[str, Any] | None) -> str:
@@ -756,7 +767,8 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
         f"### Real broker: {spec.regime} / {spec.partition}, {entries[0]['workers']} workers (one per device"
         f"{_hosts(entries[0]['workers'])}) "
         f"{'+ a server (' + ', '.join(sorted({e['row'] for e in entries if e['server']})) + ') ' if any(e['server'] for e in entries) else ''}on this machine; "
-        f"{s.acc_budget_s:.0f} s of streaming; wall time from the first record",
+        f"{s.acc_budget_s:.0f} s of streaming; wall time from the first record. The sim columns are the "
+        f"predictions made with the real run (the calibration of that invocation).",
         "",
         "| seed | row | real TTA s | vs BSP | acc @ end | last evaluation s | sim TTA (default) | real / sim "
         "| sim TTA (calibrated) | real / sim | model version | notes |",
