@@ -377,8 +377,9 @@ def run_job(
                     time.monotonic() - settle["since"] >= 3.0
 
             if drain:
+                blocked = BlockedWatch(scrape_all(ctx.workers))
                 wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered",
-                         on_fail=lambda: "; per device: " + json.dumps(
+                         on_fail=lambda: blocked.hint(scrape_all(ctx.workers)) + "; per device: " + json.dumps(
                              device_view(cfg, scrape_all(ctx.workers), report)),
                          since=ctx.last_ready_at)
             if training and drain:
@@ -487,6 +488,28 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
             except Exception:  # a malformed message carries no records
                 pass
     return total
+
+
+class BlockedWatch:
+    """Which workers the sync rule kept from training during the drain (their
+    ``edgestream_blocked_seconds_total`` grew: SSP workers waiting for a peer whose stream
+    ended), for the message of a drain that timed out."""
+
+    def __init__(self, scrapes: dict[str, Scrape]) -> None:
+        self._start = self._blocked(scrapes)
+
+    @staticmethod
+    def _blocked(scrapes: dict[str, Scrape]) -> dict[str, float]:
+        return {w: s.get("edgestream_blocked_seconds_total", worker=w) for w, s in scrapes.items()}
+
+    def hint(self, scrapes: dict[str, Scrape]) -> str:
+        now = self._blocked(scrapes)
+        waiting = sorted(w for w, v in now.items() if v - self._start.get(w, v) > 1.0)
+        if not waiting:
+            return ""
+        return (f"; {', '.join(waiting)} kept waiting for the slowest worker (the strategy's staleness "
+                "bound); once that one has no records left they wait for good: give the devices equal "
+                "streams, a larger bound, or a longer run.drain_timeout_s")
 
 
 class VersionsQuiet:
