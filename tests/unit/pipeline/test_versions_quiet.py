@@ -1,9 +1,9 @@
-"""The end-of-run settle check: equal worker versions, or versions that stopped moving."""
+"""The end of a run: equal worker versions or versions that stopped moving; a drain that timed out names the workers a staleness bound kept waiting."""
 
 from __future__ import annotations
 
 from monitoring.scrape import Sample, Scrape
-from pipeline.run import VersionsQuiet
+from pipeline.run import BlockedWatch, VersionsQuiet
 
 
 def scrapes(**versions: float) -> dict[str, Scrape]:
@@ -34,3 +34,15 @@ def test_distinct_versions_settle_once_nothing_moved_for_the_quiet_time():
     assert not quiet.settled(scrapes(server=41, w0=38, w1=41))
     clock.now = 9.0
     assert quiet.settled(scrapes(server=41, w0=38, w1=41))
+
+
+def test_a_timed_out_drain_names_the_workers_still_blocked():
+    def blocked(**seconds: float) -> dict[str, Scrape]:
+        return {name: Scrape([Sample("edgestream_blocked_seconds_total", (("worker", name),), v)])
+                for name, v in seconds.items()}
+
+    watch = BlockedWatch(blocked(w0=10.0, w1=10.0, w2=0.0))
+
+    assert watch.hint(blocked(w0=10.5, w1=10.0, w2=0.0)) == ""  # nobody waited during the drain
+    hint = watch.hint(blocked(w0=30.0, w1=10.0, w2=0.0))
+    assert hint.startswith("; w0 kept waiting for the slowest worker") and "w1" not in hint
