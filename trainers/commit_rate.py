@@ -65,15 +65,18 @@ class CommitScheduler:
 
     The timer starts at the first :meth:`due` call (the first time the worker is
     polled); a commit is due once ``interval_s`` has passed since the start or the
-    last :meth:`committed`. Changing the interval (a new ``C``) moves the next due
-    time to ``last commit + new interval``, so a shorter interval takes effect at once.
+    last commit's *due time*: a commit made late (a slow worker is polled only between
+    its long steps) keeps the cadence, so slow and fast workers commit equally often.
+    A commit later than a whole interval restarts the cadence at the commit (no burst of
+    catch-up commits). Changing the interval (a new ``C``) moves the next due time to
+    ``last anchor + new interval``, so a shorter interval takes effect at once.
 
     Invariant: ``next_due`` is None before the timer started, else ``anchor + interval_s``.
     """
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = self._check(interval_s)
-        self._anchor: float | None = None  # start, or time of the last commit
+        self._anchor: float | None = None  # start, or due time (or time, if very late) of the last commit
 
     @staticmethod
     def _check(interval_s: float) -> float:
@@ -98,8 +101,11 @@ class CommitScheduler:
         return now >= self._anchor + self.interval_s
 
     def committed(self, now: float) -> None:
-        """A commit happened at ``now``: the next one is due ``interval_s`` later."""
-        self._anchor = _finite("now", now)
+        """A commit happened at ``now``: the next one is due ``interval_s`` after the time
+        this one was due, or after ``now`` if it came early or more than an interval late."""
+        now = _finite("now", now)
+        due = self.next_due
+        self._anchor = due if due is not None and due <= now < due + self.interval_s else now
 
     def set_interval(self, interval_s: float) -> None:
         """Use a new interval from the last commit (or the start) on."""

@@ -44,10 +44,12 @@ def test_the_scheduler_starts_at_the_first_poll_and_resets_on_commit():
     assert scheduler.next_due == 105.0
     assert not scheduler.due(clock.advance(4.9))
     assert scheduler.due(clock.advance(0.1))
-    scheduler.committed(clock.advance(1.0))  # committed a little late, at 106
-    assert scheduler.next_due == 111.0
-    assert not scheduler.due(clock.advance(4.0))
-    assert scheduler.due(clock.advance(1.0))
+    scheduler.committed(clock.advance(1.0))  # committed a little late, at 106: the cadence holds
+    assert scheduler.next_due == 110.0
+    assert not scheduler.due(clock.advance(3.9))
+    assert scheduler.due(clock.advance(0.1))
+    scheduler.committed(clock.advance(6.0))  # more than an interval late (116): no catch-up burst
+    assert scheduler.next_due == 121.0
 
 
 def test_a_scheduler_restored_from_another_clock_starts_afresh():
