@@ -606,12 +606,15 @@ class RealSpec:
     partition: str
     rows: list[str] = field(default_factory=lambda: ["bsp", "scadles", "asp"])
     workers: int = 10
+    slowdowns: tuple[float, ...] | None = None
+    """Replaces the regime's slowdowns (one per worker), e.g. to set a heterogeneity H."""
 
     @classmethod
-    def parse(cls, text: str, workers: int = 10) -> RealSpec:
+    def parse(cls, text: str, workers: int = 10, slowdowns: tuple[float, ...] | None = None) -> RealSpec:
         head, _, rows = text.partition(":")
         regime, _, partition = head.partition("/")
-        spec = cls(regime, partition or "iid", [r for r in rows.split(",") if r] or ["bsp", "scadles", "asp"], workers)
+        spec = cls(regime, partition or "iid", [r for r in rows.split(",") if r] or ["bsp", "scadles", "asp"], workers,
+                   slowdowns)
         if spec.regime not in regimes() or spec.regime == "network":
             raise ValueError(f"--real regime must be one of rates, compute, both (the broker has no link shaping), "
                              f"got {spec.regime!r}")
@@ -622,7 +625,14 @@ class RealSpec:
             raise ValueError(f"--real rows {sorted(unknown)} unknown; choose from {', '.join(ROWS)}")
         if not 1 <= spec.workers <= 10:
             raise ValueError(f"--real-workers must be in 1..10, got {spec.workers}")
+        if spec.slowdowns is not None and (len(spec.slowdowns) != spec.workers or min(spec.slowdowns) < 1):
+            raise ValueError(f"--real-slowdowns needs {spec.workers} factors >= 1, got {spec.slowdowns}")
         return spec
+
+    def regime_def(self) -> Regime:
+        """The regime's first ``workers`` hosts, with ``slowdowns`` if given."""
+        regime = _first(regimes()[self.regime], self.workers)
+        return regime if self.slowdowns is None else replace(regime, slowdowns=tuple(self.slowdowns))
 
 
 def _row_mode(row: str, s: Settings, regime: Regime, partition: str, n: int, seed: int) -> simclock.Mode:
@@ -637,7 +647,7 @@ def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed:
     from time_to_accuracy import Settings as TtaSettings
     from time_to_accuracy import job_config
 
-    regime = regimes()[spec.regime]
+    regime = spec.regime_def()
     tta = TtaSettings(scale=s.scale, window_s=s.window_s, budget_s=s.acc_budget_s, target=s.target, delta=s.delta,
                       eval_every_s=s.eval_every_s, lr=s.lr, momentum=s.momentum, seed=seed, slowdown=regime.slowdowns)
     scadles = row.startswith("scadles")
@@ -648,7 +658,7 @@ def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed:
         cfg.devices.count = n
         cfg.devices.ids = cfg.devices.ids[:n]
         cfg.workers.count = n
-        cfg.workers.slowdown = list(regime.slowdowns[:n])
+    cfg.workers.slowdown = list(regime.slowdowns)
     if not scadles and row != "bsp":
         # The simulated row's strategy, parameters and LR (fixed batch 64, as BSP's job).
         mode = _row_mode(row, s, regime, spec.partition, n, seed)
@@ -687,7 +697,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                          f"({cfg.run.duration_s:.0f} s of streaming) ...")
                 started = time.monotonic()
                 entry: dict[str, Any] = {"regime": spec.regime, "partition": spec.partition, "seed": seed, "row": row,
-                                         "workers": cfg.workers.count,
+                                         "workers": cfg.workers.count, "slowdowns": list(cfg.workers.slowdown),
                                          "server": "server" in strategies.roles(cfg.train.strategy),
                                          "loadavg_before": os.getloadavg()}
                 try:
@@ -735,7 +745,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                 for cost in COST_MODELS:
                     if cost == "calibrated" and calibration is None:
                         continue
-                    report = simclock.run(mode, streams, cost_model(cost, _first(regimes()[spec.regime], spec.workers), calibration),
+                    report = simclock.run(mode, streams, cost_model(cost, spec.regime_def(), calibration),
                                           config)
                     entry["simulated"][cost] = {"tta_s": report.tta_s, "acc_at_budget": report.final_accuracy,
                                                 "steps": report.steps}
@@ -758,6 +768,20 @@ def _s(v: float | None) -> str:
     return "missed" if v is None else f"{v:.1f} s"
 
 
+def _real_key(e: dict[str, Any]) -> tuple[Any, ...]:
+    """The subset a real entry belongs to (older entries carry no ``slowdowns``: the regime's)."""
+    regime = regimes()[e["regime"]]
+    slow = tuple(e.get("slowdowns") or regime.slowdowns[: e["workers"]])
+    return (e["regime"], e["partition"], e["workers"], None if slow == regime.slowdowns[: e["workers"]] else slow)
+
+
+def _slow(spec: RealSpec) -> str:
+    if spec.slowdowns is None:
+        return ""
+    return (f"; slowdowns {' '.join(f'{x:g}' for x in spec.slowdowns)} instead, "
+            f"H speeds {heterogeneity(tuple(1 / x for x in spec.slowdowns)):.2f}")
+
+
 def _hosts(n: int) -> str:
     return "" if n == 10 else f": the regime's first {n} hosts"
 
@@ -765,7 +789,7 @@ def _hosts(n: int) -> str:
 def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) -> str:
     lines = [
         f"### Real broker: {spec.regime} / {spec.partition}, {entries[0]['workers']} workers (one per device"
-        f"{_hosts(entries[0]['workers'])}) "
+        f"{_hosts(entries[0]['workers'])}{_slow(spec)}) "
         f"{'+ a server (' + ', '.join(sorted({e['row'] for e in entries if e['server']})) + ') ' if any(e['server'] for e in entries) else ''}on this machine; "
         f"{s.acc_budget_s:.0f} s of streaming; wall time from the first record. The sim columns are the "
         f"predictions made with the real run (the calibration of that invocation).",
@@ -825,6 +849,7 @@ def main() -> None:
     parser.add_argument("--real-repeats", type=int, default=1, help="seeds of the real subset")
     parser.add_argument("--real-workers", type=int, default=10,
                         help="workers (and devices: the regime's first N) of the real subset")
+    parser.add_argument("--real-slowdowns", help="comma list, one per real worker: replaces the regime's slowdowns")
     parser.add_argument("--bootstrap", help="existing cluster for --real (default: start a local broker)")
     parser.add_argument("--real-from", action="append", metavar="JSON",
                         help="keep the real-broker entries of an earlier strategies.json (repeatable)")
@@ -850,7 +875,8 @@ def main() -> None:
         rows += [r for r in extra if r not in rows]
         notes.append(f"registered strategies without a tuned row, run with defaults: {', '.join(extra)}")
     try:
-        real = RealSpec.parse(args.real, args.real_workers) if args.real else None
+        slow = tuple(float(x) for x in args.real_slowdowns.split(",")) if args.real_slowdowns else None
+        real = RealSpec.parse(args.real, args.real_workers, slow) if args.real else None
     except ValueError as exc:
         parser.error(str(exc))
     columns = [(r, p) for r in regime_names for p in partitions]
@@ -896,14 +922,14 @@ def main() -> None:
         new_entries = real_runs(real, s, args.real_repeats, args.bootstrap, calibration,
                                 progress=lambda line: print(line, flush=True))
         # A new run of the same subset replaces the kept one.
-        kept = [e for e in kept if (e["regime"], e["partition"], e["workers"], e["row"], e["seed"])
-                not in {(n["regime"], n["partition"], n["workers"], n["row"], n["seed"]) for n in new_entries}]
+        kept = [e for e in kept if _real_key(e) + (e["row"], e["seed"])
+                not in {_real_key(n) + (n["row"], n["seed"]) for n in new_entries}]
     real_entries = kept + new_entries
-    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for e in real_entries:
-        groups.setdefault((e["regime"], e["partition"], e["workers"]), []).append(e)
-    for (regime, partition, workers), entries in groups.items():
-        spec = RealSpec(regime, partition, list(dict.fromkeys(e["row"] for e in entries)), workers)
+        groups.setdefault(_real_key(e), []).append(e)
+    for (regime, partition, workers, slow), entries in groups.items():
+        spec = RealSpec(regime, partition, list(dict.fromkeys(e["row"] for e in entries)), workers, slow)
         md += "\n\n" + real_markdown(entries, spec, s)
     print(md)
     out = Path(args.out)
