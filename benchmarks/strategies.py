@@ -48,7 +48,7 @@ Never asserts.
     python benchmarks/strategies.py [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
         [--regimes rates,compute,both,network] [--partitions iid,dirichlet] [--rows bsp,asp,...]
         [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--real-workers 10] [--bootstrap HOST:PORT]
-        [--reuse-matrix results/strategies.json] [--real-from OLD.json]
+        [--reuse-matrix results/strategies.json [--rerun ROWS]] [--real-from OLD.json]
 
 ``--real-workers N`` runs the real subset on the regime's first N devices (e.g. ``--real
 both/iid:bsp,adsp --real-workers 4``). Real-broker entries are kept across invocations: those
@@ -856,6 +856,8 @@ def main() -> None:
     parser.add_argument("--reuse-matrix", metavar="JSON",
                         help="take the simulated runs (and calibration) from an earlier strategies.json with the same "
                              "settings instead of simulating again (e.g. to add a --real subset)")
+    parser.add_argument("--rerun", metavar="ROWS",
+                        help="with --reuse-matrix: simulate these rows again (comma list), reuse the others")
     parser.add_argument("--out", default=str(RESULTS / "strategies"), help="output path without suffix")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -896,14 +898,25 @@ def main() -> None:
               + ", ".join(f"{b}: {v * 1e3:.3f} ms" for b, v in calibration["median_s"].items()), flush=True)
     tasks = [Task(r, p, seed, "oracle", None) for seed in seeds for r, p in columns]
     tasks += [Task(r, p, seed, row, cost) for seed in seeds for r, p in columns for cost in costs for row in rows]
+    rerun = [r for r in (args.rerun or "").split(",") if r]
     if previous is not None:
-        wanted = {(t.regime, t.partition, t.seed, t.row, t.cost) for t in tasks}
+        again = [t for t in tasks if t.row in rerun]
+        wanted = {(t.regime, t.partition, t.seed, t.row, t.cost) for t in tasks if t.row not in rerun}
         raw = [r for r in previous["runs"] if (r["regime"], r["partition"], r["seed"], r["row"], r["cost"]) in wanted]
         missing = len(wanted) - len(raw)
         if missing:
             parser.error(f"--reuse-matrix: {missing} of the {len(wanted)} runs asked for are not in {args.reuse_matrix}")
         seconds = previous["matrix_seconds"]
         print(f"reusing {len(raw)} simulated runs from {args.reuse_matrix}", flush=True)
+        if again:
+            # Rows whose code changed since: simulated again, the rest kept (same settings and seeds).
+            print(f"simulating {len(again)} runs of {', '.join(rerun)} again on {args.jobs} processes ...", flush=True)
+            started = time.monotonic()
+            raw += run_matrix(again, s, calibration, args.jobs, progress=lambda line: print(line, flush=True))
+            notes.append(f"rows {', '.join(rerun)} simulated again ({(time.monotonic() - started) / 60:.1f} min) "
+                         f"after a code change; the other rows are from the earlier run")
+            order = {(t.regime, t.partition, t.seed, t.row, t.cost): i for i, t in enumerate(tasks)}
+            raw.sort(key=lambda r: order[(r["regime"], r["partition"], r["seed"], r["row"], r["cost"])])
     else:
         print(f"{len(tasks)} simulated runs on {args.jobs} processes ...", flush=True)
         started = time.monotonic()
