@@ -417,6 +417,29 @@ def poll(bus: FakeBus, node: Node, now: float) -> None:
     bus.publish(node.name, node.poll(now), now=now)
 
 
+def drive_ticks(
+    bus: FakeBus, server: Node, workers: Sequence[Node], seconds: int, clock: FakeClock,
+    compute_ticks: dict[str, int],
+) -> None:
+    """A server and timer-driven workers (ADSP-like), one tick per second: the server reads
+    and polls; each worker polls (its timers may publish), reads, and takes a local step
+    when its compute period (``compute_ticks[name]`` seconds) divides the tick. Then every
+    process reads what is left."""
+    for tick in range(seconds):
+        now = clock.now
+        pump(bus, server, now=now)
+        poll(bus, server, now)
+        for worker in workers:
+            poll(bus, worker, now)
+            pump(bus, worker, now=now)
+            if tick % compute_ticks[worker.name] == 0:
+                train_once(bus, worker, now=now)
+        clock.advance(1.0)
+    pump(bus, server)
+    for worker in workers:
+        pump(bus, worker)
+
+
 def announce(bus: FakeBus, node: Node, workers: Sequence[str], *, now: float = 0.0) -> None:
     """Tell ``node`` the live workers changed; publish what it answers."""
     bus.publish(node.name, node.membership(workers), now=now)

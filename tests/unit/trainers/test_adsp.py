@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from tests.unit.trainers.fakes import FakeClock, poll, pump, train_once
+from tests.unit.trainers.fakes import FakeClock, drive_ticks
 from trainers.errors import StrategyError
 from trainers.evaluation import evaluate
 from trainers.messages import UpdateMessage
@@ -36,21 +36,7 @@ def make_job(make_node, digits):
 
 
 def _run(bus, server, workers, seconds: int, clock: FakeClock) -> None:
-    """One tick per second: the server reads and polls; each worker polls (commits), reads,
-    and takes a local step when its compute period divides the tick."""
-    for tick in range(seconds):
-        now = clock.now
-        pump(bus, server, now=now)
-        poll(bus, server, now)
-        for worker in workers:
-            poll(bus, worker, now)
-            pump(bus, worker, now=now)
-            if tick % COMPUTE_TICKS[worker.name] == 0:
-                train_once(bus, worker, now=now)
-        clock.advance(1.0)
-    pump(bus, server)
-    for worker in workers:
-        pump(bus, worker)
+    drive_ticks(bus, server, workers, seconds, clock, COMPUTE_TICKS)
 
 
 def test_workers_of_different_speeds_commit_equally_often_and_learn(bus, make_job, digits, record_property):

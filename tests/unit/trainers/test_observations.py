@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from monitoring.metrics import OBSERVATIONS
-from tests.unit.trainers.fakes import FakeClock, drive_bsp, poll, pump, train_once
+from tests.unit.trainers.fakes import FakeClock, drive_bsp, drive_ticks, poll, pump, train_once
 from trainers.strategies.base import Observations
 
 WORKERS = ("w0", "w1", "w2")
@@ -45,19 +45,7 @@ def adsp_job(make_node, digits):
 
 
 def _run_adsp(bus, server, workers, seconds: int, clock: FakeClock) -> None:
-    for tick in range(seconds):
-        now = clock.now
-        pump(bus, server, now=now)
-        poll(bus, server, now)
-        for worker in workers:
-            poll(bus, worker, now)
-            pump(bus, worker, now=now)
-            if tick % COMPUTE_TICKS[worker.name] == 0:
-                train_once(bus, worker, now=now)
-        clock.advance(1.0)
-    pump(bus, server)
-    for worker in workers:
-        pump(bus, worker)
+    drive_ticks(bus, server, workers, seconds, clock, COMPUTE_TICKS)
 
 
 def test_adsp_reports_c_committed_local_steps_and_the_fitted_curve(bus, adsp_job):
