@@ -121,6 +121,12 @@ class WorkersSection:
     #: waits (slowdown[i] - 1) * t (cycled if shorter than the worker count; [] = none).
     slowdown: list[float] = field(default_factory=list)
 
+    #: Emulated device compute cost (seconds): a local step on n records takes at least
+    #: (step_base_s + step_per_record_s * n) * slowdown[i] in total, the measured compute
+    #: included (see ``emulated_wait_s``). 0 and 0: off (only the slowdown rule above).
+    step_base_s: float = 0.0
+    step_per_record_s: float = 0.0
+
     #: CPU affinity per worker (Linux ``sched_setaffinity``), for real compute heterogeneity:
     #: CPU lists such as "0", "1-3" or "0+2" (cycled like slowdown; [] = no pinning).
     #: Workers pinned to one shared CPU get a share of it; the others run on their own.
@@ -129,9 +135,25 @@ class WorkersSection:
     def slowdown_of(self, index: int) -> float:
         return float(self.slowdown[index % len(self.slowdown)]) if self.slowdown else 1.0
 
+    def wait_after_step_s(self, index: int, measured_s: float, records: int) -> float:
+        """Seconds worker ``index`` waits after a local step (``emulated_wait_s``)."""
+        return emulated_wait_s(measured_s, records, self.step_base_s, self.step_per_record_s, self.slowdown_of(index))
+
     def cpus_of(self, index: int) -> set[int] | None:
         """The CPUs worker ``index`` is pinned to (None: not pinned)."""
         return parse_cpu_list(self.cpus[index % len(self.cpus)]) if self.cpus else None
+
+
+def emulated_wait_s(measured_s: float, records: int, base_s: float, per_record_s: float, slowdown: float) -> float:
+    """How long a worker waits after a local step of ``records`` records whose compute took
+    ``measured_s`` seconds, emulating a device ``slowdown`` times slower than the reference.
+
+    The step is made to last ``max(slowdown * measured_s, (base_s + per_record_s * records)
+    * slowdown)`` in total, so the wait is that minus ``measured_s`` (never negative): the
+    slowdown rule alone (wait ``(slowdown - 1) * measured_s``) when the emulated cost is 0 or
+    shorter, else the emulated device cost, the measured compute counting towards it."""
+    emulated_s = (base_s + per_record_s * records) * slowdown
+    return max(0.0, max(slowdown * measured_s, emulated_s) - measured_s)
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -303,6 +325,8 @@ class JobConfig:
         _positive("kafka.max_message_bytes", self.kafka.max_message_bytes)
         if any(f < 1 for f in self.workers.slowdown):
             raise ConfigError(f"workers.slowdown factors must be >= 1 (got {self.workers.slowdown})")
+        _non_negative("workers.step_base_s", self.workers.step_base_s)
+        _non_negative("workers.step_per_record_s", self.workers.step_per_record_s)
         for entry in self.workers.cpus:
             try:
                 parse_cpu_list(entry)

@@ -49,7 +49,7 @@ import faust
 import numpy as np
 
 from monitoring.metrics import Metrics
-from pipeline.config import ConfigError, JobConfig
+from pipeline.config import ConfigError, JobConfig, emulated_wait_s
 from pipeline.ingest import CONSUMED, DEAD
 from streams import codec, topics
 from streams.batching import Batch, BatchQueue
@@ -598,9 +598,12 @@ class TrainingRuntime:
         if stepped.rejection is not None:
             await self._reject(parts, stepped.rejection)
             return
-        if self.slowdown > 1.0:
-            # emulated compute heterogeneity (a slower device), not synchronisation
-            await asyncio.sleep((self.slowdown - 1.0) * compute_s)
+        # Emulated compute heterogeneity and device cost (a slower device), not synchronisation:
+        # the step lasts max(slowdown x measured, (step_base_s + step_per_record_s x n) x slowdown).
+        emulated_s = emulated_wait_s(compute_s, size, self.cfg.workers.step_base_s,
+                                     self.cfg.workers.step_per_record_s, self.slowdown)
+        if self.slowdown > 1.0 or emulated_s > 0.0:
+            await asyncio.sleep(emulated_s)
         compressed = any(o.compressed and o.kind in ("gradient", "delta") for o in stepped.outbound)
         self.stats.steps += 1
         self.stats.trained_records += size
