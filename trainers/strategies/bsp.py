@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from trainers.aggregation import linear_lr_scale, weighted_mean
 from trainers.errors import StrategyError
 from trainers.local import StepResult
@@ -234,15 +236,8 @@ class BSPStrategy(SyncStrategy):
             if not self._members or any(member not in bucket for member in self._members):
                 break
             contributions = [bucket[member] for member in self._members]  # sorted order
-            batch_sizes = [c.batch_size for c in contributions]
-            gradients = weighted_mean([c.tensors for c in contributions], batch_sizes)
-            buffer_deltas = None
-            buffer_names = {frozenset(c.buffers) for c in contributions}
-            if len(buffer_names) == 1 and contributions[0].buffers:
-                buffer_deltas = weighted_mean([c.buffers for c in contributions], batch_sizes)
-            elif len(buffer_names) > 1:
-                self.counters["buffer_sync_skipped"] += 1  # same decision on every replica
-            global_batch = sum(batch_sizes)
+            gradients, buffer_deltas = self._combine(contributions)
+            global_batch = sum(c.batch_size for c in contributions)
             lr_scale = linear_lr_scale(global_batch, self.reference_batch)
             for contribution in contributions:
                 self.staleness.record(step - contribution.base_version)
@@ -259,6 +254,21 @@ class BSPStrategy(SyncStrategy):
             if self._next_members is not None:
                 out += self._enter_next_view()
         return out
+
+    def _combine(
+        self, contributions: list[UpdateMessage]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """The sample-weighted means (``b_i / B``) of the contributions' tensors and of their
+        buffers, in the given (member) order; buffers only when every contribution carries the
+        same names (else None, counted: the same decision on every replica)."""
+        samples = [c.batch_size for c in contributions]
+        tensors = weighted_mean([c.tensors for c in contributions], samples)
+        buffer_names = {frozenset(c.buffers) for c in contributions}
+        if len(buffer_names) == 1 and contributions[0].buffers:
+            return tensors, weighted_mean([c.buffers for c in contributions], samples)
+        if len(buffer_names) > 1:
+            self.counters["buffer_sync_skipped"] += 1
+        return tensors, None
 
     def _after_step(self, step: int, contributions: list[UpdateMessage]) -> None:
         """Hook for subclasses: step ``step`` was applied from ``contributions`` (member order).

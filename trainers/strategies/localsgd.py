@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import weighted_mean
 from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
@@ -189,17 +188,12 @@ class LocalSGDStrategy(BSPStrategy):
             if not self._members or any(member not in bucket for member in self._members):
                 break
             contributions = [bucket[member] for member in self._members]  # sorted order
-            samples = [c.batch_size for c in contributions]
             anchor = self._current_anchor()
-            mean = weighted_mean([c.tensors for c in contributions], samples)
+            mean, buffer_mean = self._combine(contributions)
             params = {n: anchor["params"][n] + mean[n] for n in anchor["params"]}
             buffers = dict(anchor["buffers"])
-            buffer_names = {frozenset(c.buffers) for c in contributions}
-            if len(buffer_names) == 1 and contributions[0].buffers:
-                for n, d in weighted_mean([c.buffers for c in contributions], samples).items():
-                    buffers[n] = anchor["buffers"][n] + d
-            elif len(buffer_names) > 1:
-                self.counters["buffer_sync_skipped"] += 1  # same decision on every replica
+            for n, d in (buffer_mean or {}).items():
+                buffers[n] = anchor["buffers"][n] + d
             for contribution in contributions:
                 self.staleness.record(self._anchor_version - contribution.base_version)
             self.counters["non_member_gradients"] += len(bucket) - len(contributions)
