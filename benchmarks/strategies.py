@@ -53,7 +53,13 @@ Never asserts.
 ``--real-workers N`` runs the real subset on the regime's first N devices (e.g. ``--real
 both/iid:bsp,adsp --real-workers 4``). Real-broker entries are kept across invocations: those
 of the ``--reuse-matrix`` file and of ``--real-from`` files (a new run of the same subset,
-seed and row replaces its entry).
+seed and row replaces its entry). ``--real-step-cost BASE,PER_RECORD`` gives the live workers
+an emulated device compute cost (``workers.step_base_s``, ``workers.step_per_record_s``: a
+step on n records lasts at least (BASE + PER_RECORD n) x slowdown); by default the
+simulator's default cost model (0.01,0.002) when the real workers have compute slowdowns, so
+the live runs match the default prediction beside them. ``--real-row-params
+adsp:commit_rate=2,search=false`` replaces a row's strategy parameters in the real subset and
+its prediction alike.
 """
 
 from __future__ import annotations
@@ -608,9 +614,19 @@ class RealSpec:
     workers: int = 10
     slowdowns: tuple[float, ...] | None = None
     """Replaces the regime's slowdowns (one per worker), e.g. to set a heterogeneity H."""
+    step_cost: tuple[float, float] = (0.0, 0.0)
+    """Emulated device compute cost of the live workers (``workers.step_base_s``,
+    ``workers.step_per_record_s``): a step on n records lasts at least (base + per_record n)
+    x the worker's slowdown. (0, 0): only the slowdown rule (wait (slowdown - 1) x measured)."""
+    row_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per row, strategy parameters replacing the row's own (real run and its simulated
+    prediction alike), e.g. {"adsp": {"commit_rate": 2, "search": False}}."""
 
     @classmethod
-    def parse(cls, text: str, workers: int = 10, slowdowns: tuple[float, ...] | None = None) -> RealSpec:
+    def parse(cls, text: str, workers: int = 10, slowdowns: tuple[float, ...] | None = None,
+              step_cost: tuple[float, float] | None = None) -> RealSpec:
+        """``step_cost`` None: the simulator's default cost model when the workers have
+        compute slowdowns (so the live run matches its default prediction), else (0, 0)."""
         head, _, rows = text.partition(":")
         regime, _, partition = head.partition("/")
         spec = cls(regime, partition or "iid", [r for r in rows.split(",") if r] or ["bsp", "scadles", "asp"], workers,
@@ -627,6 +643,14 @@ class RealSpec:
             raise ValueError(f"--real-workers must be in 1..10, got {spec.workers}")
         if spec.slowdowns is not None and (len(spec.slowdowns) != spec.workers or min(spec.slowdowns) < 1):
             raise ValueError(f"--real-slowdowns needs {spec.workers} factors >= 1, got {spec.slowdowns}")
+        if spec.regime in regimes() and step_cost is None:
+            default = simclock.CostModel()
+            slowed = any(x > 1 for x in spec.regime_def().slowdowns)
+            step_cost = (default.compute_base_s, default.compute_per_record_s) if slowed else (0.0, 0.0)
+        if step_cost is not None:
+            if len(step_cost) != 2 or not all(math.isfinite(v) and v >= 0 for v in step_cost):
+                raise ValueError(f"--real-step-cost needs BASE,PER_RECORD (finite seconds >= 0), got {step_cost}")
+            spec.step_cost = (float(step_cost[0]), float(step_cost[1]))
         return spec
 
     def regime_def(self) -> Regime:
@@ -635,10 +659,36 @@ class RealSpec:
         return regime if self.slowdowns is None else replace(regime, slowdowns=tuple(self.slowdowns))
 
 
-def _row_mode(row: str, s: Settings, regime: Regime, partition: str, n: int, seed: int) -> simclock.Mode:
-    """The simulated row's mode for the regime's first ``n`` devices (the LR rules depend on ``n``)."""
+def _row_mode(row: str, s: Settings, regime: Regime, partition: str, n: int, seed: int,
+              params: dict[str, Any] | None = None) -> simclock.Mode:
+    """The simulated row's mode for the regime's first ``n`` devices (the LR rules depend on ``n``),
+    with ``params`` replacing some of its strategy parameters."""
     streams = simclock.StreamSet.from_fleet("digits", regime.rates[:n], partition=partition, seed=seed)
-    return row_modes(streams, s)[row]
+    return _with_params(row_modes(streams, s)[row], params)
+
+
+def _with_params(mode: simclock.Mode, params: dict[str, Any] | None) -> simclock.Mode:
+    return replace(mode, strategy_params={**mode.strategy_params, **params}) if params else mode
+
+
+def parse_row_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["adsp:commit_rate=2,search=false"]`` -> ``{"adsp": {"commit_rate": 2, "search": False}}``
+    (values as JSON where they parse, else strings)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        row, colon, pairs = item.partition(":")
+        if not colon or row not in ROWS:
+            raise ValueError(f"--real-row-params wants ROW:KEY=VALUE[,KEY=VALUE] with a row of {', '.join(ROWS)}, "
+                             f"got {item!r}")
+        for pair in pairs.split(","):
+            key, eq, value = pair.partition("=")
+            if not eq or not key:
+                raise ValueError(f"--real-row-params: {pair!r} is not KEY=VALUE")
+            try:
+                out.setdefault(row, {})[key] = json.loads(value)
+            except json.JSONDecodeError:
+                out.setdefault(row, {})[key] = value
+    return out
 
 
 def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed: int):
@@ -659,9 +709,10 @@ def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed:
         cfg.devices.ids = cfg.devices.ids[:n]
         cfg.workers.count = n
     cfg.workers.slowdown = list(regime.slowdowns)
+    cfg.workers.step_base_s, cfg.workers.step_per_record_s = spec.step_cost
     if not scadles and row != "bsp":
         # The simulated row's strategy, parameters and LR (fixed batch 64, as BSP's job).
-        mode = _row_mode(row, s, regime, spec.partition, n, seed)
+        mode = _row_mode(row, s, regime, spec.partition, n, seed, spec.row_params.get(row))
         cfg.train.strategy = mode.strategy
         cfg.train.strategy_params = [f"{k}={json.dumps(v)}" for k, v in mode.strategy_params.items()]
         if mode.lr is not None:
@@ -698,6 +749,8 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                 started = time.monotonic()
                 entry: dict[str, Any] = {"regime": spec.regime, "partition": spec.partition, "seed": seed, "row": row,
                                          "workers": cfg.workers.count, "slowdowns": list(cfg.workers.slowdown),
+                                         "step_cost": list(spec.step_cost),
+                                         "row_params": spec.row_params.get(row, {}),
                                          "server": "server" in strategies.roles(cfg.train.strategy),
                                          "loadavg_before": os.getloadavg()}
                 try:
@@ -740,7 +793,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                 streams = streams_from_job(cfg)
                 config = run_config_from_job(cfg, time_budget_s=s.acc_budget_s, target_accuracy=s.target,
                                              stop_at_target=False)
-                mode = row_modes(streams, s)[row]
+                mode = _with_params(row_modes(streams, s)[row], spec.row_params.get(row))
                 entry["simulated"] = {}
                 for cost in COST_MODELS:
                     if cost == "calibrated" and calibration is None:
@@ -772,7 +825,8 @@ def _real_key(e: dict[str, Any]) -> tuple[Any, ...]:
     """The subset a real entry belongs to (older entries carry no ``slowdowns``: the regime's)."""
     regime = regimes()[e["regime"]]
     slow = tuple(e.get("slowdowns") or regime.slowdowns[: e["workers"]])
-    return (e["regime"], e["partition"], e["workers"], None if slow == regime.slowdowns[: e["workers"]] else slow)
+    return (e["regime"], e["partition"], e["workers"], None if slow == regime.slowdowns[: e["workers"]] else slow,
+            tuple(e.get("step_cost") or (0.0, 0.0)))
 
 
 def _slow(spec: RealSpec) -> str:
@@ -780,6 +834,24 @@ def _slow(spec: RealSpec) -> str:
         return ""
     return (f"; slowdowns {' '.join(f'{x:g}' for x in spec.slowdowns)} instead, "
             f"H speeds {heterogeneity(tuple(1 / x for x in spec.slowdowns)):.2f}")
+
+
+def _row_label(e: dict[str, Any]) -> str:
+    """The row, with the strategy parameters that replaced its own if any."""
+    params = e.get("row_params") or {}
+    return e["row"] + (f" [{', '.join(f'{k}={json.dumps(v)}' for k, v in params.items())}]" if params else "")
+
+
+def _step_cost(spec: RealSpec) -> str:
+    base, per_record = spec.step_cost
+    if not base and not per_record:
+        return ("Without emulated compute cost: a worker slowed k times waits (k - 1) x its measured step "
+                "(about a millisecond for this MLP), so no live worker is compute-bound.")
+    return (f"With emulated device compute cost (`workers.step_base_s` = {base:g}, `workers.step_per_record_s` = "
+            f"{per_record:g}): a step on n records lasts max(k x measured, ({base * 1e3:g} ms + {per_record * 1e3:g} "
+            f"ms x n) x k) for a worker slowed k times, the simulator's default cost model when {base:g}, "
+            f"{per_record:g} are its values, so the default sim column is the matching prediction; the calibrated "
+            f"column models this machine's own compute (about a millisecond a step), which these runs do not use.")
 
 
 def _hosts(n: int) -> str:
@@ -792,7 +864,7 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
         f"{_hosts(entries[0]['workers'])}{_slow(spec)}) "
         f"{'+ a server (' + ', '.join(sorted({e['row'] for e in entries if e['server']})) + ') ' if any(e['server'] for e in entries) else ''}on this machine; "
         f"{s.acc_budget_s:.0f} s of streaming; wall time from the first record. The sim columns are the "
-        f"predictions made with the real run (the calibration of that invocation).",
+        f"predictions made with the real run (the calibration of that invocation). {_step_cost(spec)}",
         "",
         "| seed | row | real TTA s | vs BSP | acc @ end | last evaluation s | sim TTA (default) | real / sim "
         "| sim TTA (calibrated) | real / sim | model version | notes |",
@@ -800,7 +872,7 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
     ]
     for e in entries:
         if "error" in e:
-            lines.append(f"| {e['seed']} | {e['row']} | failed: {e['error']} | | | | | | | | | |")
+            lines.append(f"| {e['seed']} | {_row_label(e)} | failed: {e['error']} | | | | | | | | | |")
             continue
         bsp = next((b for b in entries if b["seed"] == e["seed"] and b["row"] == "bsp" and "error" not in b), None)
         ratio = e["tta_s"] / bsp["tta_s"] if bsp and bsp["tta_s"] and e["tta_s"] else None
@@ -821,7 +893,7 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
             notes.append(f"w0 (adopted snapshots): TTA {_s(e['w0_tta_s'])}, acc {_f3(e['w0_acc_at_budget'])}")
         last = e.get("last_eval_s")
         lines.append(
-            f"| {e['seed']} | {e['row']} | {_s(e['tta_s'])} | {f'{ratio:.2f}' if ratio else '-'} "
+            f"| {e['seed']} | {_row_label(e)} | {_s(e['tta_s'])} | {f'{ratio:.2f}' if ratio else '-'} "
             f"| {_f3(e['acc_at_budget'])} | {'-' if last is None else f'{last:.1f}'} "
             f"| {_s(sim.get('default', {}).get('tta_s'))} | {gap('default')} "
             f"| {_s(sim.get('calibrated', {}).get('tta_s'))} | {gap('calibrated')} | {e.get('steps')} "
@@ -850,6 +922,14 @@ def main() -> None:
     parser.add_argument("--real-workers", type=int, default=10,
                         help="workers (and devices: the regime's first N) of the real subset")
     parser.add_argument("--real-slowdowns", help="comma list, one per real worker: replaces the regime's slowdowns")
+    parser.add_argument("--real-step-cost", metavar="BASE,PER_RECORD",
+                        help="emulated device compute cost of the real workers in seconds (workers.step_base_s, "
+                             "workers.step_per_record_s): a step on n records lasts at least (BASE + PER_RECORD n) x "
+                             "slowdown. Default: the simulator's default cost model (0.01,0.002) when the real "
+                             "workers have compute slowdowns, else 0,0 (the slowdown rule alone)")
+    parser.add_argument("--real-row-params", action="append", default=[], metavar="ROW:KEY=VALUE,...",
+                        help="strategy parameters replacing a row's own in the real subset and its simulated "
+                             "prediction, e.g. adsp:commit_rate=2,search=false (repeatable)")
     parser.add_argument("--bootstrap", help="existing cluster for --real (default: start a local broker)")
     parser.add_argument("--real-from", action="append", metavar="JSON",
                         help="keep the real-broker entries of an earlier strategies.json (repeatable)")
@@ -878,7 +958,10 @@ def main() -> None:
         notes.append(f"registered strategies without a tuned row, run with defaults: {', '.join(extra)}")
     try:
         slow = tuple(float(x) for x in args.real_slowdowns.split(",")) if args.real_slowdowns else None
-        real = RealSpec.parse(args.real, args.real_workers, slow) if args.real else None
+        step_cost = tuple(float(x) for x in args.real_step_cost.split(",")) if args.real_step_cost else None
+        real = RealSpec.parse(args.real, args.real_workers, slow, step_cost) if args.real else None
+        if real is not None:
+            real.row_params = parse_row_params(args.real_row_params)
     except ValueError as exc:
         parser.error(str(exc))
     columns = [(r, p) for r in regime_names for p in partitions]
@@ -935,14 +1018,14 @@ def main() -> None:
         new_entries = real_runs(real, s, args.real_repeats, args.bootstrap, calibration,
                                 progress=lambda line: print(line, flush=True))
         # A new run of the same subset replaces the kept one.
-        kept = [e for e in kept if _real_key(e) + (e["row"], e["seed"])
-                not in {_real_key(n) + (n["row"], n["seed"]) for n in new_entries}]
+        kept = [e for e in kept if _real_key(e) + (_row_label(e), e["seed"])
+                not in {_real_key(n) + (_row_label(n), n["seed"]) for n in new_entries}]
     real_entries = kept + new_entries
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for e in real_entries:
         groups.setdefault(_real_key(e), []).append(e)
-    for (regime, partition, workers, slow), entries in groups.items():
-        spec = RealSpec(regime, partition, list(dict.fromkeys(e["row"] for e in entries)), workers, slow)
+    for (regime, partition, workers, slow, step_cost), entries in groups.items():
+        spec = RealSpec(regime, partition, list(dict.fromkeys(e["row"] for e in entries)), workers, slow, step_cost)
         md += "\n\n" + real_markdown(entries, spec, s)
     print(md)
     out = Path(args.out)
