@@ -619,6 +619,8 @@ class RealSpec:
     ``workers.step_per_record_s``): a step on n records lasts at least (base + per_record n)
     x the worker's slowdown. (0, 0): only the slowdown rule (wait (slowdown - 1) x measured)."""
     row_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rates: tuple[float, ...] | None = None
+    """Replaces the regime's record rates (one per worker), e.g. to make every worker compute-bound."""
     """Per row, strategy parameters replacing the row's own (real run and its simulated
     prediction alike), e.g. {"adsp": {"commit_rate": 2, "search": False}}."""
 
@@ -656,6 +658,8 @@ class RealSpec:
     def regime_def(self) -> Regime:
         """The regime's first ``workers`` hosts, with ``slowdowns`` if given."""
         regime = _first(regimes()[self.regime], self.workers)
+        if self.rates is not None:
+            regime = replace(regime, rates=tuple(self.rates))
         return regime if self.slowdowns is None else replace(regime, slowdowns=tuple(self.slowdowns))
 
 
@@ -751,6 +755,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                                          "workers": cfg.workers.count, "slowdowns": list(cfg.workers.slowdown),
                                          "step_cost": list(spec.step_cost),
                                          "row_params": spec.row_params.get(row, {}),
+                                         "rates": list(cfg.devices.rates_hz),
                                          "server": "server" in strategies.roles(cfg.train.strategy),
                                          "loadavg_before": os.getloadavg()}
                 try:
@@ -825,14 +830,16 @@ def _real_key(e: dict[str, Any]) -> tuple[Any, ...]:
     """The subset a real entry belongs to (older entries carry no ``slowdowns``: the regime's)."""
     regime = regimes()[e["regime"]]
     slow = tuple(e.get("slowdowns") or regime.slowdowns[: e["workers"]])
+    rates = tuple(e.get("rates") or regime.rates[: e["workers"]])
     return (e["regime"], e["partition"], e["workers"], None if slow == regime.slowdowns[: e["workers"]] else slow,
-            tuple(e.get("step_cost") or (0.0, 0.0)))
+            tuple(e.get("step_cost") or (0.0, 0.0)), None if rates == regime.rates[: e["workers"]] else rates)
 
 
 def _slow(spec: RealSpec) -> str:
+    rates = "" if spec.rates is None else f"; rates {' '.join(f'{x:g}' for x in spec.rates)} records/s instead"
     if spec.slowdowns is None:
-        return ""
-    return (f"; slowdowns {' '.join(f'{x:g}' for x in spec.slowdowns)} instead, "
+        return rates
+    return rates + (f"; slowdowns {' '.join(f'{x:g}' for x in spec.slowdowns)} instead, "
             f"H speeds {heterogeneity(tuple(1 / x for x in spec.slowdowns)):.2f}")
 
 
@@ -922,6 +929,8 @@ def main() -> None:
     parser.add_argument("--real-workers", type=int, default=10,
                         help="workers (and devices: the regime's first N) of the real subset")
     parser.add_argument("--real-slowdowns", help="comma list, one per real worker: replaces the regime's slowdowns")
+    parser.add_argument("--real-rates", help="comma list of records/s, one per real worker (or one for all): "
+                                              "replaces the regime's rates")
     parser.add_argument("--real-step-cost", metavar="BASE,PER_RECORD",
                         help="emulated device compute cost of the real workers in seconds (workers.step_base_s, "
                              "workers.step_per_record_s): a step on n records lasts at least (BASE + PER_RECORD n) x "
@@ -962,6 +971,12 @@ def main() -> None:
         real = RealSpec.parse(args.real, args.real_workers, slow, step_cost) if args.real else None
         if real is not None:
             real.row_params = parse_row_params(args.real_row_params)
+            if args.real_rates:
+                rates = tuple(float(x) for x in args.real_rates.split(","))
+                rates = rates * real.workers if len(rates) == 1 else rates
+                if len(rates) != real.workers or not all(math.isfinite(r) and r > 0 for r in rates):
+                    raise ValueError(f"--real-rates needs {real.workers} rates > 0 (or one), got {args.real_rates}")
+                real.rates = rates
     except ValueError as exc:
         parser.error(str(exc))
     columns = [(r, p) for r in regime_names for p in partitions]
@@ -1024,8 +1039,9 @@ def main() -> None:
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for e in real_entries:
         groups.setdefault(_real_key(e), []).append(e)
-    for (regime, partition, workers, slow, step_cost), entries in groups.items():
-        spec = RealSpec(regime, partition, list(dict.fromkeys(e["row"] for e in entries)), workers, slow, step_cost)
+    for (regime, partition, workers, slow, step_cost, rates), entries in groups.items():
+        spec = RealSpec(regime, partition, list(dict.fromkeys(e["row"] for e in entries)), workers, slow, step_cost,
+                        rates=rates)
         md += "\n\n" + real_markdown(entries, spec, s)
     print(md)
     out = Path(args.out)
