@@ -88,6 +88,20 @@ def read_topic(bootstrap: str, topic: str, timeout_ms: int = 5000) -> list:
         consumer.close()
 
 
+def send_gradients(bootstrap: str, job: str, values, key: bytes = b"w0") -> None:
+    """Produce raw ``values`` (encoded update messages, good or bad) to ``gradients.<job>``."""
+    from pipeline.kafka_io import producer
+    from pipeline.training import channel_topic
+
+    prod = producer(bootstrap)
+    try:
+        for value in values:
+            prod.send(channel_topic(job, "gradients"), value=value, key=key)
+        prod.flush()
+    finally:
+        prod.close()
+
+
 def dead_letter_reasons(bootstrap: str, job: str) -> list[str]:
     """The reason header of every record of ``gradients.<job>.dlq``, in log order."""
     from streams import topics

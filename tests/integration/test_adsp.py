@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.kafka_io import producer
 from pipeline.run import RunContext, run_job
 from pipeline.training import channel_topic
 from tests.integration.jobs import (
     dead_letter_reasons,
     published_by_sender,
     quiet,
+    send_gradients,
     show,
     steps_of,
     train_job,
@@ -87,11 +87,7 @@ def test_adsp_learns_commits_balance_and_bad_deltas_are_dead_lettered(kafka_boot
     def inject(ctx: RunContext) -> None:
         wait_until(lambda: steps_of(ctx, "w0") >= 3, 60, "w0 to train")
         seen["cpus"] = {w: os.sched_getaffinity(ctx.worker(w).proc.pid) for w in WORKERS}
-        prod = producer(kafka_bootstrap)
-        for _reason, value in poison:
-            prod.send(channel_topic(cfg.job.name, "gradients"), value=value, key=b"w0")
-        prod.flush()
-        prod.close()
+        send_gradients(kafka_bootstrap, cfg.job.name, [value for _reason, value in poison])
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=inject)
     show(result)

@@ -7,11 +7,10 @@ import pytest
 import torch
 from kafka import KafkaConsumer
 
-from pipeline.kafka_io import end_offsets, producer
+from pipeline.kafka_io import end_offsets
 from pipeline.run import RunContext, run_job
-from pipeline.training import channel_topic
 from streams import topics
-from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
+from tests.integration.jobs import quiet, send_gradients, show, train_job, wait_until, workers_of
 from trainers import LocalTrainer, build_model
 from trainers.messages import UpdateMessage
 from trainers.wire import encode_update
@@ -125,11 +124,7 @@ def test_poisoned_gradients_are_dead_lettered_and_never_applied(kafka_bootstrap,
     poison = poisoned_messages(cfg)
 
     def inject(ctx: RunContext) -> None:
-        prod = producer(kafka_bootstrap)
-        for _label, value in poison:
-            prod.send(channel_topic(cfg.job.name, "gradients"), value=value, key=b"w0")
-        prod.flush()
-        prod.close()
+        send_gradients(kafka_bootstrap, cfg.job.name, [value for _label, value in poison])
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=inject)
 
