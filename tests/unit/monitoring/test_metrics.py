@@ -7,7 +7,7 @@ from collections import namedtuple
 
 import pytest
 
-from monitoring.metrics import LOSS_FIT_PARAMS, OBSERVATIONS, Metrics, consumer_lag, name_of, serve
+from monitoring.metrics import LOSS_FIT_PARAMS, OBSERVATIONS, Metrics, consumer_lag, name_of
 from monitoring.scrape import scrape
 
 # ``state``: the five states of a device's record ledger (read, trained, dropped, dead_lettered, pending).
@@ -75,13 +75,6 @@ def test_the_monitoring_doc_lists_every_metric():
     doc = (REPO_ROOT / "docs" / "monitoring.md").read_text()
     missing = [name_of(m) for m in Metrics().metric_objects() if f"`{name_of(m)}`" not in doc]
     assert not missing, f"docs/monitoring.md does not list {missing}"
-
-
-@pytest.fixture
-def served():
-    metrics = Metrics()
-    port = serve(metrics, 0)
-    return metrics, f"http://127.0.0.1:{port}/metrics"
 
 
 def test_a_sent_gradient_or_delta_is_one_commit_of_its_worker(served):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitoring.metrics import Metrics, serve
 from monitoring.scrape import scrape
 from pipeline.config import load_config
 from pipeline.ingest import IngestCore
@@ -21,14 +20,6 @@ def message(device: str, start: int, n: int, event_time: float = 100.0) -> bytes
         device=device, seq=np.arange(start, start + n, dtype=np.uint64), event_time=np.full(n, event_time),
         features=np.ones((n, *SHAPE), dtype=np.float32), labels=np.zeros(n, dtype=np.int32),
     ))
-
-
-@pytest.fixture
-def served():
-    """A fresh ``Metrics`` served on a free port; yields (metrics, url)."""
-    metrics = Metrics()
-    port = serve(metrics, 0)
-    return metrics, f"http://127.0.0.1:{port}/metrics"
 
 
 def test_ingest_counts_drops_and_dead_letters_are_exact_on_metrics(served):
