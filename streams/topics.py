@@ -57,6 +57,11 @@ def models_topic(job: str) -> str:
     return "models." + _check(job, "job name")
 
 
+def inbox_topic(job: str, worker: str) -> str:
+    """``inbox.<job>.<worker>``: the messages addressed to one process (the ``inbox`` channel)."""
+    return "inbox." + _check(job, "job name") + "." + _check(worker, "worker id")
+
+
 def gradients_dlq_topic(job: str) -> str:
     return "gradients." + _check(job, "job name") + ".dlq"
 

@@ -18,9 +18,13 @@ MessageKind = Literal["gradient", "delta", "model", "control", "activation"]
 - ``activation``: stage-boundary tensors (synthetic gradients); names are stage-defined.
 """
 
-Channel = Literal["gradients", "models", "control"]
-"""Logical channels; the pipeline maps each to one Kafka topic per job
-(``gradients.<job>``, ``models.<job>``, ``control.<job>``)."""
+Channel = Literal["gradients", "models", "control", "inbox"]
+"""Logical channels. The pipeline maps ``gradients``, ``models`` and ``control`` to one
+Kafka topic per job (``gradients.<job>``, ``models.<job>``, ``control.<job>``), read by
+every subscriber. ``inbox`` is per recipient: a message on it must name its ``to`` and
+goes to that process's own topic ``inbox.<job>.<to>``, which only that process reads
+(point-to-point traffic whose cost per process scales with its in-degree, not with
+the job's size: gossip)."""
 
 MESSAGE_KINDS: frozenset[str] = frozenset(get_args(MessageKind))
 CHANNELS: frozenset[str] = frozenset(get_args(Channel))
@@ -91,8 +95,13 @@ class Outgoing:
     ``to`` names the single worker that should receive it (``None``: every
     subscriber of ``channel``). The pipeline carries ``to`` as a header and drops,
     on receipt, messages addressed to someone else, so strategies never see them.
+    On the ``inbox`` channel ``to`` is required (the recipient's topic).
     """
 
     channel: Channel
     message: UpdateMessage
     to: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.channel == "inbox" and not self.to:
+            raise ValueError("a message on the inbox channel must name its recipient (to=...)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -85,6 +85,20 @@ class Observations:
     """Level: ``c0`` (the loss floor) of the last fitted loss curve."""
     fit_rmse: float | None = None
     """Level: root mean square error of the last fit, in loss units."""
+    idle_fraction: float | None = None
+    """Level: share of this worker's time in which it ran no local step (waiting for data or peers; gossip)."""
+    iteration_time_s: float | None = None
+    """Level: mean time between this worker's recent local steps, in seconds (gossip)."""
+    iteration_time_cv: float | None = None
+    """Level: coefficient of variation (std / mean) of those iteration times (gossip)."""
+    neighbour_lag: Mapping[str, int] | None = None
+    """Level per neighbour: how many iterations the model held of it is behind this worker's (gossip)."""
+    mixing_weights: Mapping[str, float] | None = None
+    """Level per process (itself included): this worker's current mixing weights, summing to 1 (gossip)."""
+    model_sketch: Sequence[float] | None = None
+    """Level per index: a fixed random projection of this worker's own model
+    (``trainers.consensus.ModelSketch``), the same projection in every process, so the
+    spread of the sketches across workers estimates the consensus distance."""
 
 
 class SyncStrategy(ABC):

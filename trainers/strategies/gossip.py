@@ -173,7 +173,7 @@ class GossipStrategy(SyncStrategy):
 
     name = "gossip"
     role = "worker"
-    subscribes = ("models",)
+    subscribes = ("inbox",)
     #: EdgeGossip shares rates and scores in metadata and weights the mix; the baseline not.
     balanced: ClassVar[bool] = False
 
@@ -428,7 +428,7 @@ class GossipStrategy(SyncStrategy):
             msg = UpdateMessage(kind="delta", sender=self.worker_id, step=self._iteration,
                                 base_version=self.trainer.version, batch_size=batch, tensors=deltas,
                                 buffers=buffer_deltas, meta=dict(meta))
-            out.append(Outgoing("models", msg, to=name))
+            out.append(Outgoing("inbox", msg, to=name))
         self.counters["messages_sent"] += len(out)
         return out
 
@@ -443,7 +443,7 @@ class GossipStrategy(SyncStrategy):
                             meta=self._meta(self._last_batch if batch is None else batch))
         self._based.add(name)
         self.counters["models_sent"] += 1
-        return Outgoing("models", msg, to=name)
+        return Outgoing("inbox", msg, to=name)
 
     # -- mixing -----------------------------------------------------------------------------------
 

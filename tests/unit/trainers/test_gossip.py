@@ -199,7 +199,7 @@ def test_first_contact_sends_the_model_then_deltas_one_per_neighbour():
     second = _step(strategy)
 
     assert [(o.to, o.channel, o.message.kind, o.message.step) for o in first] == [
-        ("b", "models", "model", 1), ("d", "models", "model", 1)]
+        ("b", "inbox", "model", 1), ("d", "inbox", "model", 1)]
     assert [(o.to, o.message.kind, o.message.step, o.message.batch_size) for o in second] == [
         ("b", "delta", 2, 8), ("d", "delta", 2, 8)]
     for name, tensor in second[0].message.tensors.items():

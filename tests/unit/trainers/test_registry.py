@@ -9,6 +9,7 @@ import pytest
 from tests.unit.trainers.test_checkpoint import _assert_same_tree
 from trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
 from trainers.errors import StrategyError, UnknownStrategyError
+from trainers.messages import CHANNELS
 from trainers.strategies import StrategyContext, SyncStrategy, create, names, register, roles
 
 ALL_ROLES = [(name, role) for name in names() for role in roles(name)]
@@ -55,7 +56,7 @@ def test_conformance_fresh_instance_subscribes_and_reports_json_stats(make_train
 
     assert isinstance(strategy, SyncStrategy)
     assert strategy.role == role and strategy.name == name
-    assert set(strategy.subscribes) <= {"gradients", "models", "control"}
+    assert set(strategy.subscribes) <= CHANNELS
     assert strategy.poll(0.0) == []  # a fresh, synced instance has no timer due
     stats = json.loads(json.dumps(strategy.stats()))
     assert {"strategy", "role", "worker", "version", "staleness", "counters"} <= stats.keys()
