@@ -216,6 +216,36 @@ def training() -> Dashboard:
             Panel("Clock gap (SSP)", (
                 Query(f"max by (worker) ({n(m.clock_gap)}{{{WRK}}})", "{{worker}}"),), "training",
                 description="Fastest minus slowest live worker's clock at the server (at most s + 1)"),
+            Panel("Idle fraction (gossip)", (
+                Query(f"max by (worker) ({n(m.idle_ratio)}{{{WRK}}})", "{{worker}}"),), "training", "percentunit",
+                max_value=1.0, description="Share of each worker's recent time without a local step: waiting "
+                                           "for data or for its neighbours"),
+            Panel("Iteration time (gossip)", (
+                Query(f"max by (worker) ({n(m.iteration_seconds)}{{{WRK}}})", "{{worker}}"),), "training", "s",
+                description="Mean time between each worker's recent local steps"),
+            Panel("Iteration time CV (gossip)", (
+                Query(f"max by (worker) ({n(m.iteration_cv)}{{{WRK}}})", "{{worker}}"),), "training",
+                description="Coefficient of variation (std / mean) of each worker's recent iteration times: "
+                            "how irregular its pace is"),
+            Panel("Neighbour lag (gossip)", (
+                Query(f"max by (worker, peer) ({n(m.neighbour_lag)}{{{WRK}}})", "{{worker}} <- {{peer}}"),),
+                "training", description="Local steps by which the model a worker holds of each neighbour is "
+                                        "behind its own"),
+            Panel("Mixing weights (gossip)", (
+                Query(f"max by (worker, peer) ({n(m.mixing_weight)}{{{WRK}}})", "{{worker}} <- {{peer}}"),),
+                "training", max_value=1.0,
+                description="Weight each worker gives each process's model when it mixes (its own included; "
+                            "a worker's weights sum to 1)"),
+            Panel("Consensus distance (gossip)", (
+                Query(f"sqrt(sum(stdvar by (index) ({n(m.model_sketch)}{{{WRK}}})))", "RMS distance to the mean"),),
+                "training",
+                description="Root-mean-square distance of the selected workers' models to their average, "
+                            "estimated from their model sketches (random projections, relative error about "
+                            "sqrt(2 / dim), 25 % at dim 32); 0 for a single worker"),
+            Panel("Held-out accuracy per worker", (
+                Query(f'max by (worker) ({n(m.accuracy)}{{{WRK}, split="heldout"}})', "{{worker}}"),), "training",
+                "percentunit", max_value=1.0,
+                description="Each worker's own model on the held-out set (gossip: the models differ)"),
             Panel("Loss", (Query(f"max by (worker, split) ({n(m.loss)}{{{WRK}}})", "{{worker}} {{split}}"),),
                   "training"),
             Panel("Accuracy", (Query(f"max by (worker, split) ({n(m.accuracy)}{{{WRK}}})",

@@ -4,7 +4,9 @@ Names follow ``edgestream_<noun>_<unit>`` with base units (seconds, bytes, ``_to
 for counters). Labels are bounded: ``device`` (configured streams), ``worker``
 (configured workers), ``reason`` (fixed slug sets), ``codec`` and ``strategy``
 (registry names), ``split`` (``train`` | ``heldout`` | ``prequential`` |
-``prequential_recent``), ``state`` (the ledger's five states).
+``prequential_recent``), ``state`` (the ledger's five states), ``member`` and ``peer``
+(configured workers and the server), ``param`` (``LOSS_FIT_PARAMS``), ``index``
+(``0 .. dim - 1`` of the model sketch, 32 by default).
 
 Dashboards (``monitoring.dashboards``) and alert rules refer to these objects or are
 checked against them, so a rename here shows up in the generated JSON and in tests.
@@ -15,7 +17,8 @@ process (tests); each process creates one and serves it with ``serve``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
@@ -36,7 +39,9 @@ LOSS_FIT_PARAMS = ("a2", "b", "c0", "rmse")
 #: The fields of ``trainers.strategies.base.Observations`` (kept here so monitoring does not
 #: import torch; a unit test keeps the two equal), exported by ``Metrics.record_observations``.
 OBSERVATIONS = ("commit_target", "committed_local_steps", "blocked_seconds", "clock_gap_steps",
-                *(f"fit_{param}" for param in LOSS_FIT_PARAMS))
+                *(f"fit_{param}" for param in LOSS_FIT_PARAMS),
+                "idle_fraction", "iteration_time_s", "iteration_time_cv", "neighbour_lag", "mixing_weights",
+                "model_sketch")
 
 
 class Metrics:
@@ -238,7 +243,41 @@ class Metrics:
             "Fastest minus slowest live worker's clock, in local steps (SSP server; at most s + 1)",
             ["worker"], registry=r,
         )
+        # --- gossip (decentralised) strategies ---------------------------------------------
+        self.idle_ratio = Gauge(
+            "edgestream_idle_ratio",
+            "Share of the worker's recent time in which it ran no local step (waiting for data or peers)",
+            ["worker"], registry=r,
+        )
+        self.iteration_seconds = Gauge(
+            "edgestream_iteration_seconds", "Mean time between the worker's recent local steps (gossip)",
+            ["worker"], registry=r,
+        )
+        self.iteration_cv = Gauge(
+            "edgestream_iteration_cv_ratio",
+            "Coefficient of variation (std / mean) of the worker's recent iteration times (gossip)",
+            ["worker"], registry=r,
+        )
+        self.neighbour_lag = Gauge(
+            "edgestream_neighbour_lag_steps",
+            "Local steps by which the model the worker holds of neighbour `peer` is behind its own (gossip)",
+            ["worker", "peer"], registry=r,
+        )
+        self.mixing_weight = Gauge(
+            "edgestream_mixing_weight_ratio",
+            "The worker's current mixing weight of process `peer` (itself included; they sum to 1; gossip)",
+            ["worker", "peer"], registry=r,
+        )
+        self.model_sketch = Gauge(
+            "edgestream_model_sketch",
+            "Component `index` of a fixed random projection of the worker's model, the same in every "
+            "process (trainers/consensus.py); sqrt(sum(stdvar by (index) (this))) estimates the RMS "
+            "distance of the workers' models to their average (consensus distance)",
+            ["worker", "index"], registry=r,
+        )
         self._observed_totals: dict[tuple[str, str], float] = {}
+        #: (worker, observation) -> label values of the children last set for a keyed observation
+        self._observed_keys: dict[tuple[str, str], set[str]] = {}
         self.rejected_steps = Counter(
             "edgestream_rejected_steps_total",
             "Local training steps not applied nor published (non-finite loss or gradient, gradient "
@@ -351,7 +390,10 @@ class Metrics:
             self.compression_ratio.labels(worker).set(dense_bytes / wire_bytes)
 
     def _observation_metrics(self) -> dict[str, tuple[Counter | Gauge, tuple[str, ...]]]:
-        """Each observation's metric and its labels after ``worker``."""
+        """Each observation's metric and its labels after ``worker``.
+
+        A *keyed* observation (a mapping or a sequence) has a metric with one label more,
+        set from each key (``peer``) or index (``index``)."""
         out: dict[str, tuple[Counter | Gauge, tuple[str, ...]]] = {
             "commit_target": (self.target_commits, ()),
             "committed_local_steps": (self.committed_local_steps, ()),
@@ -360,15 +402,27 @@ class Metrics:
         }
         for param in LOSS_FIT_PARAMS:
             out[f"fit_{param}"] = (self.loss_curve_fit, (param,))
+        out.update({
+            "idle_fraction": (self.idle_ratio, ()),
+            "iteration_time_s": (self.iteration_seconds, ()),
+            "iteration_time_cv": (self.iteration_cv, ()),
+            "neighbour_lag": (self.neighbour_lag, ()),
+            "mixing_weights": (self.mixing_weight, ()),
+            "model_sketch": (self.model_sketch, ()),
+        })
         return out
 
-    def record_observations(self, worker: str, values: Mapping[str, float | None]) -> None:
+    def record_observations(self, worker: str, values: Mapping[str, Any]) -> None:
         """A strategy's observations (``Observations`` as a dict; keys from ``OBSERVATIONS``).
 
         None: not observed, nothing recorded. A level sets its gauge. A total is exported
         as a counter of its growth since this process first saw it: the first value (say,
         restored from a checkpoint) creates the counter at 0, each larger one adds the
         difference; a smaller one (a reset) is only taken as the new base.
+
+        A keyed level (a mapping per peer, a sequence per index) sets one child per key;
+        the children of keys it had at the previous call for this worker and no longer
+        has are removed, so a neighbour that left leaves no stale series behind.
         """
         metrics = self._observation_metrics()
         unknown = sorted(set(values) - set(metrics))
@@ -378,6 +432,11 @@ class Metrics:
             if value is None:
                 continue
             metric, extra = metrics[key]
+            if len(metric._labelnames) > 1 + len(extra):
+                self._record_keyed(worker, key, metric, extra, value)
+                continue
+            if isinstance(value, (Mapping, Sequence)):
+                raise TypeError(f"observation {key!r} is a number, got {type(value).__name__}")
             child = metric.labels(worker, *extra)
             if metric._type == "counter":
                 last = self._observed_totals.get((worker, key))
@@ -386,6 +445,19 @@ class Metrics:
                     child.inc(value - last)
             else:
                 child.set(value)
+
+    def _record_keyed(self, worker: str, key: str, metric: Gauge, extra: tuple[str, ...], value: Any) -> None:
+        if isinstance(value, Mapping):
+            levels = {str(k): float(v) for k, v in value.items()}
+        elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            levels = {str(i): float(v) for i, v in enumerate(value)}
+        else:
+            raise TypeError(f"observation {key!r} is a mapping or a sequence, got {type(value).__name__}")
+        for label, level in levels.items():
+            metric.labels(worker, *extra, label).set(level)
+        for gone in self._observed_keys.get((worker, key), set()) - levels.keys():
+            metric.remove(worker, *extra, gone)
+        self._observed_keys[(worker, key)] = set(levels)
 
     def record_prequential(
         self, worker: str, *, accuracy: float, loss: float, recent_accuracy: float, recent_loss: float

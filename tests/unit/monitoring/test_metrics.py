@@ -13,11 +13,15 @@ from monitoring.scrape import scrape
 # ``state``: the five states of a device's record ledger (read, trained, dropped, dead_lettered, pending).
 # ``member``: another worker as seen by ``worker`` (membership from heartbeats).
 # ``param``: a parameter of the ADSP server's fitted loss curve (``LOSS_FIT_PARAMS``).
-ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state", "member", "param"}
-# ``_fit``: the fitted loss curve, each ``param`` in its own unit.
+# ``peer``: a process a gossip worker mixes with or holds a model of (itself included).
+# ``index``: a component of the model sketch (0 .. dim - 1).
+ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state", "member", "param",
+                  "peer", "index"}
+# ``_fit``: the fitted loss curve, each ``param`` in its own unit. ``_sketch``: the model
+# sketch, in the model's parameter units.
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",
                  "_up", "_ready", "_workers", "_paused", "_version", "_loss", "_vote", "_commits", "_steps",
-                 "_fit")
+                 "_fit", "_sketch")
 
 
 @pytest.mark.parametrize("metric", Metrics().metric_objects(), ids=lambda m: m._name)
@@ -139,8 +143,96 @@ def test_an_unknown_observation_is_refused():
         Metrics().record_observations("w0", {"commit_target": 3, "wall_clock": 1.0})
 
 
+KEYED = {"neighbour_lag": {"w1": 2}, "mixing_weights": {"w0": 0.5, "w1": 0.5}, "model_sketch": (0.1, -0.2)}
+
+
 def test_every_observation_has_its_metric():
     metrics = Metrics()
     for key in OBSERVATIONS:
-        metrics.record_observations("w0", {key: 1.0})
+        metrics.record_observations("w0", {key: KEYED.get(key, 1.0)})
     assert {f"fit_{p}" for p in LOSS_FIT_PARAMS} <= set(OBSERVATIONS)
+    assert set(KEYED) <= set(OBSERVATIONS)
+
+
+def test_gossip_levels_set_their_gauges(served):
+    metrics, url = served
+    metrics.record_observations("w0", {"idle_fraction": 0.25, "iteration_time_s": 0.04, "iteration_time_cv": 0.5,
+                                       "commit_target": None})
+    metrics.record_observations("w1", {"idle_fraction": 0.75, "iteration_time_s": None})
+
+    s = scrape(url)
+    assert s.by_label("edgestream_idle_ratio", "worker") == {"w0": 0.25, "w1": 0.75}
+    assert s.by_label("edgestream_iteration_seconds", "worker") == {"w0": 0.04}
+    assert s.by_label("edgestream_iteration_cv_ratio", "worker") == {"w0": 0.5}
+
+
+def _series(url: str, name: str, key: str) -> dict[tuple[str, str], float]:
+    """The served samples of ``name`` by (worker, ``key`` label)."""
+    return {(dict(x.labels)["worker"], dict(x.labels)[key]): x.value for x in scrape(url).samples if x.name == name}
+
+
+def test_keyed_observations_set_one_child_per_peer_and_index(served):
+    metrics, url = served
+    metrics.record_observations("w0", {"neighbour_lag": {"w1": 3, "w2": 0},
+                                       "mixing_weights": {"w0": 0.5, "w1": 0.25, "w2": 0.25},
+                                       "model_sketch": [0.5, -1.0, 2.0]})
+    metrics.record_observations("w1", {"neighbour_lag": {"w0": 1}, "model_sketch": (1.5, 0.0, 2.0)})
+
+    assert _series(url, "edgestream_neighbour_lag_steps", "peer") == {("w0", "w1"): 3, ("w0", "w2"): 0,
+                                                                       ("w1", "w0"): 1}
+    assert _series(url, "edgestream_mixing_weight_ratio", "peer") == {("w0", "w0"): 0.5, ("w0", "w1"): 0.25,
+                                                                       ("w0", "w2"): 0.25}
+    assert _series(url, "edgestream_model_sketch", "index") == {
+        ("w0", "0"): 0.5, ("w0", "1"): -1.0, ("w0", "2"): 2.0, ("w1", "0"): 1.5, ("w1", "1"): 0.0, ("w1", "2"): 2.0}
+
+
+def test_a_key_that_disappeared_leaves_no_stale_series(served):
+    metrics, url = served
+    metrics.record_observations("w0", {"neighbour_lag": {"w1": 3, "w2": 1},
+                                       "mixing_weights": {"w0": 0.4, "w1": 0.3, "w2": 0.3},
+                                       "model_sketch": [1.0, 2.0, 3.0]})
+    metrics.record_observations("w1", {"neighbour_lag": {"w2": 5}})
+    # w2 left w0's neighbourhood; the sketch shrank (a smaller dim)
+    metrics.record_observations("w0", {"neighbour_lag": {"w1": 4}, "mixing_weights": {"w0": 0.5, "w1": 0.5},
+                                       "model_sketch": [1.5, 2.5]})
+
+    lag = "edgestream_neighbour_lag_steps"
+    assert _series(url, lag, "peer") == {("w0", "w1"): 4, ("w1", "w2"): 5}  # w1's view of w2 is untouched
+    assert _series(url, "edgestream_mixing_weight_ratio", "peer") == {("w0", "w0"): 0.5, ("w0", "w1"): 0.5}
+    assert _series(url, "edgestream_model_sketch", "index") == {("w0", "0"): 1.5, ("w0", "1"): 2.5}
+
+    # None: not observed this time, the series stay; an empty mapping: no neighbour left
+    metrics.record_observations("w0", {"neighbour_lag": None})
+    assert _series(url, lag, "peer") == {("w0", "w1"): 4, ("w1", "w2"): 5}
+    metrics.record_observations("w0", {"neighbour_lag": {}})
+    assert _series(url, lag, "peer") == {("w1", "w2"): 5}
+    # a neighbour that comes back gets its series again
+    metrics.record_observations("w0", {"neighbour_lag": {"w2": 0}})
+    assert _series(url, lag, "peer") == {("w0", "w2"): 0, ("w1", "w2"): 5}
+
+
+def test_a_keyed_observation_must_be_a_mapping_or_a_sequence_and_a_level_a_number():
+    metrics = Metrics()
+    with pytest.raises(TypeError, match="neighbour_lag"):
+        metrics.record_observations("w0", {"neighbour_lag": 3})
+    with pytest.raises(TypeError, match="model_sketch"):
+        metrics.record_observations("w0", {"model_sketch": "0.1,0.2"})
+    with pytest.raises(TypeError, match="idle_fraction"):
+        metrics.record_observations("w0", {"idle_fraction": [0.5]})
+
+
+def test_observations_of_the_strategy_dataclass_are_exported(served):
+    """``dataclasses.asdict(Observations(...))``, as the runtime hands it over."""
+    import dataclasses
+
+    from trainers.strategies.base import Observations
+
+    metrics, url = served
+    obs = Observations(idle_fraction=0.1, iteration_time_s=0.2, iteration_time_cv=0.3,
+                       neighbour_lag={"w1": 2}, mixing_weights={"w0": 0.6, "w1": 0.4}, model_sketch=(0.0, 1.0))
+    metrics.record_observations("w0", dataclasses.asdict(obs))
+
+    assert _series(url, "edgestream_mixing_weight_ratio", "peer") == {("w0", "w0"): 0.6, ("w0", "w1"): 0.4}
+    assert _series(url, "edgestream_model_sketch", "index") == {("w0", "0"): 0.0, ("w0", "1"): 1.0}
+    assert _series(url, "edgestream_neighbour_lag_steps", "peer") == {("w0", "w1"): 2}
+    assert scrape(url).get("edgestream_idle_ratio", worker="w0") == 0.1
