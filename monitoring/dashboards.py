@@ -209,17 +209,18 @@ def training() -> Dashboard:
                 Query(f"max by (worker, param) ({n(m.loss_curve_fit)}{{{WRK}}})", "{{worker}} {{param}}"),),
                 "training", description="Last fit of l(t) = 1 / (a2 t + b) + c0 over a check period, "
                                         "and its RMSE (loss units)"),
-            Panel("Time blocked by the sync rule (SSP)", (
+            Panel("Time blocked by the sync rule (SSP, gossip)", (
                 Query(_rate(m.blocked_seconds, "worker", WRK), "{{worker}}"),), "training", "percentunit",
                 max_value=1.0, description="Fraction of time each worker could not train because it was "
-                                           "more than s clocks ahead of the slowest"),
+                                           "more than s clocks ahead of the slowest (SSP), or waited for a "
+                                           "neighbour more than max_lag iterations behind (gossip)"),
             Panel("Clock gap (SSP)", (
                 Query(f"max by (worker) ({n(m.clock_gap)}{{{WRK}}})", "{{worker}}"),), "training",
                 description="Fastest minus slowest live worker's clock at the server (at most s + 1)"),
             Panel("Idle fraction (gossip)", (
                 Query(f"max by (worker) ({n(m.idle_ratio)}{{{WRK}}})", "{{worker}}"),), "training", "percentunit",
-                max_value=1.0, description="Share of each worker's recent time without a local step: waiting "
-                                           "for data or for its neighbours"),
+                max_value=1.0, description="Share of each worker's time without a local step: waiting for "
+                                           "data or for its neighbours"),
             Panel("Iteration time (gossip)", (
                 Query(f"max by (worker) ({n(m.iteration_seconds)}{{{WRK}}})", "{{worker}}"),), "training", "s",
                 description="Mean time between each worker's recent local steps"),

@@ -235,7 +235,8 @@ class Metrics:
         self.blocked_seconds = Counter(
             "edgestream_blocked_seconds_total",
             "Seconds the sync rule kept the worker from training although it had a model (SSP: more "
-            "than s clocks ahead of the slowest worker); rate = fraction of time blocked",
+            "than s clocks ahead of the slowest worker; gossip: a neighbour more than max_lag iterations "
+            "behind); rate = fraction of time blocked",
             ["worker"], registry=r,
         )
         self.clock_gap = Gauge(
@@ -246,7 +247,7 @@ class Metrics:
         # --- gossip (decentralised) strategies ---------------------------------------------
         self.idle_ratio = Gauge(
             "edgestream_idle_ratio",
-            "Share of the worker's recent time in which it ran no local step (waiting for data or peers)",
+            "Share of the worker's time in which it ran no local step (waiting for data or peers; gossip)",
             ["worker"], registry=r,
         )
         self.iteration_seconds = Gauge(

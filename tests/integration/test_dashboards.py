@@ -278,7 +278,7 @@ TRAINING_RUNS = {
         ("train.strategy=ssp", "train.strategy_params=staleness=0", "workers.slowdown=1,4"),
         ready=('sum(increase(edgestream_blocked_seconds_total{job="worker"}[1m])) > 0',
                'min(count_over_time(edgestream_clock_gap_steps[1m])) >= 3'),
-        panels=("Time blocked by the sync rule (SSP)", "Clock gap (SSP)"),
+        panels=("Time blocked by the sync rule (SSP, gossip)", "Clock gap (SSP)"),
         observed={"blocked seconds": "edgestream_blocked_seconds_total", "commits": "edgestream_commits_total",
                   "clock gap": "edgestream_clock_gap_steps"}),
 }
