@@ -56,6 +56,7 @@ from streams.profiles import SCADLES_RATES
 from streams.records import RecordBatch
 from streams.simulator import DeviceSimulator, FleetData, build_simulators, fleet_data
 from trainers import strategies
+from trainers.consensus import consensus_distance
 from trainers.driver import DecodeMemo, DriverConfig, Outbound, Stepped, TrainingDriver
 from trainers.evaluation import time_to_target
 from trainers.local import LocalTrainer, limit_torch_threads
@@ -64,6 +65,8 @@ from trainers.strategies.base import StrategyContext
 
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",
+    "POINT_TO_POINT_CHANNELS",
+    "ProcessReport",
     "CostModel",
     "DeviceBacklog",
     "DeviceReport",
@@ -89,6 +92,10 @@ InjectHook = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarra
 
 HETEROGENEOUS_SLOWDOWNS: tuple[float, ...] = (1, 1, 1, 2, 2, 2, 4, 4, 8, 8)
 """Per-device compute slowdowns of the time-to-accuracy benchmark (BENCHMARKS.md)."""
+
+POINT_TO_POINT_CHANNELS: frozenset[str] = frozenset({"inbox"})
+"""Channels whose records only their recipient reads (``trainers.messages``: ``inbox`` maps
+to one topic per process, ``inbox.<job>.<to>``): nobody else fetches or pays for them."""
 
 
 def scadles_rates(scale: float = 1.0) -> tuple[float, ...]:
@@ -321,6 +328,13 @@ class RunConfig:
     max_grad_norm: float = 1.0e4
     """The step guard's bounds (``train.max_grad_norm`` / ``train.grad_norm_spike``)."""
     grad_norm_spike: float = 100.0
+    evaluate_workers: bool = False
+    """Evaluate every worker's model at each evaluation (each strategy's ``on_evaluation``
+    gets its own score, as on the live runtime, where every worker evaluates itself);
+    ``RunReport.worker_timelines`` holds them. Without a server whose model is evaluated,
+    the job's accuracy (``timeline``, TTA) is then the mean of the workers' held-out
+    accuracies (and ``loss_timeline`` the mean of their losses), ``evaluated`` is
+    ``"workers"``. Off: only the job's model (the server's, else worker 0's) is evaluated."""
 
     def __post_init__(self) -> None:
         if not (self.eval_every_s > 0 and self.time_budget_s > 0 and self.depth_sample_s > 0):
@@ -356,6 +370,49 @@ class DeviceReport:
     p99_depth: int
     dead_lettered: int = 0
     prequential_accuracy: float = 0.0
+
+
+@dataclass
+class ProcessReport:
+    """One process's traffic and time (a worker, or the server).
+
+    Bytes are the encoded record values. ``produced_bytes`` / ``produced_messages``: what
+    the process appended to the log, per channel. ``consumed_bytes`` /
+    ``consumed_messages``: what it fetched, per channel: every record of a broadcast
+    channel it subscribes to (its own and those addressed ``to`` another process
+    included, as a Kafka consumer of the topic fetches them), and only the records
+    addressed to it on a point-to-point channel (:data:`POINT_TO_POINT_CHANNELS`).
+
+    Time (workers; zero for the server), over ``[0, sim_time_s]``:
+    ``busy_s + blocked_s + starved_s == sim_time_s``. ``busy_s``: computing local steps;
+    ``blocked_s``: idle with a batch ready but ``can_train()`` false (waiting for peers);
+    ``starved_s``: idle without a batch (waiting for data). ``step_starts``: the simulated
+    time of every local step's start (also rejected ones); ``iteration_time_mean_s`` /
+    ``iteration_time_cv``: mean and coefficient of variation (population std / mean) of
+    the intervals between consecutive starts (0 with fewer than two; CV 0 with fewer
+    than three starts). ``observations``: the strategy's ``observations()`` at the end
+    (only the fields it set).
+    """
+
+    name: str
+    local_steps: int = 0
+    produced_bytes: dict[str, int] = field(default_factory=dict)
+    produced_messages: dict[str, int] = field(default_factory=dict)
+    consumed_bytes: dict[str, int] = field(default_factory=dict)
+    consumed_messages: dict[str, int] = field(default_factory=dict)
+    busy_s: float = 0.0
+    blocked_s: float = 0.0
+    starved_s: float = 0.0
+    step_starts: list[float] = field(default_factory=list)
+    iteration_time_mean_s: float = 0.0
+    iteration_time_cv: float = 0.0
+    observations: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def idle_fraction(self) -> float:
+        """Share of the run in which the worker computed nothing (blocked or starved)."""
+        total = self.busy_s + self.blocked_s + self.starved_s
+        return (self.blocked_s + self.starved_s) / total if total > 0 else 0.0
 
 
 @dataclass
@@ -395,7 +452,9 @@ class RunReport:
     prequential_recent_accuracy: float = 0.0
     """The same over worker 0's last ``DriverConfig.prequential_window`` scored batches."""
     evaluated: str = "w0"
-    """The process whose model is the job's model (evaluated, ``steps``): ``server`` or ``w0``."""
+    """Whose accuracy is the job's: ``server`` or ``w0`` (that process's model; ``steps`` is its
+    version), or ``workers`` (``RunConfig.evaluate_workers`` without an evaluated server: the
+    mean of the workers' held-out accuracies; ``steps`` is worker 0's version)."""
     max_staleness: int = 0
     """Largest staleness of an applied update (any process)."""
     server: dict[str, Any] | None = None
@@ -403,6 +462,14 @@ class RunReport:
     loss_timeline: list[tuple[float, float]] = field(default_factory=list)
     """``(time_s, held-out mean cross-entropy)`` of the job's model at every evaluation
     (the same evaluations as ``timeline``: time to a target loss)."""
+    consensus_timeline: list[tuple[float, float]] = field(default_factory=list)
+    """``(time_s, consensus distance)`` at every evaluation: the exact root-mean-square
+    distance of the workers' trainer parameters to their average
+    (``trainers.consensus.consensus_distance``; 0 for identical replicas)."""
+    worker_timelines: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """With ``RunConfig.evaluate_workers``: ``{worker: [(time_s, held-out accuracy)]}``."""
+    processes: list[ProcessReport] = field(default_factory=list)
+    """Every process (workers in order, then the server): traffic per channel and time."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -601,10 +668,13 @@ class _Worker:
     Invariant: while ``busy`` (a step is computing) the driver is not called. The
     step's effect on the model side happened when it started (``driver.step``); its
     ``Stepped`` is held in ``stepped`` and its messages leave at ``_STEP_DONE``.
-    Log records delivered meanwhile wait in ``inbox`` and are handed to the driver, in
+    Log records delivered meanwhile wait in ``pending`` and are handed to the driver, in
     log order, right after that publication (as the live runtime's single training
     thread does); messages an evaluation returns meanwhile wait in ``held``. The server
     is never busy.
+
+    ``state`` (``busy`` / ``blocked`` / ``starved``) is what a worker has been doing since
+    ``state_since``; :meth:`enter` charges that interval to ``time_in`` and switches.
     """
 
     def __init__(
@@ -617,7 +687,7 @@ class _Worker:
         self.busy = False
         self.stepped: Stepped | None = None
         self.held: list[Outbound] = []
-        self.inbox: deque[_LogEntry] = deque()
+        self.pending: deque[_LogEntry] = deque()
         self.uplink_free_at = 0.0
         self.downlink_free_at = 0.0
         self.local_steps = 0
@@ -627,6 +697,45 @@ class _Worker:
         self.scored = 0
         self.correct = 0
         self.depth_samples: list[int] = []
+        self.produced_bytes: Counter[str] = Counter()
+        self.produced_messages: Counter[str] = Counter()
+        self.consumed_bytes: Counter[str] = Counter()
+        self.consumed_messages: Counter[str] = Counter()
+        self.state = "starved"
+        self.state_since = 0.0
+        self.time_in: Counter[str] = Counter()
+        self.step_starts: list[float] = []
+
+    def enter(self, state: str, now: float) -> None:
+        """Charge ``[state_since, now]`` to the current state, then switch to ``state``."""
+        if now > self.state_since:
+            self.time_in[self.state] += now - self.state_since
+            self.state_since = now
+        self.state = state
+
+    def report(self) -> ProcessReport:
+        starts = self.step_starts
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        mean = math.fsum(gaps) / len(gaps) if gaps else 0.0
+        cv = 0.0
+        if len(gaps) > 1 and mean > 0:
+            cv = math.sqrt(math.fsum((g - mean) ** 2 for g in gaps) / len(gaps)) / mean
+        observed = asdict(self.driver.strategy.observations())
+        return ProcessReport(
+            name=self.name,
+            local_steps=self.local_steps,
+            produced_bytes=dict(sorted(self.produced_bytes.items())),
+            produced_messages=dict(sorted(self.produced_messages.items())),
+            consumed_bytes=dict(sorted(self.consumed_bytes.items())),
+            consumed_messages=dict(sorted(self.consumed_messages.items())),
+            busy_s=self.time_in["busy"],
+            blocked_s=self.time_in["blocked"],
+            starved_s=self.time_in["starved"],
+            step_starts=list(starts),
+            iteration_time_mean_s=mean,
+            iteration_time_cv=cv,
+            observations={k: _plain(v) for k, v in observed.items() if v is not None},
+        )
 
 
 def _injector(hook: InjectHook, index: int) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, int]]:
@@ -693,8 +802,21 @@ class _Simulation:
             if self.server is not None and self.server.driver.strategy.evaluates_model
             else self.workers[0]
         )
+        # With evaluate_workers every worker (and an evaluated server) is evaluated; the job's
+        # accuracy is then the server's, or without one the mean of the workers'.
+        server_evaluated = self.evaluated is self.server
+        if config.evaluate_workers:
+            self.evaluated_processes = self.workers + ([self.server] if server_evaluated else [])
+            self.evaluated_name = SERVER_NAME if server_evaluated else "workers"
+        else:
+            self.evaluated_processes = [self.evaluated]
+            self.evaluated_name = self.evaluated.name
         self.timeline: list[tuple[float, float, int]] = []
         self.loss_timeline: list[tuple[float, float]] = []
+        self.consensus_timeline: list[tuple[float, float]] = []
+        self.worker_timelines: dict[str, list[tuple[float, float]]] = (
+            {w.name: [] for w in self.workers} if config.evaluate_workers else {}
+        )
         self.tta_s: float | None = None
         self.bytes_sent = 0
         self.gradient_messages = 0
@@ -743,6 +865,8 @@ class _Simulation:
                 break
         if stopped == "budget":
             self.now = self.config.time_budget_s
+        for worker in self.workers:
+            worker.enter(worker.state, self.now)  # close the last interval
         return self._report(stopped)
 
     def _on_arrivals(self, tick: int) -> None:
@@ -765,8 +889,16 @@ class _Simulation:
             return
         driver = worker.driver
         self._publish(worker, driver.poll(self.now))
-        if worker.backlog is None or not worker.backlog.has_batch() or not driver.can_train():
+        if worker.backlog is None:
             return
+        if not worker.backlog.has_batch():
+            worker.enter("starved", self.now)
+            return
+        if not driver.can_train():
+            worker.enter("blocked", self.now)
+            return
+        worker.enter("busy", self.now)
+        worker.step_starts.append(self.now)
         batches = worker.backlog.take(driver.batch_limit())
         records = concat([b.records for b in batches]) if len(batches) > 1 else batches[0].records
         stepped = driver.step(records.features, records.labels)
@@ -793,8 +925,8 @@ class _Simulation:
         self._publish(worker, stepped.outbound)  # none for a rejected step
         held, worker.held = worker.held, []
         self._publish(worker, held)
-        while worker.inbox:
-            self._deliver(worker, worker.inbox.popleft())
+        while worker.pending:
+            self._deliver(worker, worker.pending.popleft())
         self._service(worker)
 
     def _publish(self, worker: _Worker, outbound: list[Outbound]) -> None:
@@ -802,6 +934,8 @@ class _Simulation:
         for item in outbound:
             size = len(item.value)
             self.bytes_sent += size
+            worker.produced_bytes[item.channel] += size
+            worker.produced_messages[item.channel] += 1
             if item.kind == "gradient":
                 self.gradient_messages += 1
                 self.compressed_messages += int(item.compressed)
@@ -814,6 +948,12 @@ class _Simulation:
 
     def _on_append(self, entry: _LogEntry) -> None:
         subscribers = [p for p in self.processes if entry.channel in p.driver.strategy.subscribes]
+        if entry.channel in POINT_TO_POINT_CHANNELS:
+            # The recipient's own topic: only it fetches the record.
+            subscribers = [p for p in subscribers if p.name == entry.to]
+        for process in subscribers:
+            process.consumed_bytes[entry.channel] += len(entry.value)
+            process.consumed_messages[entry.channel] += 1
         if self.costs.models_downlinks:
             # Every subscriber fetches the record over its own link, in log order; only the
             # addressees hand it to their driver when it has arrived.
@@ -828,7 +968,7 @@ class _Simulation:
         recipients = [p for p in subscribers if entry.to is None or entry.to == p.name]
         for worker in recipients:
             if worker.busy:
-                worker.inbox.append(entry)
+                worker.pending.append(entry)
             else:
                 self._deliver(worker, entry)
         for worker in recipients:
@@ -837,7 +977,7 @@ class _Simulation:
     def _on_deliver(self, worker: _Worker, entry: _LogEntry) -> None:
         """A record that reached one process over its downlink."""
         if worker.busy:
-            worker.inbox.append(entry)
+            worker.pending.append(entry)
             return
         self._deliver(worker, entry)
         self._service(worker)
@@ -857,16 +997,35 @@ class _Simulation:
 
     def _on_eval(self, tick: int) -> bool:
         """Evaluate the job's model; True when the run should stop (TTA known and stop_at_target)."""
-        process = self.evaluated
         heldout = self.streams.data.heldout
-        result, outbound = process.driver.evaluate(heldout.features, heldout.labels)
-        if process.busy:
-            process.held.extend(outbound)  # after the step's own messages
-        else:
-            self._publish(process, outbound)
-            self._service(process)
-        self.timeline.append((self.now, result.accuracy, process.driver.trainer.version))
-        self.loss_timeline.append((self.now, result.loss))
+        # Every model as it is at this instant: the spread first, then the evaluations,
+        # then what they make the processes do.
+        self.consensus_timeline.append(
+            (self.now, consensus_distance([w.driver.trainer.get_parameters() for w in self.workers]))
+        )
+        evaluated = self.evaluated_processes
+        results = {}
+        outbounds = {}
+        for process in evaluated:
+            results[process.name], outbounds[process.name] = process.driver.evaluate(heldout.features, heldout.labels)
+        for process in evaluated:
+            if process.busy:
+                process.held.extend(outbounds[process.name])  # after the step's own messages
+            else:
+                self._publish(process, outbounds[process.name])
+                self._service(process)
+        if self.config.evaluate_workers:
+            for worker in self.workers:
+                self.worker_timelines[worker.name].append((self.now, results[worker.name].accuracy))
+        version = self.evaluated.driver.trainer.version
+        if self.evaluated.name in results and self.evaluated_name != "workers":
+            job = results[self.evaluated.name]
+            accuracy, loss = job.accuracy, job.loss
+        else:  # the mean of the workers' own models
+            accuracy = math.fsum(results[w.name].accuracy for w in self.workers) / len(self.workers)
+            loss = math.fsum(results[w.name].loss for w in self.workers) / len(self.workers)
+        self.timeline.append((self.now, accuracy, version))
+        self.loss_timeline.append((self.now, loss))
         target = self.config.target_accuracy
         if target is not None and self.tta_s is None:
             self.tta_s = time_to_target([(t, a) for t, a, _ in self.timeline], target, self.config.hold_evals)
@@ -928,7 +1087,7 @@ class _Simulation:
             rejected_messages=sum(w.rejected_messages for w in self.processes),
             prequential_accuracy=float(prequential["accuracy"]),
             prequential_recent_accuracy=float(prequential["window_accuracy"]),
-            evaluated=self.evaluated.name,
+            evaluated=self.evaluated_name,
             max_staleness=max((int(s["max"]) for s in staleness), default=0),
             server=None
             if server_stats is None
@@ -937,7 +1096,19 @@ class _Simulation:
                 "staleness": server_stats["staleness"],
             },
             loss_timeline=list(self.loss_timeline),
+            consensus_timeline=list(self.consensus_timeline),
+            worker_timelines={name: list(t) for name, t in self.worker_timelines.items()},
+            processes=[p.report() for p in self.processes],
         )
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able copy of an observation (mappings to dicts, sequences to lists)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _nearest_rank(values: Sequence[int], q: float) -> int:
