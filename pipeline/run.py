@@ -265,10 +265,15 @@ def run_job(
     devices = cfg.devices.device_ids()
     training = cfg.train.enabled
     wanted = sensor_topics_for(devices)
+    subscribes: tuple[str, ...] = ()
     if training:
-        from pipeline.training import training_topics
+        from pipeline.training import strategy_subscribes, training_topics
 
-        wanted.update(training_topics(cfg.job.name))
+        subscribes = strategy_subscribes(cfg)
+        # Every configured worker's inbox up front (point-to-point strategies): a message
+        # to a worker that starts later (or joins) waits in its topic.
+        inboxes = cfg.worker_names() if "inbox" in subscribes else []
+        wanted.update(training_topics(cfg.job.name, inboxes))
     ensure_topics(bootstrap, wanted)
     if training:
         from pipeline.training import initial_workers
@@ -284,7 +289,8 @@ def run_job(
             sensors = [topics.sensor_topic(d) for d in cfg.devices_of(name)]
             groups.setdefault(sensor_group(cfg, name), []).extend(sensors)
         if training:
-            groups.setdefault(app_id(cfg, name), []).extend(update_topics(cfg))
+            groups.setdefault(app_id(cfg, name), []).extend(
+                update_topics(cfg, name, subscribes if name != SERVER_NAME else ()))
     # A run consumes what is produced during it, even on a long-lived cluster.
     start_groups_at_end(bootstrap, groups)
     ctx = RunContext(cfg, bootstrap, state, cfg_path, [])

@@ -4,10 +4,13 @@ Everything that happens to the model is ``trainers.driver.TrainingDriver``'s; th
 module only moves bytes and time between it and Kafka. ``TrainingRuntime`` runs every
 driver call on one single-thread executor (the Faust event loop stays responsive). It
 is the batch sink of the ingest agent (``defer_acks``: a batch's records are settled
-only once trained, or dead-lettered), consumes the job's update topics
-(``gradients.<job>``, ``models.<job>``, ``control.<job>``), publishes what the driver
-encodes, evaluates on the held-out set, and checkpoints model + optimizer + strategy
-state + resume offsets + the ingest ledger atomically.
+only once trained, or dead-lettered), consumes the job's update topics its strategy
+subscribes to (``gradients.<job>``, ``models.<job>``, ``control.<job>``, and for the
+``inbox`` channel only its own ``inbox.<job>.<name>``), publishes what the driver
+encodes (an ``inbox`` message to ``inbox.<job>.<to>``, the recipient's topic, ensured
+before the first send to it), evaluates on the held-out set, and checkpoints model +
+optimizer + strategy state + resume offsets + the ingest ledger atomically. The
+summary (``training.json``) counts value bytes and messages out and in per channel.
 
 Membership: every process publishes a heartbeat (``control`` message, meta ``op:
 heartbeat``) on ``control.<job>`` every ``train.heartbeat_s`` and ``op: leave`` when it is
@@ -83,25 +86,67 @@ MAX_QUEUED_BATCHES = 16
 MEMBERSHIP_LOG_SIZE = 200
 
 
-def channel_topic(job: str, channel: str) -> str:
-    """The Kafka topic of a strategy channel: ``gradients.<job>``, ``models.<job>``, ``control.<job>``."""
+#: Channels with one topic per job, read by every subscriber (``inbox`` is per recipient).
+SHARED_CHANNELS = ("gradients", "models", "control")
+
+
+def channel_topic(job: str, channel: str, to: str | None = None) -> str:
+    """The Kafka topic of a strategy channel: ``gradients.<job>``, ``models.<job>``,
+    ``control.<job>``; for ``inbox``, recipient ``to``'s own topic ``inbox.<job>.<to>``."""
     if channel == "gradients":
         return topics.gradients_topic(job)
     if channel == "models":
         return topics.models_topic(job)
     if channel == "control":
         return "control." + job
+    if channel == "inbox":
+        if not to:
+            raise ValueError("the inbox channel needs a recipient (to=...)")
+        return topics.inbox_topic(job, to)
     raise ValueError(f"unknown channel {channel!r}")
 
 
-def training_topics(job: str) -> dict[str, str]:
-    """Topics a training job needs, name -> kind (for ``ensure_topics``)."""
-    return {
+def topic_channel(job: str, topic: str) -> str | None:
+    """Inverse of ``channel_topic``: the channel of a training topic of ``job`` (None: not one)."""
+    for channel in SHARED_CHANNELS:
+        if topic == channel_topic(job, channel):
+            return channel
+    if topic.startswith(f"inbox.{job}.") and topic.count(".") == 2:
+        return "inbox"
+    return None
+
+
+def training_topics(job: str, inboxes: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
+    """Topics a training job needs, name -> kind (for ``ensure_topics``); ``inboxes``: the
+    processes whose ``inbox.<job>.<name>`` topic to add (kind ``gradients``: one
+    partition, retention, never compacted)."""
+    wanted = {
         channel_topic(job, "gradients"): "gradients",
         channel_topic(job, "models"): "models",
         channel_topic(job, "control"): "gradients",
         topics.gradients_dlq_topic(job): "dlq",
     }
+    wanted.update({channel_topic(job, "inbox", name): "gradients" for name in inboxes})
+    return wanted
+
+
+def read_topics(job: str, name: str, subscribes: tuple[str, ...] | list[str]) -> list[str]:
+    """The topics process ``name`` reads for a strategy subscribing to ``subscribes``: each
+    subscribed channel's topic (``inbox``: its own ``inbox.<job>.<name>`` only), then
+    ``control.<job>`` (the heartbeats) whether or not the strategy takes control messages."""
+    read = [channel_topic(job, ch, name if ch == "inbox" else None) for ch in subscribes]
+    control = channel_topic(job, "control")
+    return read if control in read else [*read, control]
+
+
+def strategy_subscribes(cfg: JobConfig, role: str = "worker") -> tuple[str, ...]:
+    """The channels the job's strategy reads in ``role``, asked of the strategy built for
+    the job's first worker (or the server). No I/O; builds the model. Raises
+    ``ConfigError`` like ``build_driver``."""
+    from pipeline.simulate import job_fleet_data
+
+    name = "server" if role == "server" else cfg.worker_names()[0]
+    return tuple(build_driver(cfg, name, job_fleet_data(cfg), role=role).strategy.subscribes)
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -192,6 +237,21 @@ class TrainingStats:
     rejected_steps: int = 0
     dead_lettered_records: int = 0
     rejected_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Per channel (``gradients``, ``models``, ``control``, ``inbox``): message value bytes
+    #: and messages this process published / consumed (every record read from its topics,
+    #: heartbeats included; dead letters not).
+    bytes_out: dict[str, int] = dataclasses.field(default_factory=dict)
+    bytes_in: dict[str, int] = dataclasses.field(default_factory=dict)
+    messages_out: dict[str, int] = dataclasses.field(default_factory=dict)
+    messages_in: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def count_out(self, channel: str, nbytes: int) -> None:
+        self.bytes_out[channel] = self.bytes_out.get(channel, 0) + nbytes
+        self.messages_out[channel] = self.messages_out.get(channel, 0) + 1
+
+    def count_in(self, channel: str, nbytes: int) -> None:
+        self.bytes_in[channel] = self.bytes_in.get(channel, 0) + nbytes
+        self.messages_in[channel] = self.messages_in.get(channel, 0) + 1
 
 
 class TrainingRuntime:
@@ -249,6 +309,11 @@ class TrainingRuntime:
         self.wakeup: asyncio.Event | None = None
         self.publish: Callable[[str, bytes, dict[str, bytes], bytes], Awaitable[None]] | None = None
         self.dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
+        #: Creates missing topics (name -> kind), idempotently, blocking: set by the process
+        #: (``ensure_topics`` on its cluster); None: recipients' inboxes are not ensured.
+        self.ensure_topics: Callable[[dict[str, str]], Any] | None = None
+        #: Recipients whose inbox topic this process ensured (or is ensuring) -> that call.
+        self._inboxes_ready: dict[str, asyncio.Future[Any]] = {}
         self.sensor_dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
         #: Set by the ingest driver (``IngestDriver.settle``): the sink is done with a batch.
         self.settle: Callable[..., Awaitable[None]] | None = None
@@ -338,24 +403,62 @@ class TrainingRuntime:
         self.wakeup.set()
 
     # --- wiring into a Faust app ---------------------------------------------------------
+    def own_topics(self) -> dict[str, str]:
+        """Topics only this process reads, name -> kind: its inbox if its strategy
+        subscribes to ``inbox`` (ensured at start besides the job's training topics)."""
+        if "inbox" not in self.strategy.subscribes:
+            return {}
+        return {channel_topic(self.cfg.job.name, "inbox", self.name): "gradients"}
+
+    async def _inbox_ready(self, to: str) -> None:
+        """Before the first message to ``to``: ensure its inbox topic exists (once per
+        recipient, off the event loop), so a send to a member that has not started yet
+        never waits on topic metadata. A failed attempt is retried by the next send."""
+        if self.ensure_topics is None:
+            return
+        ready = self._inboxes_ready.get(to)
+        if ready is None:
+            wanted = {channel_topic(self.cfg.job.name, "inbox", to): "gradients"}
+            ready = asyncio.get_running_loop().run_in_executor(None, self.ensure_topics, wanted)
+            self._inboxes_ready[to] = ready
+        try:
+            await ready
+        except Exception:
+            self._inboxes_ready.pop(to, None)
+            raise
+
+    # --- wiring into a Faust app ---------------------------------------------------------
     def attach(self, app: faust.App) -> None:
         """Register the update-topic agent and the train loop on ``app``."""
         job = self.cfg.job.name
-        subscribed = [channel_topic(job, ch) for ch in self.strategy.subscribes]
+        read = read_topics(job, self.name, self.strategy.subscribes)
         control = channel_topic(job, "control")
         # The control topic carries the heartbeats: every process reads it, whether or not
         # its strategy takes control messages.
-        strategy_reads_control = control in subscribed
-        read = subscribed if strategy_reads_control else [*subscribed, control]
+        strategy_reads_control = "control" in self.strategy.subscribes
+        channel_of = {topic: topic_channel(job, topic) or topic for topic in read}
         publish_topics = {ch: app.topic(channel_topic(job, ch), key_serializer="raw", value_serializer="raw")
-                          for ch in ("gradients", "models", "control")}
+                          for ch in SHARED_CHANNELS}
+        #: One topic object per recipient of inbox messages, created on the first send to it.
+        inbox_topics: dict[str, faust.types.TopicT] = {}
         dlq = app.topic(topics.gradients_dlq_topic(job), key_serializer="raw", value_serializer="raw")
         sensor_dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
         source = app.topic(*read, key_serializer="raw", value_serializer="raw")
 
         async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes) -> None:
-            fut = await publish_topics[channel].send(key=key, value=value, headers=headers)
+            if channel == "inbox":
+                # The recipient is the message's ``to`` (the driver's encoder sets the header).
+                to = headers[HEADER_TO].decode()
+                target = inbox_topics.get(to)
+                if target is None:
+                    await self._inbox_ready(to)
+                    target = inbox_topics.setdefault(to, app.topic(
+                        channel_topic(job, "inbox", to), key_serializer="raw", value_serializer="raw"))
+            else:
+                target = publish_topics[channel]
+            fut = await target.send(key=key, value=value, headers=headers)
             await fut
+            self.stats.count_out(channel, len(value))
 
         async def dead_letter(value: bytes, headers: dict[str, bytes]) -> None:
             fut = await dlq.send(value=value[:1 << 20], headers=headers)
@@ -378,6 +481,7 @@ class TrainingRuntime:
                 msg = event.message
                 headers = {k: (v if isinstance(v, bytes) else bytes(v)) for k, v in (event.headers or {}).items()}
                 assert self.inbox is not None and self.wakeup is not None
+                self.stats.count_in(channel_of.get(msg.topic, msg.topic), len(event.value or b""))
                 if msg.topic == control:
                     # Heartbeats are read at once, on the event loop (never behind a step);
                     # the strategy gets the topic only if it subscribes to it.
@@ -736,6 +840,8 @@ class TrainingRuntime:
             "restored_skipped": self.restored_skipped,
             "joining": self.joining, "live": list(self.live), "membership_log": self.membership_log,
             "heartbeats_sent": self.heartbeats_sent, "strategy_stats": _jsonable(stats),
+            "bytes_out": dict(self.stats.bytes_out), "bytes_in": dict(self.stats.bytes_in),
+            "messages_out": dict(self.stats.messages_out), "messages_in": dict(self.stats.messages_in),
         }
 
 

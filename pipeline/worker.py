@@ -93,23 +93,26 @@ def worker_cpus(cfg: JobConfig, worker: str) -> set[int] | None:
     return cpus
 
 
-def process_topics(cfg: JobConfig, name: str) -> dict[str, str]:
+def process_topics(cfg: JobConfig, name: str, subscribes: tuple[str, ...] = ()) -> dict[str, str]:
     """Topics process ``name`` (a worker or the server) reads or writes, name -> kind:
-    a worker's device topics and ``sensors.dlq``, and the job's training topics."""
+    a worker's device topics and ``sensors.dlq``, and the job's training topics; with
+    ``inbox`` among its strategy's channels (``subscribes``), its own ``inbox.<job>.<name>``."""
     wanted = {} if name == SERVER_NAME else sensor_topics_for(cfg.devices_of(name))
     if cfg.train.enabled:
         from pipeline.training import training_topics
 
-        wanted.update(training_topics(cfg.job.name))
+        wanted.update(training_topics(cfg.job.name, [name] if "inbox" in subscribes else []))
     return wanted
 
 
-def update_topics(cfg: JobConfig) -> list[str]:
-    """The job's update topics (gradients, models, control): what a training process's
-    Faust app reads, in its own consumer group."""
+def update_topics(cfg: JobConfig, name: str | None = None, subscribes: tuple[str, ...] = ()) -> list[str]:
+    """The job's update topics (gradients, models, control), plus process ``name``'s own
+    inbox when its strategy subscribes to ``inbox``: what a training process's Faust app
+    may read, in its own consumer group."""
     from pipeline.training import training_topics
 
-    return [topic for topic, kind in training_topics(cfg.job.name).items() if kind != "dlq"]
+    inboxes = [name] if name is not None and "inbox" in subscribes else []
+    return [topic for topic, kind in training_topics(cfg.job.name, inboxes).items() if kind != "dlq"]
 
 
 def check_training_config(cfg: JobConfig) -> None:
@@ -285,17 +288,21 @@ def run_worker(
         from pipeline.training import TrainingRuntime
 
         joining, why = join_decision(cfg, worker, bootstrap, state, join)
+        runtime = TrainingRuntime(cfg, worker, data, metrics, state, joining=joining)
+        subscribes = tuple(runtime.strategy.subscribes)
+        if runtime.own_topics():  # its inbox, if its strategy reads one
+            ensure_topics(bootstrap, runtime.own_topics())
+        runtime.ensure_topics = lambda wanted: ensure_topics(bootstrap, wanted)
         if joining:
             # From the current end: the joiner's position in the log is fixed before it
             # announces itself (its first heartbeat), as BSP's joining protocol requires.
-            ends = end_offsets(bootstrap, update_topics(cfg))
+            ends = end_offsets(bootstrap, update_topics(cfg, worker, subscribes))
             set_group_offsets(bootstrap, app_id(cfg, worker), {f"{tp.topic}:{tp.partition}": off
                                                                for tp, off in ends.items()})
             log.warning("%s joins the running job (%s): reads the update topics from their end "
                         "and waits for the model", worker, why)
         elif join:
             log.warning("%s %s", worker, why)
-        runtime = TrainingRuntime(cfg, worker, data, metrics, state, joining=joining)
         # Resume exactly at the checkpoint: commit its offsets, before any consumer starts,
         # for the groups that read each topic (device topics: the ingest source's group).
         for group, offsets in offsets_by_group(cfg, worker, runtime.resume_offsets).items():
@@ -313,7 +320,8 @@ def run_worker(
             log.info("%s: sensor offsets taken from the Faust group: %s", worker, adopted)
     if runtime is not None and runtime.restored_from is None:
         runtime.start_fresh(group_positions(bootstrap, sensor_group(cfg, worker), sensor_topics),
-                            group_positions(bootstrap, app_id(cfg, worker), update_topics(cfg)))
+                            group_positions(bootstrap, app_id(cfg, worker),
+                                            update_topics(cfg, worker, tuple(runtime.strategy.subscribes))))
     app, core = create_app(
         cfg, worker, bootstrap, sink, metrics,
         datadir=state / "faust", devices=devices,
@@ -352,9 +360,13 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     state, metrics = _start(cfg, SERVER_NAME, metrics_port, [])
     data = job_fleet_data(cfg)
     runtime = TrainingRuntime(cfg, SERVER_NAME, data, metrics, state, role="server")
+    if runtime.own_topics():
+        ensure_topics(bootstrap, runtime.own_topics())
+    runtime.ensure_topics = lambda wanted: ensure_topics(bootstrap, wanted)
     set_group_offsets(bootstrap, app_id(cfg, SERVER_NAME), runtime.resume_offsets)
     if runtime.restored_from is None:
-        runtime.start_fresh({}, group_positions(bootstrap, app_id(cfg, SERVER_NAME), update_topics(cfg)))
+        runtime.start_fresh({}, group_positions(bootstrap, app_id(cfg, SERVER_NAME),
+                                                update_topics(cfg, SERVER_NAME, tuple(runtime.strategy.subscribes))))
     app = new_faust_app(cfg, SERVER_NAME, bootstrap, state / "faust")
 
     @app.on_partitions_assigned.connect
