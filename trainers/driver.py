@@ -270,6 +270,11 @@ class TrainingDriver:
     def poll(self, now: float) -> list[Outbound]:
         return self.encode(self.strategy.poll(now))
 
+    def restored(self) -> list[Outbound]:
+        """The process restarted from a checkpoint (after ``load_state_dict``): what the
+        strategy sends on that (``on_restore``)."""
+        return self.encode(self.strategy.on_restore())
+
     def membership(self, workers: list[str]) -> list[Outbound]:
         """The adapter's view of the live workers changed."""
         return self.encode(self.strategy.on_membership(workers))

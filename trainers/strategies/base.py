@@ -151,6 +151,13 @@ class SyncStrategy(ABC):
         """The pipeline's current view of live workers changed. Default: ignore."""
         return []
 
+    def on_restore(self) -> list[Outgoing]:
+        """This process was restarted and its state restored from a checkpoint
+        (:meth:`load_state_dict` ran; peers went on meanwhile). Called once, before any
+        message or step of the new run; not called for an in-process copy. Gossip uses
+        it to re-base its neighbours. Default: nothing."""
+        return []
+
     # -- optional hooks: the driver (trainers/driver.py) calls these; defaults suit BSP/ASP --
 
     #: Whether this role holds a model worth evaluating on the held-out set.

@@ -31,15 +31,33 @@ encodes each on that link's own codec and error-feedback residual):
 
 Staleness: every applied delta records ``own iteration - sender iteration`` (>= 0)
 in ``staleness`` (an *update* in the repository's sense); ``mix_lag`` records, at each
-local step, the lag of every neighbour model in the mix. With ``max_lag`` set, a
-neighbour model more iterations behind is left out of the mix (its weight goes to
-the worker itself) and counted (``lag_excluded``; its deltas are still accumulated so
-the copy stays right, but they record no staleness and do not move the model).
+local step, the lag of every neighbour model in the mix.
+
+Bounded lag (``max_lag`` = L, optional): a worker does not start iteration ``k + 1``
+while a neighbour's newest model it has received is older than ``k - L`` (or while
+it has nothing of a neighbour yet); the time it spends so is counted in
+``blocked_seconds``. With a bound the mix is also *aligned*: the copy of a neighbour
+that enters ``psi_i(k)`` is its model at iteration ``k`` at the newest (deltas of
+later iterations wait in the copy's ``future`` until this worker gets there). With
+``L = 0`` this is neighbour-synchronous decentralised SGD, ``x(k+1) = W x(k) - lr G``:
+no global barrier, each worker waits for its own neighbours only, and with
+``lr_scale=0`` the average of the models is preserved exactly (the consensus test).
+Without a bound (default) the worker never waits and mixes the newest it holds.
+
+Start and rebase: a worker sends its model to every neighbour that has none of it
+(with a lag bound at its first ``poll``, so iteration 0 is mixed too; without one with
+its first step; after a membership change; after a restart). A worker restarted from a checkpoint is a new *incarnation* (``meta
+incarnation``, counted up by :meth:`on_restore`): its neighbours replace their copy of it
+with the model it sends, whatever its iteration, and drop deltas of an older
+incarnation. A worker that receives a model of a neighbour ahead of its own clock
+moves its clock there (``clock_jumps``) and re-sends its model, so a worker that was
+away rejoins at its peers' iteration instead of lagging behind them (and blocking them).
 
 Membership: :meth:`on_membership` rebuilds the graph from the new member list
 (deterministically: every worker with the same view builds the same graph), drops
 what it held of workers that are no longer neighbours and sends its model to new
-neighbours. A joining worker (``ctx.joining``) does not train or send until it has
+neighbours. ``init_noise`` > 0 adds a seeded per-worker Gaussian to the initial model
+(:func:`initial_noise`): distinct initial models for consensus experiments. A joining worker (``ctx.joining``) does not train or send until it has
 adopted the first neighbour model it receives.
 
 EdgeGossip adds, on the same mechanism (parts *reconstructed* from the paper's ideas,
@@ -76,6 +94,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,11 +103,12 @@ from typing import Any, ClassVar
 import torch
 
 from trainers.aggregation import sample_weights
+from trainers.consensus import ModelSketch
 from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.staleness import StalenessTracker
-from trainers.strategies.base import StrategyContext, SyncStrategy, register
+from trainers.strategies.base import Observations, StrategyContext, SyncStrategy, register
 from trainers.topology import TOPOLOGIES, Graph, build_graph
 
 Tensors = dict[str, torch.Tensor]
@@ -116,12 +136,22 @@ def balanced_batch_size(
     return max(min_batch, min(max_batch, wanted))
 
 
+def initial_noise(worker_id: str, tensors: Mapping[str, torch.Tensor], std: float) -> Tensors:
+    """``tensors`` plus a Gaussian of standard deviation ``std`` drawn from a seed that
+    depends on ``worker_id`` only (CRC-32 of its name), the same in every process and run."""
+    gen = torch.Generator().manual_seed(zlib.crc32(worker_id.encode()))
+    return {name: t.detach() + std * torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
+            for name, t in sorted(tensors.items())}
+
+
 @dataclass
 class _Held:
     """What a worker holds of one neighbour: its model as received, and what it knows of it.
 
     Invariant: ``tensors`` is the sender's model at iteration ``base`` plus every delta
     in ``(base, upto]`` and in ``above``; ``iteration`` is the newest iteration included.
+    ``future`` holds deltas received but not folded in yet (aligned mixing: iterations
+    beyond the holder's own); ``received`` is the newest iteration received at all.
     """
 
     tensors: Tensors
@@ -132,19 +162,34 @@ class _Held:
     iteration: int = 0
     batch: int | None = None
     accuracy: float | None = None
+    incarnation: int = 0
+    future: dict[int, tuple[Tensors, Tensors, int]] = field(default_factory=dict)
+
+    @property
+    def received(self) -> int:
+        return max(self.iteration, *self.future) if self.future else self.iteration
+
+    def has(self, step: int) -> bool:
+        return step <= self.upto or step in self.above or step in self.future
 
     def state(self) -> dict[str, Any]:
         return {"tensors": dict(self.tensors), "buffers": dict(self.buffers), "base": self.base,
                 "upto": self.upto, "above": sorted(self.above), "iteration": self.iteration,
-                "batch": self.batch, "accuracy": self.accuracy}
+                "batch": self.batch, "accuracy": self.accuracy, "incarnation": self.incarnation,
+                "future": {str(step): {"tensors": dict(t), "buffers": dict(b), "batch": n}
+                           for step, (t, b, n) in sorted(self.future.items())}}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> _Held:
-        return cls({k: v.clone() for k, v in state["tensors"].items()},
+        held = cls({k: v.clone() for k, v in state["tensors"].items()},
                    {k: v.clone() for k, v in state["buffers"].items()},
                    int(state["base"]), int(state["upto"]), {int(s) for s in state["above"]},
                    int(state["iteration"]), None if state["batch"] is None else int(state["batch"]),
-                   None if state["accuracy"] is None else float(state["accuracy"]))
+                   None if state["accuracy"] is None else float(state["accuracy"]),
+                   int(state.get("incarnation", 0)))
+        held.future = {int(step): (_clone(entry["tensors"]), _clone(entry["buffers"]), int(entry["batch"]))
+                       for step, entry in state.get("future", {}).items()}
+        return held
 
 
 def _clone(named: Mapping[str, torch.Tensor]) -> Tensors:
@@ -153,6 +198,11 @@ def _clone(named: Mapping[str, torch.Tensor]) -> Tensors:
 
 def _as_count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _incarnation(msg: UpdateMessage) -> int:
+    value = msg.meta.get("incarnation", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _as_score(value: Any) -> float | None:
@@ -189,6 +239,8 @@ class GossipStrategy(SyncStrategy):
         lr_scale: float = 1.0,
         rate_alpha: float = 0.3,
         stats_window: int = 50,
+        init_noise: float = 0.0,
+        sketch_dim: int = 32,
     ) -> None:
         """``topology``: ring | torus | regular | complete; ``degree`` and ``topology_seed``
         shape the regular graph. ``max_lag``: neighbour models more than this many
@@ -197,7 +249,9 @@ class GossipStrategy(SyncStrategy):
         ``lr_scale``: multiplies the trainer's learning rate on every step (0: mixing
         only, no gradient is applied: the consensus test). ``rate_alpha``: EWMA weight
         of a new throughput observation. ``stats_window``: iterations in the
-        iteration-time statistics."""
+        iteration-time statistics. ``init_noise``: standard deviation of the seeded
+        per-worker noise added to the initial model (0: every worker starts from the job's
+        model). ``sketch_dim``: length of the model sketch in :meth:`observations`."""
         super().__init__(ctx)
         if topology not in TOPOLOGIES:
             raise StrategyError(f"topology must be one of {', '.join(TOPOLOGIES)}, got {topology!r}")
@@ -209,6 +263,10 @@ class GossipStrategy(SyncStrategy):
             raise StrategyError(f"lr_scale must be finite and >= 0, got {lr_scale}")
         if not 0 < rate_alpha <= 1:
             raise StrategyError(f"rate_alpha must be in (0, 1], got {rate_alpha}")
+        if not (init_noise >= 0 and math.isfinite(init_noise)):
+            raise StrategyError(f"init_noise must be finite and >= 0, got {init_noise}")
+        if sketch_dim <= 0:
+            raise StrategyError(f"sketch_dim must be > 0, got {sketch_dim}")
         self.topology = topology
         self.degree = degree
         self.topology_seed = topology_seed
@@ -220,6 +278,9 @@ class GossipStrategy(SyncStrategy):
         self._graph: Graph = self._build(self._members)
         self._synced = not ctx.joining
         self._iteration = 0
+        self._incarnation = 0
+        if init_noise > 0 and not ctx.joining:
+            self.trainer.set_parameters(initial_noise(self.worker_id, self.trainer.get_parameters(), init_noise))
         self._own: Tensors = self.trainer.get_parameters()
         self._own_buffers: Tensors = self._float_buffers()
         self._held: dict[str, _Held] = {}
@@ -231,6 +292,8 @@ class GossipStrategy(SyncStrategy):
         self._stepped_since_poll = False
         self._busy_s = 0.0
         self._idle_s = 0.0
+        self._blocked_s = 0.0
+        self._sketch = ModelSketch(sketch_dim)
         self._last_step_at: float | None = None
         self._iteration_times: deque[float] = deque(maxlen=stats_window)
         self._rate: float | None = None
@@ -268,7 +331,16 @@ class GossipStrategy(SyncStrategy):
     # -- hooks ------------------------------------------------------------------------------
 
     def can_train(self) -> bool:
-        return self._synced
+        return self._synced and not self.lag_blocked()
+
+    def lag_blocked(self) -> bool:
+        """True while the lag bound keeps this worker from its next iteration: some
+        neighbour's newest model received is older than ``iteration - max_lag``, or
+        nothing of it has arrived yet."""
+        if self.max_lag is None:
+            return False
+        floor = self._iteration - self.max_lag
+        return any(name not in self._held or self._held[name].received < floor for name in self.neighbours)
 
     def batch_size_wanted(self) -> int | None:
         return self.batch_size
@@ -280,11 +352,17 @@ class GossipStrategy(SyncStrategy):
                 self._busy_s += now - self._now
             else:
                 self._idle_s += now - self._now
+                if self._synced and self.lag_blocked():
+                    self._blocked_s += now - self._now
         # Step 2. Later steps are stamped with this time.
         if self._now is None or now >= self._now:
             self._now = float(now)
             self._stepped_since_poll = False
-        return []
+        # Step 3. With a lag bound, neighbours holding nothing of us (the start, a restart)
+        # get our model now: they wait for it. (Without one, the first step sends it.)
+        if not self._synced or self.max_lag is None:
+            return []
+        return [self._model_to(name) for name in self.neighbours if name not in self._based]
 
     def on_local_step(self, result: StepResult) -> list[Outgoing]:
         if not self._synced:
@@ -297,16 +375,14 @@ class GossipStrategy(SyncStrategy):
             self.trainer.set_parameters(self.trainer.get_parameters(), version=self.trainer.version + 1)
         self._iteration += 1
         self._observe_step(result.batch_size)
+        self._fold_due()
         # Step 2. Send x_i(k): a delta to neighbours holding our model, the model to others.
         own, own_buffers = self.trainer.get_parameters(), self._float_buffers()
         out = self._send(own, own_buffers, result.batch_size)
         self._own, self._own_buffers = own, own_buffers
         # Step 3. Combine again with what we hold (the next step's psi_i, until newer arrives).
         for name in sorted(self._held):
-            lag = self._lag(self._held[name])
-            self.mix_lag.record(lag)
-            if self.max_lag is not None and lag > self.max_lag:
-                self.counters["lag_excluded"] += 1
+            self.mix_lag.record(self._lag(self._held[name]))
         for name in self.neighbours:
             if name not in self._held:
                 self.counters["missing_in_mix"] += 1
@@ -326,6 +402,17 @@ class GossipStrategy(SyncStrategy):
         if msg.kind == "model":
             return self._take_model(msg)
         return self._take_delta(msg)
+
+    def on_restore(self) -> list[Outgoing]:
+        """Restarted from a checkpoint: become a new incarnation and send our model to every
+        neighbour (they may hold iterations of ours that we are about to redo differently;
+        the new incarnation makes them replace their copy and drop our older deltas)."""
+        self._incarnation += 1
+        self._based.clear()
+        self.counters["restores"] += 1
+        if not self._synced:
+            return []
+        return [self._model_to(name) for name in self.neighbours]
 
     def on_membership(self, workers: Sequence[str]) -> list[Outgoing]:
         members = tuple(sorted(set(workers) | {self.worker_id}))
@@ -350,17 +437,28 @@ class GossipStrategy(SyncStrategy):
 
     def _take_model(self, msg: UpdateMessage) -> list[Outgoing]:
         held = self._held.get(msg.sender)
-        if held is not None and msg.step <= held.upto:
+        incarnation = _incarnation(msg)
+        if held is not None and (incarnation < held.incarnation
+                                 or (incarnation == held.incarnation and msg.step <= held.upto)):
             self.counters["old_models"] += 1  # a duplicate, or older than what we hold
             return []
         self._held[msg.sender] = _Held(
             _clone(msg.tensors), {n: t.clone() for n, t in msg.buffers.items() if n in self._own_buffers},
             base=msg.step, upto=msg.step, iteration=msg.step,
             batch=_as_count(msg.meta.get("batch")), accuracy=_as_score(msg.meta.get("accuracy")),
+            incarnation=incarnation,
         )
         self._note_meta(msg)
         self.counters["models_received"] += 1
         out: list[Outgoing] = []
+        if self._synced and msg.step > self._iteration:
+            # A neighbour ahead of our clock (we were away, or it is new to us): move our
+            # clock to its iteration and re-send our model under the new numbering.
+            self._iteration = msg.step
+            self._based.clear()
+            self._fold_due()
+            self.counters["clock_jumps"] += 1
+            out = [self._model_to(name) for name in self.neighbours]
         if not self._synced:
             # A joiner starts from the first neighbour model it gets, not from a fresh init.
             self._own = _clone(msg.tensors)
@@ -374,35 +472,55 @@ class GossipStrategy(SyncStrategy):
 
     def _take_delta(self, msg: UpdateMessage) -> list[Outgoing]:
         held = self._held.get(msg.sender)
-        if held is None:
-            self.counters["delta_without_model"] += 1
+        incarnation = _incarnation(msg)
+        if held is None or incarnation > held.incarnation:
+            self.counters["delta_without_model"] += 1  # its model (first, or after a restart) comes first
             return []
-        if msg.step <= held.upto or msg.step in held.above:
+        if incarnation < held.incarnation:
+            self.counters["old_incarnation"] += 1  # sent before the sender restarted
+            return []
+        if held.has(msg.step):
             self.counters["duplicate_deltas"] += 1
             return []
-        for name, tensor in held.tensors.items():
-            tensor.add_(msg.tensors[name].to(tensor.dtype))
-        for name, tensor in held.buffers.items():
-            if name in msg.buffers:
-                tensor.add_(msg.buffers[name].to(tensor.dtype))
-        held.above.add(msg.step)
-        while held.upto + 1 in held.above:
-            held.upto += 1
-            held.above.discard(held.upto)
-        held.iteration = max(held.iteration, msg.step)
-        held.batch = msg.batch_size
         accuracy = _as_score(msg.meta.get("accuracy"))
         if accuracy is not None:
             held.accuracy = accuracy
         self._note_meta(msg)
-        self.counters["deltas_applied"] += 1
-        lag = self._lag(held)
-        if self.max_lag is not None and lag > self.max_lag:
-            self.counters["stale_deltas"] += 1  # kept in the copy, out of the mix
+        if self.max_lag is not None and msg.step > self._iteration:
+            # Aligned mixing: a neighbour's iteration beyond ours waits until we get there.
+            held.future[msg.step] = (_clone(msg.tensors), _clone(msg.buffers), msg.batch_size)
+            self.counters["deltas_deferred"] += 1
             return []
-        self.staleness.record(lag)
+        self._fold(held, msg.step, msg.tensors, msg.buffers, msg.batch_size)
+        self.counters["deltas_applied"] += 1
+        self.staleness.record(self._lag(held))
         self._remix(bump=True)
         return []
+
+    @staticmethod
+    def _fold(held: _Held, step: int, tensors: Tensors, buffers: Tensors, batch: int) -> None:
+        """Add the delta of iteration ``step`` to the copy."""
+        for name, tensor in held.tensors.items():
+            tensor.add_(tensors[name].to(tensor.dtype))
+        for name, tensor in held.buffers.items():
+            if name in buffers:
+                tensor.add_(buffers[name].to(tensor.dtype))
+        held.above.add(step)
+        while held.upto + 1 in held.above:
+            held.upto += 1
+            held.above.discard(held.upto)
+        held.iteration = max(held.iteration, step)
+        held.batch = batch
+
+    def _fold_due(self) -> None:
+        """Fold deferred deltas of iterations we have reached into their copies."""
+        for name in sorted(self._held):
+            held = self._held[name]
+            for step in sorted(s for s in held.future if s <= self._iteration):
+                tensors, buffers, batch = held.future.pop(step)
+                self._fold(held, step, tensors, buffers, batch)
+                self.counters["deltas_applied"] += 1
+                self.staleness.record(self._lag(held))
 
     def _note_meta(self, msg: UpdateMessage) -> None:
         """Metadata EdgeGossip reads (rates, scores); nothing for the baseline."""
@@ -417,7 +535,7 @@ class GossipStrategy(SyncStrategy):
         return {}
 
     def _send(self, own: Tensors, own_buffers: Tensors, batch: int) -> list[Outgoing]:
-        meta = self._meta(batch)
+        meta = {**self._meta(batch), "incarnation": self._incarnation}
         deltas = {name: own[name] - self._own[name] for name in own}
         buffer_deltas = {name: own_buffers[name] - self._own_buffers[name] for name in own_buffers}
         out = []
@@ -440,7 +558,8 @@ class GossipStrategy(SyncStrategy):
         buffers.update(self._own_buffers if own_buffers is None else own_buffers)
         msg = UpdateMessage(kind="model", sender=self.worker_id, step=self._iteration,
                             base_version=self.trainer.version, tensors=own, buffers=buffers,
-                            meta=self._meta(self._last_batch if batch is None else batch))
+                            meta={**self._meta(self._last_batch if batch is None else batch),
+                                  "incarnation": self._incarnation})
         self._based.add(name)
         self.counters["models_sent"] += 1
         return Outgoing("inbox", msg, to=name)
@@ -451,9 +570,8 @@ class GossipStrategy(SyncStrategy):
         return max(0, self._iteration - held.iteration)
 
     def _in_mix(self) -> list[str]:
-        """Neighbours whose held model enters the mix (held, and within ``max_lag``)."""
-        return [name for name in self.neighbours if name in self._held
-                and (self.max_lag is None or self._lag(self._held[name]) <= self.max_lag)]
+        """Neighbours whose held model enters the mix (all those we hold a model of)."""
+        return [name for name in self.neighbours if name in self._held]
 
     def mixing_row(self) -> dict[str, float]:
         """This worker's current mixing weights (itself included): non-negative, sum 1."""
@@ -542,6 +660,7 @@ class GossipStrategy(SyncStrategy):
             "members": list(self._members),
             "synced": self._synced,
             "iteration": self._iteration,
+            "incarnation": self._incarnation,
             "own": dict(self._own),
             "own_buffers": dict(self._own_buffers),
             "held": {name: held.state() for name, held in sorted(self._held.items())},
@@ -550,7 +669,7 @@ class GossipStrategy(SyncStrategy):
             "lr_scale": self._lr_scale,
             "time": {
                 "now": self._now, "stepped_since_poll": self._stepped_since_poll, "busy_s": self._busy_s,
-                "idle_s": self._idle_s, "last_step_at": self._last_step_at,
+                "idle_s": self._idle_s, "blocked_s": self._blocked_s, "last_step_at": self._last_step_at,
                 "iteration_times": list(self._iteration_times), "rate": self._rate,
                 "rate_mark": self._rate_mark, "rate_pending": self._rate_pending, "last_batch": self._last_batch,
             },
@@ -563,6 +682,7 @@ class GossipStrategy(SyncStrategy):
         self._graph = self._build(self._members)
         self._synced = bool(state["synced"])
         self._iteration = int(state["iteration"])
+        self._incarnation = int(state["incarnation"])
         self._own = _clone(state["own"])
         self._own_buffers = _clone(state["own_buffers"])
         self._held = {str(name): _Held.from_state(held) for name, held in state["held"].items()}
@@ -573,12 +693,28 @@ class GossipStrategy(SyncStrategy):
         self._now = time["now"]
         self._stepped_since_poll = bool(time["stepped_since_poll"])
         self._busy_s, self._idle_s = float(time["busy_s"]), float(time["idle_s"])
+        self._blocked_s = float(time["blocked_s"])
         self._last_step_at = time["last_step_at"]
         self._iteration_times = deque((float(t) for t in time["iteration_times"]),
                                       maxlen=self._iteration_times.maxlen)
         self._rate, self._rate_mark = time["rate"], time["rate_mark"]
         self._rate_pending = int(time["rate_pending"])
         self._last_batch = time["last_batch"]
+
+    def observations(self) -> Observations:
+        mean, cv = self.iteration_time_stats()
+        return Observations(
+            blocked_seconds=self._blocked_s,
+            idle_fraction=self.idle_fraction(),
+            iteration_time_s=mean if self._iteration_times else None,
+            iteration_time_cv=cv if len(self._iteration_times) > 1 else None,
+            neighbour_lag={name: self._lag_received(held) for name, held in sorted(self._held.items())},
+            mixing_weights=self.mixing_row(),
+            model_sketch=self._sketch(self._own),
+        )
+
+    def _lag_received(self, held: _Held) -> int:
+        return max(0, self._iteration - held.received)
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
@@ -589,7 +725,9 @@ class GossipStrategy(SyncStrategy):
             "neighbours": list(self.neighbours),
             "iteration": self._iteration,
             "mixing_weights": self.mixing_row(),
-            "neighbour_lag": {name: self._lag(held) for name, held in sorted(self._held.items())},
+            "neighbour_lag": {name: self._lag_received(held) for name, held in sorted(self._held.items())},
+            "incarnation": self._incarnation,
+            "blocked_seconds": self._blocked_s,
             "mix_lag": self.mix_lag.summary(),
             "rate_samples_per_s": self._rate,
             "idle_fraction": self.idle_fraction(),

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.trainers.test_checkpoint import _assert_same_tree
 from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, announce, build_node, drive
 from trainers.driver import DriverConfig, TrainingDriver
 from trainers.errors import StrategyError
@@ -268,40 +269,131 @@ def test_a_missing_neighbour_gives_its_weight_to_the_worker_itself():
     assert float((_flat(strategy.trainer.get_parameters()) - _flat(expected)).abs().max()) < 1e-6
 
 
-def test_models_beyond_max_lag_leave_the_mix_and_are_counted():
-    strategy = _strategy(max_lag=2, lr_scale=0.0)
+def test_a_lag_bound_blocks_the_next_iteration_until_every_neighbour_is_close_enough():
+    strategy = _strategy(max_lag=1, lr_scale=0.0)
+
+    assert not strategy.can_train()  # nothing of b and c yet
+    out = strategy.poll(0.0)
+    assert sorted((o.to, o.message.kind, o.message.step) for o in out) == [("b", "model", 0), ("c", "model", 0)]
+    strategy.on_message(_model_from("b", seed=1))
+    assert not strategy.can_train()
+    strategy.on_message(_model_from("c", seed=2))
+    assert strategy.can_train()
+    _step(strategy)
+    assert strategy.can_train()  # iteration 1: b and c at 0 lag 1
+    _step(strategy)
+    assert not strategy.can_train() and strategy.lag_blocked()  # iteration 2: they lag 2
+    strategy.poll(1.0)
+    strategy.poll(3.5)  # 2.5 s blocked
+    strategy.on_message(_delta_from("b", step=1))
+    assert not strategy.can_train()
+    strategy.on_message(_delta_from("c", step=1))
+    assert strategy.can_train()
+    assert strategy.observations().blocked_seconds == pytest.approx(2.5)
+
+
+def test_with_a_lag_bound_deltas_beyond_the_own_iteration_wait_until_it_gets_there():
+    strategy = _strategy(max_lag=0, lr_scale=0.0)
     strategy.on_message(_model_from("b", seed=1))
     strategy.on_message(_model_from("c", seed=2))
-    for _ in range(3):
-        _step(strategy)
-
-    assert strategy.mixing_row() == {"a": 1.0}
-    assert strategy.counters["lag_excluded"] == 2  # b and c at the third step (lag 3)
-    strategy.on_message(_delta_from("b", step=1))  # lag 2: back in the mix
-    assert set(strategy.mixing_row()) == {"a", "b"}
-    assert strategy.staleness.summary()["histogram"] == {"2": 1}
-    _step(strategy)  # iteration 4: b (at 1) and c (at 0) lag 3 and 4
-    strategy.on_message(_delta_from("c", step=1))  # lag 3: kept out
-    strategy.on_message(_delta_from("b", step=3))  # lag 1: in
-
-    assert strategy.counters["lag_excluded"] == 4 and strategy.counters["stale_deltas"] == 1
-    assert set(strategy.mixing_row()) == {"a", "b"}
-    assert strategy.staleness.summary()["histogram"] == {"1": 1, "2": 1}  # never above max_lag
-
-
-def test_a_stale_delta_is_kept_in_the_copy_but_does_not_move_the_model():
-    strategy = _strategy(max_lag=1, lr_scale=0.0)
-    strategy.on_message(_model_from("b", seed=1))
-    for _ in range(4):
-        _step(strategy)
     digest, copy_before = strategy.trainer.parameter_digest(), strategy.neighbour_model("b")
 
-    strategy.on_message(_delta_from("b", step=1))
+    strategy.on_message(_delta_from("b", step=1))  # b's iteration 1; we are at 0
 
-    assert strategy.trainer.parameter_digest() == digest
-    assert strategy.counters["stale_deltas"] == 1
-    assert strategy.staleness.summary()["count"] == 0
-    assert float((_flat(strategy.neighbour_model("b")) - _flat(copy_before)).abs().min()) > 0
+    assert strategy.trainer.parameter_digest() == digest  # the mix still uses b at 0
+    assert torch.equal(_flat(strategy.neighbour_model("b")), _flat(copy_before))
+    assert strategy.counters["deltas_deferred"] == 1
+    assert strategy.observations().neighbour_lag == {"b": 0, "c": 0}
+    _step(strategy)  # now at 1: b's delta folds in
+    assert float((_flat(strategy.neighbour_model("b")) - _flat(copy_before) - 0.01).abs().max()) < 1e-6
+    assert strategy.on_message(_delta_from("b", step=1)) == [] and strategy.counters["duplicate_deltas"] == 1
+
+
+@pytest.mark.parametrize("topology", ["ring", "torus", "regular", "complete"])
+def test_with_max_lag_zero_the_average_is_exact_whatever_the_speeds_and_delivery_order(topology):
+    bus = FakeBus(jitter=3.0, duplicate=True, seed=2)
+    nodes = _cluster(bus, "gossip", 8, topology=topology, lr_scale=0.0, max_lag=0)
+    average = _models(nodes).mean(dim=0)
+    periods = {n.name: 1 + k % 3 for k, n in enumerate(nodes)}
+
+    drive(bus, nodes, steps=60, periods=periods, rng=np.random.default_rng(4))
+
+    own = torch.stack([_flat(n.strategy.own_model()) for n in nodes])
+    assert float((own - average).abs().max()) < TOLERANCE
+    if topology != "complete":  # on the complete graph every worker waits for all: none runs ahead
+        assert sum(n.strategy.counters["deltas_deferred"] for n in nodes) > 0  # some arrived early
+
+
+def test_a_restored_worker_is_a_new_incarnation_its_neighbours_replace_their_copy():
+    a = _strategy(max_lag=0, lr_scale=0.0)
+    a.on_message(_model_from("b", seed=1))
+    a.on_message(_model_from("c", seed=2))
+    saved = a.state_dict()
+    for _ in range(3):  # progress after the checkpoint, then a crash
+        a.on_message(_delta_from("b", step=a.iteration + 1))
+        a.on_message(_delta_from("c", step=a.iteration + 1))
+        _step(a)
+    b = _strategy(worker="b", seed=1, lr_scale=0.0)
+    b.on_message(UpdateMessage(kind="model", sender="a", step=3, base_version=3,
+                               tensors=a.own_model(), meta={"incarnation": 0}))
+
+    restored = _strategy(max_lag=0, lr_scale=0.0, seed=7)
+    restored.load_state_dict(saved)
+    out = restored.on_restore()
+
+    assert sorted((o.to, o.message.kind, o.message.step, o.message.meta["incarnation"]) for o in out) == [
+        ("b", "model", 0, 1), ("c", "model", 0, 1)]
+    b.on_message(next(o.message for o in out if o.to == "b"))  # older iteration, newer incarnation
+    assert torch.equal(_flat(b.neighbour_model("a")), _flat(restored.own_model()))
+    b.on_message(UpdateMessage(kind="delta", sender="a", step=4, base_version=4, batch_size=8,
+                               tensors=_delta_from("a", 4).tensors, meta={"incarnation": 0}))
+    assert b.counters["old_incarnation"] == 1
+    assert torch.equal(_flat(b.neighbour_model("a")), _flat(restored.own_model()))
+
+
+def test_a_model_from_a_neighbour_ahead_moves_the_clock_and_resends_the_model():
+    strategy = _strategy(lr_scale=0.0)
+    strategy.on_message(_model_from("b", seed=1))
+    _step(strategy)
+    _step(strategy)
+
+    out = strategy.on_message(_model_from("c", seed=2, step=9))
+
+    assert strategy.iteration == 9 and strategy.counters["clock_jumps"] == 1
+    assert sorted((o.to, o.message.kind, o.message.step) for o in out) == [("b", "model", 9), ("c", "model", 9)]
+    assert strategy.observations().neighbour_lag == {"b": 9, "c": 0}
+
+
+def test_observations_carry_the_gossip_numbers():
+    strategy = _strategy(max_lag=1)
+    strategy.on_message(_model_from("b", seed=1))
+    strategy.on_message(_model_from("c", seed=2))
+    for now in (0.0, 1.0, 2.5):
+        strategy.poll(now)
+        _step(strategy)
+    strategy.poll(4.0)
+
+    obs = strategy.observations()
+
+    assert obs.mixing_weights == strategy.mixing_row() and math.fsum(obs.mixing_weights.values()) == pytest.approx(1)
+    assert obs.iteration_time_s == pytest.approx(1.25) and obs.iteration_time_cv == pytest.approx(0.2)
+    assert obs.idle_fraction == pytest.approx(0.0)  # a step in every interval
+    assert obs.neighbour_lag == {"b": 3, "c": 3}
+    assert len(obs.model_sketch) == 32
+    assert _strategy(seed=3).observations().model_sketch == _strategy(worker="b", seed=3).observations().model_sketch
+    assert _strategy(seed=3).observations().model_sketch != _strategy(seed=4).observations().model_sketch
+
+
+def test_init_noise_gives_each_worker_its_own_reproducible_initial_model():
+    a1, a2 = _strategy(init_noise=0.1), _strategy(init_noise=0.1)
+    b = _strategy(worker="b", init_noise=0.1)
+    plain = _strategy()
+
+    assert torch.equal(_flat(a1.own_model()), _flat(a2.own_model()))
+    assert torch.equal(_flat(a1.trainer.get_parameters()), _flat(a1.own_model()))
+    assert not torch.equal(_flat(a1.own_model()), _flat(b.own_model()))
+    spread = float((_flat(a1.own_model()) - _flat(plain.own_model())).std())
+    assert 0.08 < spread < 0.12
 
 
 def test_a_joiner_waits_for_a_model_and_starts_from_it():
@@ -403,7 +495,7 @@ def test_the_baseline_keeps_its_fixed_batch_and_shares_no_rates():
     out = _step(strategy)
 
     assert strategy.batch_size_wanted() == 24
-    assert all(o.message.meta == {} for o in out)
+    assert all(o.message.meta == {"incarnation": 0} for o in out)
 
 
 # -- accuracy-aware mixing and plateau ---------------------------------------------------------------
@@ -554,6 +646,8 @@ def test_state_round_trips_and_the_restored_worker_continues_identically(name):
     fresh.load_state_dict(saved["strategy"])
     copy = TrainingDriver(original.name, trainer, fresh, DriverConfig(job="test"))
 
+    _assert_same_tree(fresh.state_dict(), original.strategy.state_dict())
+
     features, labels = _data(3)
     for driver in (original.driver, copy):
         driver.poll(10.0)
@@ -562,3 +656,7 @@ def test_state_round_trips_and_the_restored_worker_continues_identically(name):
     assert outputs[0] == outputs[1] and outputs[0]
     assert fresh.stats() == original.strategy.stats()
     assert trainer.parameter_digest() == original.trainer.parameter_digest()
+    # After a real restart the driver calls on_restore: a new incarnation re-bases every neighbour.
+    rebase = copy.restored()
+    assert [(o.to, o.kind) for o in rebase] == [(n, "model") for n in fresh.neighbours]
+    assert fresh.state_dict()["incarnation"] == 1 and fresh.counters["restores"] == 1
