@@ -355,6 +355,12 @@ class TrainingDriver:
                 contexts = self.policy.contexts((item.to, msg.kind), msg.tensors)
             value, headers = encode_update(msg, job=self.config.job, codec=codec, compress=compress, to=item.to,
                                            contexts=contexts)
+            if msg.kind == "model" and item.to is not None and (codec is None or not compress):
+                # The recipient now holds our exact model: what the other links to it still
+                # owed it (error-feedback residuals) is void.
+                for (to, kind), link in self._codecs.items():
+                    if to == item.to and kind != "model":
+                        link.memory.reset()
             dense = 4 * sum(int(t.numel()) for t in msg.tensors.values())
             out.append(Outbound(item.channel, item.to, msg.kind, value, headers,
                                 headers.get(HEADER_CODEC, b"dense").decode(), dense,

@@ -660,3 +660,19 @@ def test_state_round_trips_and_the_restored_worker_continues_identically(name):
     rebase = copy.restored()
     assert [(o.to, o.kind) for o in rebase] == [(n, "model") for n in fresh.neighbours]
     assert fresh.state_dict()["incarnation"] == 1 and fresh.counters["restores"] == 1
+
+
+def test_a_dense_model_to_a_neighbour_voids_the_residual_its_delta_link_owed_it():
+    trainer = _trainer()
+    strategy = create("gossip", StrategyContext(worker_id="a", trainer=trainer, members=("a", "b", "c")))
+    driver = TrainingDriver("a", trainer, strategy, DriverConfig(job="test", codec="topk", codec_params={"ratio": 0.1}))
+    features, labels = _data()
+    for _ in range(3):
+        driver.step(features[:8], labels[:8])
+    owed = driver._codec("b", "delta").memory
+    assert any(owed.residual(name) is not None and owed.residual(name).abs().sum() > 0 for name in trainer.get_parameters())
+
+    rebase = driver.restored()
+
+    assert [(o.to, o.kind, o.codec) for o in rebase] == [("b", "model", "dense"), ("c", "model", "dense")]
+    assert all(owed.residual(name) is None for name in trainer.get_parameters())
