@@ -60,6 +60,8 @@ def test_conformance_fresh_instance_subscribes_and_reports_json_stats(make_train
     assert strategy.poll(0.0) == []  # a fresh, synced instance has no timer due
     stats = json.loads(json.dumps(strategy.stats()))
     assert {"strategy", "role", "worker", "version", "staleness", "counters"} <= stats.keys()
+    restore = strategy.on_restore()  # a restart with no peers: nothing to re-send, or Outgoing items
+    assert isinstance(restore, list) and all(o.channel in CHANNELS for o in restore)
     assert {"count", "mean", "max", "p99"} <= stats["staleness"].keys()
 
 
