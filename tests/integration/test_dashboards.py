@@ -1,13 +1,15 @@
 """Every dashboard panel query and alert rule, against a real Prometheus scraping a real run.
 
-A short run (real broker, 2 worker processes, simulators with garbage, window truncation
-so drops happen) is scraped by Debian's ``prometheus`` through file-based service
-discovery. Then, for every panel query of every dashboard and every alert rule, the
+A short run (real broker, 2 worker processes training with EdgeGossip, simulators with
+garbage, window truncation so drops happen) is scraped by Debian's ``prometheus`` through
+file-based service discovery. Then, for every panel query of every dashboard and every alert rule, the
 Prometheus HTTP API must parse it; panels whose metrics the run emits must return at
 least one series: every ``ingest`` and ``simulator`` panel always, any other panel
 automatically once its metrics appear in the scrape (e.g. a training worker). Which
 panels were series-checked and which only parsed is printed and written to
-``dashboard-check.json`` in the test's tmp dir.
+``dashboard-check.json`` in the test's tmp dir. The gossip workers' own numbers are
+checked through Prometheus too: mixing weights summing to 1, a lag per neighbour, and the
+consensus-distance panel's query equal to ``sketch_spread`` of the sketches it reads.
 
 A second test runs ``edgestream run``'s ``run_job`` with training (a server and 2 workers;
 once with SSP, whose worker and server are ASP's plus clocks, once with ADSP) and checks every panel while it streams, so the training,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import time
@@ -29,7 +32,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from monitoring.dashboards import all_dashboards, expand
+from monitoring.dashboards import all_dashboards, expand, training
 from monitoring.metrics import serve_process
 from monitoring.prometheus import (
     RULES_FILE,
@@ -48,6 +51,7 @@ from pipeline.run import run_job, start_worker_process, stop_process
 from pipeline.simulate import simulate
 from streams import topics
 from streams.garbage import KINDS
+from trainers.consensus import sketch_spread
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +85,28 @@ def run_cfg(unique, tmp_path):
         "devices.time_scale=2", "workers.count=2",
         # window truncation: drops happen, so the drop panels have series too
         "batcher.mode=window", "batcher.window_s=0.5", "batcher.max_batch=8", "batcher.window_overflow=truncate",
+        # serverless EdgeGossip training on the same workers (no server, messages on their
+        # inboxes): the gossip panels are checked against this run, at no extra run's cost
+        "train.enabled=true", "train.model=mlp", "train.strategy=edgegossip",
+        "train.strategy_params=batch_size=16,min_batch=4,max_batch=64", "train.lr=0.05", "train.momentum=0.5",
+        "train.eval_every_s=1", "train.checkpoint_every_steps=5",
     ], env={})
+
+
+#: What the EdgeGossip run must have scraped before its panels are checked: both workers'
+#: sketches, mixing weights, a neighbour model each, iteration statistics, a held-out score.
+GOSSIP_READY = (
+    'count(count by (worker) (edgestream_model_sketch{job="worker"})) == 2',
+    'count(count by (worker) (edgestream_mixing_weight_ratio{job="worker"})) == 2',
+    'count(count by (worker) (edgestream_neighbour_lag_steps{job="worker"})) == 2',
+    'count(edgestream_iteration_cv_ratio{job="worker"}) == 2',
+    'count(edgestream_accuracy_ratio{job="worker", split="heldout"}) == 2',
+    'min(count_over_time(edgestream_model_sketch{job="worker"}[1m])) >= 3',
+)
+#: Training-dashboard panels the EdgeGossip run must fill (beyond TRAINING_PANELS).
+GOSSIP_PANELS = ("Idle fraction (gossip)", "Iteration time (gossip)", "Iteration time CV (gossip)",
+                 "Neighbour lag (gossip)", "Mixing weights (gossip)", "Consensus distance (gossip)",
+                 "Held-out accuracy per worker")
 
 
 def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstrap, run_cfg, tmp_path):
@@ -100,6 +125,9 @@ def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstra
         # --- a short real run: 2 workers, a simulator that serves /metrics ----------------------
         for w in cfg.worker_names():
             procs[w] = start_worker_process(cfg_path, w, kafka_bootstrap, 0, state / "logs" / f"{w}.log")
+        # Prometheus starts while the workers do (it picks the targets file up when written)
+        (tmp_path / "sd").mkdir()
+        prom.start()
         urls = {}
         for w, proc in procs.items():
             endpoint = state / "workers" / w / "endpoint.json"
@@ -121,7 +149,6 @@ def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstra
         # the call `edgestream run` makes once its workers are up
         write_file_sd(file_sd_path(cfg.job.name, tmp_path / "sd"),
                       run_targets(urls, simulator_url=sim_url))
-        prom.start()
         wait_until(lambda: len(t := prom.api.targets()) == 3 and all(x["health"] == "up" for x in t),
                    30, "Prometheus to scrape 2 workers and the simulator", lambda: f": {prom.api.targets()}")
 
@@ -150,6 +177,11 @@ def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstra
         assert scalar(prom, 'count(up{job="worker"} == 1)') == 2
         assert scalar(prom, 'count(up{job="simulator"} == 1)') == 1
 
+        # --- the EdgeGossip workers' own numbers, through Prometheus --------------------------
+        for expr in GOSSIP_READY:
+            wait_until(lambda expr=expr: prom.api.query(expr).result, 40, expr)
+        gossip = check_gossip_values(prom)
+
         # --- every panel query of every dashboard, every alert rule -----------------------
         checked, failures = check_dashboards_and_rules(prom, ALWAYS_SERIES)
 
@@ -168,9 +200,53 @@ def test_every_panel_query_and_alert_rule_against_real_prometheus(kafka_bootstra
             stop_process(proc)
 
     report_checks(checked, tmp_path / "dashboard-check.json")
+    print(f"edgegossip observed through Prometheus: {json.dumps(gossip, sort_keys=True)}")
     assert not failures, "\n".join(failures)
     assert series_checked(checked) >= sum(1 for d in all_dashboards() for p in d.panels
                                           for _ in p.queries if p.requires in ALWAYS_SERIES)
+    by_panel = {(c["dashboard"], c["panel"]): c for c in checked if "panel" in c}
+    # what the gossip workers record must be series-checked, not skipped
+    for title in (*TRAINING_PANELS, *GOSSIP_PANELS):
+        assert by_panel[("edgestream-training", title)]["check"] == "parse+series", title
+
+
+def check_gossip_values(prom: LocalPrometheus) -> dict:
+    """The gossip series hold what they mean: each worker's mixing weights sum to 1 over
+    itself and its neighbour, each holds the other's model, and the consensus-distance
+    panel's query equals ``sketch_spread`` of the sketches Prometheus holds at that instant."""
+    at = time.time()
+
+    def by(expr: str, *labels: str) -> dict[str, float]:
+        return {" ".join(r["metric"].get(label, "") for label in labels): float(r["value"][1])
+                for r in prom.api.query(expr, at).result}
+
+    consensus = next(p for p in training().panels if p.title == "Consensus distance (gossip)")
+    distance = by(expand(consensus.queries[0].expr))
+    sketches: dict[str, dict[int, float]] = {}
+    for r in prom.api.query('edgestream_model_sketch{job="worker"}', at).result:
+        sketches.setdefault(r["metric"]["worker"], {})[int(r["metric"]["index"])] = float(r["value"][1])
+    rows = [[s[i] for i in sorted(s)] for _, s in sorted(sketches.items())]
+    observed = {
+        "mixing weights": by('edgestream_mixing_weight_ratio{job="worker"}', "worker", "peer"),
+        "neighbour lag": by('edgestream_neighbour_lag_steps{job="worker"}', "worker", "peer"),
+        "idle fraction": by('edgestream_idle_ratio{job="worker"}', "worker"),
+        "iteration s": by('edgestream_iteration_seconds{job="worker"}', "worker"),
+        "iteration cv": by('edgestream_iteration_cv_ratio{job="worker"}', "worker"),
+        "heldout accuracy": by('edgestream_accuracy_ratio{job="worker", split="heldout"}', "worker"),
+        "consensus distance": distance,
+        "sketch dims": {w: len(s) for w, s in sketches.items()},
+    }
+    sums = by('sum by (worker) (edgestream_mixing_weight_ratio{job="worker"})', "worker")
+    assert set(sums) == {"w0", "w1"} and all(abs(v - 1) < 1e-6 for v in sums.values()), observed
+    assert set(observed["mixing weights"]) == {"w0 w0", "w0 w1", "w1 w0", "w1 w1"}, observed
+    assert set(observed["neighbour lag"]) == {"w0 w1", "w1 w0"}, observed
+    assert all(v >= 0 for v in observed["neighbour lag"].values()), observed
+    assert all(0 <= v <= 1 for v in observed["idle fraction"].values()), observed
+    assert all(v > 0 for v in observed["iteration s"].values()), observed
+    assert len(rows) == 2 and len(rows[0]) == len(rows[1]) == 32, observed
+    assert list(distance) == [""], observed  # one series: the selected workers together
+    assert math.isfinite(distance[""]) and distance[""] == pytest.approx(sketch_spread(rows), rel=1e-9), observed
+    return observed
 
 
 def check_dashboards_and_rules(prom: LocalPrometheus, always_series: set[str]) -> tuple[list[dict], list[str]]:
