@@ -109,3 +109,33 @@ def test_asp_gradients_sent_from_steps_are_one_commit_each(make_runtime):
     assert s.get("edgestream_commits_total", worker="w0") == 4
     names = {x.name for x in s.samples}
     assert "edgestream_target_commits" not in names and "edgestream_committed_local_steps_total" not in names
+
+
+def test_gossip_observations_are_exported_per_peer_and_per_sketch_index(make_runtime):
+    """A gossip worker's own numbers reach /metrics: its mixing row (itself included), its
+    iteration statistics, and the sketch of its own model, index by index."""
+    from trainers.consensus import ModelSketch
+
+    runtime, url, sent, data = make_runtime("gossip", f"batch_size={BATCH}")
+
+    async def scenario() -> None:
+        for step in range(4):
+            await runtime._send(await runtime._call(runtime.driver.poll, 0.5 * step))
+            runtime.pending.put(_batch(data, BATCH * step))
+            await runtime._step()
+        await runtime._send(await runtime._call(runtime.driver.poll, 2.0))
+        await runtime._call(runtime._observe)
+
+    asyncio.run(scenario())
+
+    s = scrape(url)
+    strategy = runtime.driver.strategy
+    weights = {dict(x.labels)["peer"]: x.value for x in s.samples if x.name == "edgestream_mixing_weight_ratio"}
+    assert "w0" in weights and sum(weights.values()) == pytest.approx(1.0)
+    assert weights == pytest.approx(strategy.mixing_row())
+    sketch = {int(dict(x.labels)["index"]): x.value for x in s.samples if x.name == "edgestream_model_sketch"}
+    assert [sketch[i] for i in sorted(sketch)] == pytest.approx(list(ModelSketch(32)(strategy.own_model())))
+    assert s.get("edgestream_iteration_seconds", worker="w0") == pytest.approx(0.5)
+    assert s.get("edgestream_iteration_cv_ratio", worker="w0") == pytest.approx(0.0)
+    assert 0 <= s.get("edgestream_idle_ratio", worker="w0", default=-1) <= 1
+    assert s.get("edgestream_steps_total", worker="w0") == 4
