@@ -578,6 +578,8 @@ class RunContext:
     joined: list[str] = field(default_factory=list)
     #: Process name -> started with ``--join`` (kept for its restarts).
     _join: dict[str, bool] = field(default_factory=dict)
+    #: Processes whose restart waits, past its backoff, until ``release_restart`` (fault tests).
+    _held: set[str] = field(default_factory=set)
 
     def inject(self, device: str, values: list[bytes], *, records: int = 0) -> None:
         """Produce ``values`` into ``device``'s topic (fault tests) and count them in the run's
@@ -675,7 +677,7 @@ class RunContext:
                 continue
             self._died(w, code, now)
         for name, due in list(self._due.items()):
-            if now >= due:
+            if now >= due and name not in self._held:
                 del self._due[name]
                 self.start(name)
                 self.restarts.append(name)
@@ -769,6 +771,15 @@ class RunContext:
     def worker(self, name: str) -> WorkerProc:
         """The current incarnation of process ``name``."""
         return next(w for w in self.workers if w.name == name)
+
+    def hold_restart(self, name: str) -> None:
+        """Keep ``name``'s next restart waiting, past its backoff, until ``release_restart``
+        (a fault test checks what the others do while it is down)."""
+        self._held.add(name)
+
+    def release_restart(self, name: str) -> None:
+        """Let ``name``'s restart happen (at once if its backoff is over)."""
+        self._held.discard(name)
 
     def kill(self, name: str) -> None:
         """SIGKILL a worker's process group (a crash), as ``kill -9`` would; the supervisor

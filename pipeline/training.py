@@ -604,6 +604,10 @@ class TrainingRuntime:
     async def run(self) -> None:
         assert self.inbox is not None and self.wakeup is not None
         try:
+            if self.restored_from is not None and not self.stopping:
+                # Restarted from a checkpoint: before any message or step of this run, what
+                # the strategy sends on that (gossip re-bases its neighbours on its model).
+                await self._send(await self._call(self.driver.restored))
             while True:
                 if self.stopping:
                     # Frozen: the shutdown hook checkpoints this state; what arrives now is

@@ -120,3 +120,32 @@ def published_by_sender(bootstrap: str, topic: str, kind: str) -> dict[str, int]
             sender = (record.key or b"").decode()
             counts[sender] = counts.get(sender, 0) + 1
     return counts
+
+
+def gossip_job(unique: str, state_dir, *overrides: str) -> JobConfig:
+    """Four devices at 160 records/s, one per worker, four workers, one 16-record batch per
+    step (about 10 steps/s each), an MLP; heartbeats every 0.5 s, silence for 3 s drops a
+    worker."""
+    return train_job(
+        unique, state_dir,
+        f"devices.ids=a{unique},b{unique},c{unique},d{unique}", "devices.count=4", "devices.rates_hz=160",
+        "workers.count=4", "batcher.mode=fixed", "batcher.batch_size=16", "train.max_step_batch=16",
+        "train.heartbeat_s=0.5", "train.member_timeout_s=3", "run.restart_backoff_s=1",
+        "run.duration_s=120",  # a cap: the tests end streaming once they saw what they wait for
+        *overrides,
+    )
+
+
+def newest_checkpoint(state_dir, worker: str):
+    """The newest checkpoint ``worker`` wrote (``trainers.checkpoint.Checkpoint``), None if
+    there is none or it vanished while being read (pruned)."""
+    from trainers.checkpoint import CheckpointStore, load_checkpoint
+    from trainers.errors import CheckpointError
+
+    store = CheckpointStore(state_dir / "workers" / worker / "checkpoints")
+    for path in store.candidates():
+        try:
+            return load_checkpoint(path)
+        except CheckpointError:
+            continue  # pruned between listing and reading: the next newest
+    return None
