@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.trainers.test_checkpoint import _assert_same_tree
 from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, announce, build_node, drive
+from tests.unit.trainers.test_checkpoint import _assert_same_tree
 from trainers.driver import DriverConfig, TrainingDriver
 from trainers.errors import StrategyError
 from trainers.local import LocalTrainer
