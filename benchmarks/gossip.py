@@ -52,6 +52,7 @@ import platform
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
@@ -193,7 +194,7 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
     node_acc = {w: matrix.accuracy_at([(t, a, 0) for t, a in tl], s.acc_budget_s)
                 for w, tl in report.worker_timelines.items()}
     return {
-        **asdict(task),
+        **asdict(task), "settings": asdict(s),
         "tta_s": report.tta_s, "acc_at_budget": matrix.accuracy_at(report.timeline, s.acc_budget_s),
         "final_accuracy": report.final_accuracy, "sim_time_s": report.sim_time_s, "stopped": report.stopped,
         "node_acc_at_budget": node_acc,
@@ -226,22 +227,35 @@ def _init() -> None:
     limit_torch_threads(1)
 
 
-def run_all(tasks: list[Task], s: Settings, jobs: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path | None = None,
+            done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Every task's result; each one is also appended to ``log`` (JSON lines) as it ends, and
+    tasks whose result is in ``done`` (an earlier log of the same settings) are not run again."""
+    have = {_key(r): r for r in done or []}
+    out: list[dict[str, Any]] = [have[_key(asdict(t))] for t in tasks if _key(asdict(t)) in have]
+    todo = [t for t in tasks if _key(asdict(t)) not in have]
+    if out:
+        print(f"reusing {len(out)} runs from the log, {len(todo)} to go", flush=True)
     begun = time.monotonic()
+
+    def keep(i: int, result: dict[str, Any]) -> None:
+        out.append(result)
+        if log is not None:
+            with log.open("a") as f:
+                f.write(json.dumps(result, default=str) + "\n")
+        print(_line(i, len(todo), result, begun), flush=True)
+
     if jobs <= 1:
         _init()
-        for i, task in enumerate(tasks, 1):
-            out.append(run_task(task, s))
-            print(_line(i, len(tasks), out[-1], begun), flush=True)
+        for i, task in enumerate(todo, 1):
+            keep(i, run_task(task, s))
     else:
         import multiprocessing
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init) as pool:
-            futures = [pool.submit(run_task, task, s) for task in tasks]
+            futures = [pool.submit(run_task, task, s) for task in todo]
             for i, future in enumerate(as_completed(futures), 1):
-                out.append(future.result())
-                print(_line(i, len(tasks), out[-1], begun), flush=True)
+                keep(i, future.result())
     order = {_key(asdict(t)): i for i, t in enumerate(tasks)}
     return sorted(out, key=lambda r: order[_key(r)])
 
@@ -361,7 +375,7 @@ def main_markdown(cells: dict[str, Any], s: Settings, rows: list[str], partition
         f"evaluates its own model every {s.eval_every_s:g} s); target {s.target:.0%} held for 3 evaluations; budget "
         f"{s.budget_s:g} s; final accuracy read at {s.acc_budget_s:g} s. Seeds {', '.join(map(str, seeds))}; medians "
         f"(min-max). Idle and iteration times are per node, averaged over the nodes; iteration times after "
-        f"{s.warmup_s:g} s. {seconds / 60:.1f} min for the sweep.",
+        f"{s.warmup_s:g} s. About {seconds / 60:.0f} min for the sweep (run wall times summed / processes).",
     ]
     for partition in partitions:
         lines += ["", f"### {partition}", "",
@@ -495,9 +509,10 @@ def plots(raw: list[dict[str, Any]], rows: list[str], partitions: list[str], s: 
                 n = min(len(r[key]) for r in runs)
                 t = np.array([p[0] for p in runs[0][key][:n]])
                 v = np.array([[p[1] for p in r[key][:n]] for r in runs])
-                line, = ax.plot(t, np.median(v, axis=0), label=row, lw=1.3,
-                                ls="--" if "[lag=" in row else "-")
-                ax.fill_between(t, v.min(axis=0), v.max(axis=0), color=line.get_color(), alpha=0.12)
+                colour = f"C{rows.index(row) % 10}"  # the same colour per row in every plot
+                ax.plot(t, np.median(v, axis=0), label=row, lw=1.3, color=colour,
+                        ls="--" if "[lag=" in row else "-")
+                ax.fill_between(t, v.min(axis=0), v.max(axis=0), color=colour, alpha=0.12)
             if key == "accuracy_timeline":
                 ax.axhline(s.target, color="grey", ls=":", lw=1)
                 ax.set_ylim(0.0, 1.0)
@@ -558,6 +573,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="one seed, IID only, 40 s budget, accuracy at 30 s, traffic at N = 4, 8 (a smoke run)")
     parser.add_argument("--out", default=str(RESULTS / "gossip"), help="output path without suffix")
+    parser.add_argument("--log", help="append every finished run to this JSON-lines file "
+                                      "(default: $TMPDIR/edgestream-bench-NAME.runs.jsonl)")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the runs already in the log (same settings) instead of running them again")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     s = Settings(budget_s=args.budget, acc_budget_s=min(args.acc_budget, args.budget), repeats=args.repeats,
@@ -586,9 +605,16 @@ def main() -> None:
                 for row in ("gossip", "edgegossip"):
                     tasks.append(Task("traffic", "iid", s.first_seed, row, topo, n))
     print(f"{len(tasks)} simulated runs on {args.jobs} process(es) ...", flush=True)
-    started = time.monotonic()
-    raw = run_all(tasks, s, args.jobs)
-    seconds = time.monotonic() - started
+    log = Path(args.log) if args.log else Path(tempfile.gettempdir()) / f"edgestream-bench-{Path(args.out).name}.runs.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    done = []
+    if args.resume and log.exists():
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        done = [r for r in lines if r.get("settings") == asdict(s)]
+    elif log.exists():
+        log.unlink()
+    raw = run_all(tasks, s, args.jobs, log, done)
+    seconds = sum(r["wall_s"] for r in raw) / max(1, args.jobs)  # also right for resumed runs
     cells = summarise(raw, s, rows, partitions)
     verdicts = goals(cells, partitions, lags)
     md = ""

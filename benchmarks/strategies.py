@@ -18,7 +18,15 @@ ablations, plus the zero-wait oracle:
   scadles                  time windows, weighted aggregation, linear LR scaling
   scadles+compress         + top-k 10 % with error feedback, switched by the ScaDLES vote
   scadles+compress+inject  + data injection (alpha = beta = 0.25)
+  gossip                   serverless decentralised SGD on a ring (Metropolis weights), fixed batch 64,
+                           LR 0.3 per local step, asynchronous (max_lag unset); point-to-point inbox
+  edgegossip               + balanced batches b_i = B_total r_i / sum r (B_total = 64 N, window batcher
+                           with 0.3 s windows), data- and accuracy-weighted mixing, plateau LR decay
   oracle                   BSP on window batches at zero compute and transfer cost
+
+The gossip rows have no server and no common model: every worker evaluates its own
+model (``RunConfig.evaluate_workers``) and their accuracy is the mean of the nodes'
+held-out accuracies (benchmarks/gossip.py has the full comparison).
 
 A registered strategy without a configuration here still gets a row (its preferred
 batcher, default parameters) and a note. Columns: the heterogeneity regimes of
@@ -102,7 +110,10 @@ SLOWDOWN = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 NETWORK_MBIT = (100.0, 100.0, 20.0, 20.0, 5.0, 5.0, 1.0, 1.0, 100.0, 100.0)
 EQUAL_MBIT = 100.0
 ROWS = ("bsp", "asp", "ssp(s=3)", "ssp(s=40)", "adsp", "localsgd", "scadles", "scadles+compress",
-        "scadles+compress+inject")
+        "scadles+compress+inject", "gossip", "edgegossip")
+#: Serverless rows without identical replicas: every worker's model is evaluated and the
+#: job's accuracy is the mean of the nodes' (``RunConfig.evaluate_workers``).
+MEAN_OF_NODES_ROWS = ("gossip", "edgegossip")
 PARTITIONS = ("iid", "dirichlet")
 COST_MODELS = ("default", "calibrated")
 
@@ -157,6 +168,8 @@ class Settings:
     adsp_commit_rate: int = 10
     adsp_min_interval_s: float = 0.2
     localsgd_period_steps: int = 4
+    gossip_topology: str = "ring"
+    edge_window_s: float = 0.3
     repeats: int = 3
     first_seed: int = 0
 
@@ -190,6 +203,14 @@ def row_modes(streams: simclock.StreamSet, s: Settings) -> dict[str, simclock.Mo
         "scadles": by_name["scadles"],
         "scadles+compress": by_name["scadles+compress"],
         "scadles+compress+inject": by_name["scadles+compress+inject"],
+        # Gossip: every node steps at the BSP LR on its own batch of 64 and mixes with its ring
+        # neighbours; EdgeGossip balances b_i = B_total r_i / sum r (B_total = 64 N) through the
+        # window batcher (a step takes up to b_i of the records waiting).
+        "gossip": simclock.Mode("gossip", "gossip", {"topology": s.gossip_topology}, batcher="fixed",
+                                batch_size=BATCH),
+        "edgegossip": simclock.Mode("edgegossip", "edgegossip",
+                                    {"topology": s.gossip_topology, "batch_size": BATCH, "max_batch": 256},
+                                    batcher="window", window_s=s.edge_window_s, max_batch=256),
     }
     configured = {m.strategy for m in out.values()}
     for name in strategies.names():
@@ -222,7 +243,7 @@ def _preferred_batcher(name: str) -> str | None:
 
 
 def unconfigured_strategies() -> list[str]:
-    configured = {"bsp", "asp", "ssp", "adsp", "localsgd", "scadles"}
+    configured = {"bsp", "asp", "ssp", "adsp", "localsgd", "scadles", "gossip", "edgegossip"}
     return [name for name in strategies.names() if name not in configured]
 
 
@@ -328,7 +349,8 @@ def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None) -> dic
     streams = _streams(task.regime, task.partition, task.seed, s.scale, s.message_interval_s)
     config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=s.target,
-                                time_budget_s=s.budget_s, min_time_s=s.acc_budget_s)
+                                time_budget_s=s.budget_s, min_time_s=s.acc_budget_s,
+                                evaluate_workers=task.row in MEAN_OF_NODES_ROWS)
     if task.row == "oracle":
         base = simclock.oracle_mode(streams, window_s=s.window_s, max_batch=MAX_BATCH, reference_per_worker=BATCH)
         report = simclock.oracle(streams, config, base)
@@ -547,7 +569,10 @@ def rows_line(s: Settings) -> str:
             f"{s.adsp_period_s / s.adsp_commit_rate:g} s), min interval {s.adsp_min_interval_s:g} s, search on, server "
             f"W += delta / N; localsgd: H = {s.localsgd_period_steps} local steps at LR {s.lr:g}, then the weighted "
             f"average (momentum kept locally); scadles rows: {s.window_s:g} s windows, batch cap {MAX_BATCH}, linear LR "
-            f"scaling (benchmarks/strategies.py has the details).")
+            f"scaling; gossip: {s.gossip_topology}, fixed batch {BATCH}, LR {s.lr:g} per local step, asynchronous; "
+            f"edgegossip: the same graph, balanced b_i = {BATCH} N r_i / sum r through {s.edge_window_s:g} s windows, "
+            f"data- and accuracy-weighted mixing, plateau LR decay; gossip rows' accuracy is the mean of the nodes' "
+            f"held-out accuracies (each evaluates its own model) (benchmarks/strategies.py has the details).")
 
 
 def cost_line(calibration: dict[str, Any] | None) -> str:
@@ -721,7 +746,25 @@ def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed:
         cfg.train.strategy_params = [f"{k}={json.dumps(v)}" for k, v in mode.strategy_params.items()]
         if mode.lr is not None:
             cfg.train.lr = mode.lr
+        if mode.batcher == "window":  # e.g. edgegossip: a step takes up to the strategy's batch
+            cfg.batcher.mode = "window"
+            cfg.batcher.window_s = mode.window_s
+            cfg.batcher.max_batch = mode.max_batch
+            cfg.train.max_step_batch = mode.max_batch
     return cfg.validate()
+
+
+def mean_timeline(timelines: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """The mean of several processes' accuracies over time: at each evaluation of the first,
+    the mean of every process's latest evaluation so far (from the first time all have one)."""
+    if not timelines or any(not t for t in timelines):
+        return []
+    out = []
+    for t, _ in timelines[0]:
+        latest = [next((a for at, a in reversed(tl) if at <= t + 1e-9), None) for tl in timelines]
+        if all(a is not None for a in latest):
+            out.append((t, sum(latest) / len(latest)))
+    return out
 
 
 def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, calibration: dict[str, Any] | None,
@@ -769,15 +812,22 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                         evals = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
                         return [(e["t"] - origin, e["accuracy"]) for e in evals if e["t"] - origin <= s.acc_budget_s]
 
-                    # The job's model is the server's when there is one (as on the simulated clock).
-                    evaluator = "server" if entry["server"] else "w0"
-                    timeline = timeline_of(evaluator)
+                    # The job's model is the server's when there is one (as on the simulated clock);
+                    # for serverless gossip rows the mean of the nodes' own accuracies.
+                    workers = [f"w{i}" for i in range(cfg.workers.count)]
+                    if row in MEAN_OF_NODES_ROWS:
+                        evaluator = "workers"
+                        timeline = mean_timeline([timeline_of(w) for w in workers])
+                    else:
+                        evaluator = "server" if entry["server"] else "w0"
+                        timeline = timeline_of(evaluator)
                     w0 = timeline_of("w0") if evaluator != "w0" else timeline
                     from time_to_accuracy import ModeRun
 
                     backlog = ModeRun(row, spec.partition, repeat)
                     fill_backlog(backlog, sampler.backlog)
-                    training = result.training.get(evaluator, {})
+                    training = result.training.get(evaluator if evaluator != "workers" else "w0", {})
+                    entry["nodes"] = {w: node_traffic(result.training.get(w, {})) for w in workers}
                     entry.update({
                         "tta_s": time_to_target(timeline, s.target), "evaluated": evaluator,
                         "acc_at_budget": timeline[-1][1] if timeline else None,
@@ -797,7 +847,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                 # The simulated prediction for the same job: same data, seed, rates, slowdowns, settings.
                 streams = streams_from_job(cfg)
                 config = run_config_from_job(cfg, time_budget_s=s.acc_budget_s, target_accuracy=s.target,
-                                             stop_at_target=False)
+                                             stop_at_target=False, evaluate_workers=row in MEAN_OF_NODES_ROWS)
                 mode = _with_params(row_modes(streams, s)[row], spec.row_params.get(row))
                 entry["simulated"] = {}
                 for cost in COST_MODELS:
@@ -805,8 +855,12 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                         continue
                     report = simclock.run(mode, streams, cost_model(cost, spec.regime_def(), calibration),
                                           config)
-                    entry["simulated"][cost] = {"tta_s": report.tta_s, "acc_at_budget": report.final_accuracy,
-                                                "steps": report.steps}
+                    entry["simulated"][cost] = {
+                        "tta_s": report.tta_s, "acc_at_budget": report.final_accuracy, "steps": report.steps,
+                        "nodes": {p.name: {"steps": p.local_steps, "bytes_in": p.consumed_bytes,
+                                           "bytes_out": p.produced_bytes, "idle_fraction": p.idle_fraction,
+                                           "iteration_time_cv": p.iteration_time_cv}
+                                  for p in report.processes}}
                 progress(f"  real TTA {_s(entry.get('tta_s'))} (error: {entry['error']})" if "error" in entry else
                          f"  real TTA {_s(entry['tta_s'])}, simulated default {_s(entry['simulated']['default']['tta_s'])}"
                          f", calibrated {_s(entry['simulated'].get('calibrated', {}).get('tta_s'))}")
@@ -815,6 +869,17 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
         if broker is not None:
             broker.stop()
     return out
+
+
+def node_traffic(training: dict[str, Any]) -> dict[str, Any]:
+    """One live process's steps, bytes in / out per channel and the strategy's own idle and
+    iteration-time figures (from its training.json summary)."""
+    stats = training.get("strategy_stats") or {}
+    return {"steps": training.get("steps"), "version": training.get("version"),
+            "bytes_in": training.get("bytes_in", {}), "bytes_out": training.get("bytes_out", {}),
+            "messages_in": training.get("messages_in", {}), "messages_out": training.get("messages_out", {}),
+            "idle_fraction": stats.get("idle_fraction"), "iteration_time_mean_s": stats.get("iteration_time_mean_s"),
+            "iteration_time_cv": stats.get("iteration_time_cv")}
 
 
 def _first(regime: Regime, n: int) -> Regime:
@@ -898,6 +963,10 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
             notes.append(note)
         if e.get("w0_timeline") is not None:
             notes.append(f"w0 (adopted snapshots): TTA {_s(e['w0_tta_s'])}, acc {_f3(e['w0_acc_at_budget'])}")
+        nodes = [n for n in (e.get("nodes") or {}).values() if n.get("steps")]
+        if nodes:  # bytes each node fetched per local step (heartbeats on control left out)
+            per = [sum(v for k, v in n["bytes_in"].items() if k != "control") / n["steps"] for n in nodes]
+            notes.append(f"kB in per node per step {statistics.fmean(per) / 1e3:.1f} (max {max(per) / 1e3:.1f})")
         last = e.get("last_eval_s")
         lines.append(
             f"| {e['seed']} | {_row_label(e)} | {_s(e['tta_s'])} | {f'{ratio:.2f}' if ratio else '-'} "
@@ -985,7 +1054,10 @@ def main() -> None:
     calibration = None
     previous = json.loads(Path(args.reuse_matrix).read_text()) if args.reuse_matrix else None
     if previous is not None:
-        if previous["settings"] != asdict(s):
+        # Settings added since the file was written (rows it does not hold) may be new keys.
+        differ = {k for k in set(previous["settings"]) | set(asdict(s))
+                  if k in previous["settings"] and previous["settings"][k] != asdict(s).get(k)}
+        if differ:
             parser.error(f"--reuse-matrix: settings differ: {previous['settings']} vs {asdict(s)}")
         calibration = previous["cost_models"].get("calibrated")
     elif "calibrated" in costs or real is not None:

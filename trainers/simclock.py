@@ -19,9 +19,15 @@ that happens to a worker's model goes through its ``trainers.driver.TrainingDriv
   kind); ``len(bytes)`` leaves the worker's uplink at ``bandwidth`` after
   ``latency`` and is appended to ONE totally ordered log (a single-partition
   topic) and handed, as bytes, in log order to every subscriber (the sender
-  included), whose ``driver.handle`` decodes and validates it. With per-host links
+  included; a record of a point-to-point channel, ``inbox``, to its recipient alone),
+  whose ``driver.handle`` decodes and validates it. With per-host links
   (``CostModel.link_bandwidths_bytes_per_s``) each subscriber also downloads every
-  record of its channels one at a time at its host's rate.
+  record of its channels one at a time at its host's rate. Bytes and messages produced
+  and consumed are counted per process and channel (``RunReport.processes``).
+- **Time per worker**: busy (computing), blocked (a batch ready, ``can_train()`` false)
+  or starved (no batch), and the start of every step (iteration times).
+- **Consensus**: at every evaluation, the exact consensus distance of the workers'
+  models (``trainers.consensus.consensus_distance``).
 - **Server**: a strategy whose ``trainers.strategies.roles`` include ``server`` gets
   one more process, ``server`` (no device, no backlog, never trains), with its own
   driver: it reads the log like the workers, is polled, and its messages take the
