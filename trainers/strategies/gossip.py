@@ -293,12 +293,14 @@ class GossipStrategy(SyncStrategy):
         self._busy_s = 0.0
         self._idle_s = 0.0
         self._blocked_s = 0.0
+        self._blocked_at_poll = False
         self._sketch = ModelSketch(sketch_dim)
         self._last_step_at: float | None = None
         self._iteration_times: deque[float] = deque(maxlen=stats_window)
         self._rate: float | None = None
         self._rate_mark: float | None = None
         self._rate_pending = 0
+        self._rate_blocked = 0.0  # blocked seconds at the rate mark
         self._last_batch: int | None = None
 
     # -- the graph ----------------------------------------------------------------------
@@ -352,12 +354,13 @@ class GossipStrategy(SyncStrategy):
                 self._busy_s += now - self._now
             else:
                 self._idle_s += now - self._now
-                if self._synced and self.lag_blocked():
+                if self._blocked_at_poll:  # held back by the lag bound since the last poll
                     self._blocked_s += now - self._now
         # Step 2. Later steps are stamped with this time.
         if self._now is None or now >= self._now:
             self._now = float(now)
             self._stepped_since_poll = False
+            self._blocked_at_poll = self._synced and self.lag_blocked()
         # Step 3. With a lag bound, neighbours holding nothing of us (the start, a restart)
         # get our model now: they wait for it. (Without one, the first step sends it.)
         if not self._synced or self.max_lag is None:
@@ -616,13 +619,17 @@ class GossipStrategy(SyncStrategy):
         if self._last_step_at is not None:
             self._iteration_times.append(now - self._last_step_at)
         self._last_step_at = now
+        # Throughput is the worker's own capacity: samples over the time it computed or
+        # waited for data, not the time the lag bound held it back (else, in lockstep,
+        # every r_i would be b_i / T and balancing would keep whatever batches it has).
+        working = None if self._rate_mark is None else (now - self._rate_mark) - (self._blocked_s - self._rate_blocked)
         if self._rate_mark is None:
-            self._rate_mark, self._rate_pending = now, batch
-        elif now > self._rate_mark:
-            observed = self._rate_pending / (now - self._rate_mark)
+            self._rate_mark, self._rate_pending, self._rate_blocked = now, batch, self._blocked_s
+        elif working is not None and working > 0:
+            observed = self._rate_pending / working
             self._rate = observed if self._rate is None else (
                 (1 - self.rate_alpha) * self._rate + self.rate_alpha * observed)
-            self._rate_mark, self._rate_pending = now, batch
+            self._rate_mark, self._rate_pending, self._rate_blocked = now, batch, self._blocked_s
             self._rate_updated()
         else:
             self._rate_pending += batch
@@ -669,9 +676,11 @@ class GossipStrategy(SyncStrategy):
             "lr_scale": self._lr_scale,
             "time": {
                 "now": self._now, "stepped_since_poll": self._stepped_since_poll, "busy_s": self._busy_s,
-                "idle_s": self._idle_s, "blocked_s": self._blocked_s, "last_step_at": self._last_step_at,
+                "idle_s": self._idle_s, "blocked_s": self._blocked_s,
+                "blocked_at_poll": self._blocked_at_poll, "last_step_at": self._last_step_at,
                 "iteration_times": list(self._iteration_times), "rate": self._rate,
-                "rate_mark": self._rate_mark, "rate_pending": self._rate_pending, "last_batch": self._last_batch,
+                "rate_mark": self._rate_mark, "rate_pending": self._rate_pending,
+                "rate_blocked": self._rate_blocked, "last_batch": self._last_batch,
             },
         })
         return state
@@ -694,11 +703,13 @@ class GossipStrategy(SyncStrategy):
         self._stepped_since_poll = bool(time["stepped_since_poll"])
         self._busy_s, self._idle_s = float(time["busy_s"]), float(time["idle_s"])
         self._blocked_s = float(time["blocked_s"])
+        self._blocked_at_poll = bool(time["blocked_at_poll"])
         self._last_step_at = time["last_step_at"]
         self._iteration_times = deque((float(t) for t in time["iteration_times"]),
                                       maxlen=self._iteration_times.maxlen)
         self._rate, self._rate_mark = time["rate"], time["rate_mark"]
         self._rate_pending = int(time["rate_pending"])
+        self._rate_blocked = float(time["rate_blocked"])
         self._last_batch = time["last_batch"]
 
     def observations(self) -> Observations:

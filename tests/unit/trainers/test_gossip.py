@@ -460,6 +460,24 @@ def test_throughput_idle_fraction_and_iteration_time_come_from_poll_times():
     assert strategy.batch_size_wanted() == 20  # only its own rate known: B_total / N
 
 
+def test_time_held_back_by_the_lag_bound_does_not_count_against_throughput():
+    # 10 samples per step; 1 s computing, then 1 s blocked by a lagging neighbour: the
+    # worker's capacity is 10 samples/s, not 5 (else balancing could never move batches).
+    strategy = _strategy("edgegossip", members=("a", "b"), max_lag=0, rate_alpha=1.0)
+    strategy.on_message(_model_from("b", seed=1))
+    for k in range(3):
+        strategy.poll(2.0 * k)
+        _step(strategy, batch=10)
+        strategy.poll(2.0 * k + 1)  # the step ran in [2k, 2k + 1]
+        assert strategy.lag_blocked()  # b is still at iteration k
+        strategy.on_message(_delta_from("b", step=k + 1))  # arrives at 2k + 2
+    strategy.poll(6.0)
+
+    assert strategy.rate == pytest.approx(10.0)
+    assert strategy.observations().blocked_seconds == pytest.approx(3.0)
+    assert strategy.idle_fraction() == pytest.approx(0.5)
+
+
 def test_iteration_time_variation_is_reported():
     strategy = _strategy()
     for now in (0.0, 1.0, 4.0, 5.0, 8.0):
