@@ -962,11 +962,20 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
                 note += f", rejected as stale {c.get('rejected_stale', 0)}"
             notes.append(note)
         if e.get("w0_timeline") is not None:
-            notes.append(f"w0 (adopted snapshots): TTA {_s(e['w0_tta_s'])}, acc {_f3(e['w0_acc_at_budget'])}")
+            what = "w0 alone" if e.get("evaluated") == "workers" else "w0 (adopted snapshots)"
+            notes.append(f"{what}: TTA {_s(e['w0_tta_s'])}, acc {_f3(e['w0_acc_at_budget'])}")
         nodes = [n for n in (e.get("nodes") or {}).values() if n.get("steps")]
-        if nodes:  # bytes each node fetched per local step (heartbeats on control left out)
-            per = [sum(v for k, v in n["bytes_in"].items() if k != "control") / n["steps"] for n in nodes]
-            notes.append(f"kB in per node per step {statistics.fmean(per) / 1e3:.1f} (max {max(per) / 1e3:.1f})")
+        if nodes:  # bytes the nodes fetched per local step (heartbeats on control left out)
+            def fetched(n: dict[str, Any]) -> int:
+                return sum(v for k, v in n["bytes_in"].items() if k != "control")
+
+            per = [fetched(n) / n["steps"] for n in nodes]
+            text = (f"kB in per step {sum(map(fetched, nodes)) / sum(n['steps'] for n in nodes) / 1e3:.1f} "
+                    f"(all nodes' bytes / all nodes' steps)")
+            sim_nodes = [n for n in sim.get("default", {}).get("nodes", {}).values() if n.get("steps")]
+            if sim_nodes:
+                text += (f", sim {sum(map(fetched, sim_nodes)) / sum(n['steps'] for n in sim_nodes) / 1e3:.1f}")
+            notes.append(text + f"; per node per own step {statistics.fmean(per) / 1e3:.1f} (max {max(per) / 1e3:.1f})")
         last = e.get("last_eval_s")
         lines.append(
             f"| {e['seed']} | {_row_label(e)} | {_s(e['tta_s'])} | {f'{ratio:.2f}' if ratio else '-'} "
