@@ -56,7 +56,7 @@ Never asserts.
     python benchmarks/strategies.py [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
         [--regimes rates,compute,both,network] [--partitions iid,dirichlet] [--rows bsp,asp,...]
         [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--real-workers 10] [--bootstrap HOST:PORT]
-        [--reuse-matrix results/strategies.json [--rerun ROWS]] [--real-from OLD.json]
+        [--reuse-matrix results/strategies.json [--rerun ROWS]] [--real-from OLD.json] [--real-first-seed N]
 
 ``--real-workers N`` runs the real subset on the regime's first N devices (e.g. ``--real
 both/iid:bsp,adsp --real-workers 4``). Real-broker entries are kept across invocations: those
@@ -768,7 +768,7 @@ def mean_timeline(timelines: list[list[tuple[float, float]]]) -> list[tuple[floa
 
 
 def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, calibration: dict[str, Any] | None,
-              progress=print) -> list[dict[str, Any]]:
+              progress=print, first_seed: int | None = None) -> list[dict[str, Any]]:
     """The subset on the real broker (rows interleaved within a repeat), each with the simulated
     prediction for the same job (``pipeline.simjob``: the same data and seed) under both cost models."""
     from rich.console import Console
@@ -787,7 +787,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
             broker = LocalBroker(work / "kafka").start()
             bootstrap = broker.bootstrap
         for repeat in range(repeats):
-            seed = s.first_seed + repeat
+            seed = (s.first_seed if first_seed is None else first_seed) + repeat
             for row in spec.rows:
                 tag = uuid.uuid4().hex[:6]
                 cfg = real_job(row, spec, s, work, tag, seed)
@@ -1004,6 +1004,8 @@ def main() -> None:
     parser.add_argument("--real", metavar="SUBSET",
                         help="also run REGIME/PARTITION:ROWS on the real broker, e.g. both/iid:bsp,scadles,asp")
     parser.add_argument("--real-repeats", type=int, default=1, help="seeds of the real subset")
+    parser.add_argument("--real-first-seed", type=int, default=None,
+                        help="first seed of the real subset (default: the matrix's first), e.g. to add a seed")
     parser.add_argument("--real-workers", type=int, default=10,
                         help="workers (and devices: the regime's first N) of the real subset")
     parser.add_argument("--real-slowdowns", help="comma list, one per real worker: replaces the regime's slowdowns")
@@ -1111,7 +1113,7 @@ def main() -> None:
         kept += json.loads(Path(path).read_text()).get("real", [])
     new_entries: list[dict[str, Any]] = []
     if real is not None:
-        new_entries = real_runs(real, s, args.real_repeats, args.bootstrap, calibration,
+        new_entries = real_runs(real, s, args.real_repeats, args.bootstrap, calibration, first_seed=args.real_first_seed,
                                 progress=lambda line: print(line, flush=True))
         # A new run of the same subset replaces the kept one.
         kept = [e for e in kept if _real_key(e) + (_row_label(e), e["seed"])
