@@ -184,13 +184,22 @@ BAD_PARAMETERS = [
 def test_examples_refuse_bad_strategy_parameters_with_one_line(kafka_bootstrap, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("EDGESTREAM_DEBUG", None)
-    for strategy, params, words in BAD_PARAMETERS:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "run", "--job", str(REPO / "examples" / f"{strategy}.toml"),
-             "--bootstrap", kafka_bootstrap, "--set", f"train.strategy_params={params}",
-             "--set", f"run.state_dir={tmp_path / strategy}"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env,
-        )
+    # The three runs at once (each spends its seconds starting up), each with its own state dir.
+    procs = {strategy: subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "run", "--job", str(REPO / "examples" / f"{strategy}.toml"),
+         "--bootstrap", kafka_bootstrap, "--set", f"train.strategy_params={params}",
+         "--set", f"run.state_dir={tmp_path / strategy}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env,
+    ) for strategy, params, _words in BAD_PARAMETERS}
+    try:
+        outputs = {strategy: proc.communicate(timeout=120) for strategy, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for strategy, _params, words in BAD_PARAMETERS:
+        proc = subprocess.CompletedProcess(procs[strategy].args, procs[strategy].returncode, *outputs[strategy])
         lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
         assert proc.returncode == 2, (strategy, proc.stdout, proc.stderr)
         assert len(lines) == 1 and words in lines[0] and f"train.strategy='{strategy}'" in lines[0], lines

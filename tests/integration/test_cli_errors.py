@@ -45,6 +45,23 @@ def cli(cwd: Path, *args: str, timeout_s: float = 180.0) -> tuple[subprocess.Com
     return proc, time.monotonic() - started
 
 
+def cli_all(runs: list[tuple[Path, tuple[str, ...]]], timeout_s: float = 180.0) -> list[subprocess.CompletedProcess]:
+    """Run several ``edgestream ARGS`` at once, each as ``cli`` runs it (its own ``cwd``):
+    their results in order. For commands that spend their time starting up."""
+    procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+             for cwd, args in runs]
+    try:
+        outputs = [proc.communicate(timeout=timeout_s) for proc in procs]
+        return [subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+                for proc, (out, err) in zip(procs, outputs, strict=True)]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def only_line(stream: str) -> str:
     lines = [line for line in stream.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected one line, got {len(lines)}:\n{stream}"
@@ -64,25 +81,34 @@ def cluster_topics(bootstrap: str) -> set[str]:
 
 
 # --- configuration errors: one line, exit 2, nothing created ----------------------------
-@pytest.mark.parametrize(("key", "value", "words"), [
+#: One unknown name per key, and the words its one line must hold.
+UNKNOWN_NAMES = [
     ("train.strategy", "nosuch", ["train.strategy='nosuch'", "registered:", "asp", "bsp", "scadles"]),
     ("train.model", "nosuch", ["train.model='nosuch'", "registered:", "mlp"]),
     ("train.codec", "nosuch", ["train.codec='nosuch'", "known:", "topk"]),
-])
-def test_run_refuses_an_unknown_training_name_before_creating_anything(
-    kafka_bootstrap, unique, tmp_path, key, value, words
-):
-    job = f"bad{unique}"
-    proc, _ = cli(tmp_path, "run", "--bootstrap", kafka_bootstrap, "--set", f"job.name={job}",
-                  "--set", f"devices.ids=x{unique},y{unique}", "--set", "devices.count=2",
-                  "--set", "train.enabled=true", "--set", f"{key}={value}", "--set", "run.duration_s=5")
+]
 
-    assert proc.returncode == 2
-    line = only_line(proc.stderr)
-    assert line.startswith("edgestream run: configuration error: ")
-    assert all(w in line for w in words), line
-    assert not {t for t in cluster_topics(kafka_bootstrap) if unique in t}  # no topic was created
-    assert not (tmp_path / ".edgestream").exists()  # nor any state
+
+def test_run_refuses_an_unknown_training_name_before_creating_anything(kafka_bootstrap, unique, tmp_path):
+    # One `edgestream run` per unknown name, each in its own directory, all at once: each
+    # spends its seconds starting up.
+    job = f"bad{unique}"
+    runs = [(tmp_path / key, ("run", "--bootstrap", kafka_bootstrap, "--set", f"job.name={job}",
+                              "--set", f"devices.ids=x{unique},y{unique}", "--set", "devices.count=2",
+                              "--set", "train.enabled=true", "--set", f"{key}={value}", "--set", "run.duration_s=5"))
+            for key, value, _words in UNKNOWN_NAMES]
+    for cwd, _args in runs:
+        cwd.mkdir()
+
+    procs = cli_all(runs)
+
+    for (key, _value, words), (cwd, _args), proc in zip(UNKNOWN_NAMES, runs, procs, strict=True):
+        assert proc.returncode == 2, (key, proc.stderr)
+        line = only_line(proc.stderr)
+        assert line.startswith("edgestream run: configuration error: "), line
+        assert all(w in line for w in words), line
+        assert not (cwd / ".edgestream").exists()  # no state
+    assert not {t for t in cluster_topics(kafka_bootstrap) if unique in t}  # nor any topic was created
 
 
 @pytest.mark.parametrize("args", [

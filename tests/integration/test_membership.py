@@ -23,6 +23,10 @@ MEMBERSHIP = (
     "train.member_timeout_s=3",
     "run.restart_backoff_s=5",
     "run.duration_s=150",  # a cap: the hook ends streaming once every event happened
+    # Windows of up to 256 records (a step's most, train.max_step_batch) instead of 64: a
+    # window holds 60 of w0's 240 records/s either way; the restarted w0 catches up on its
+    # backlog at 1,024 records/s instead of 256, so draining does not wait ~20 s for it.
+    "batcher.max_batch=256",
 )
 
 
