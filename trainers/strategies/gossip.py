@@ -770,6 +770,7 @@ class EdgeGossipStrategy(GossipStrategy):
         min_batch: int = 4,
         max_batch: int = 256,
         data_weighted: bool = True,
+        min_link_share: float = 0.5,
         score_every: int = 10,
         accuracy_bias: float = 4.0,
         plateau_eps: float = 0.002,
@@ -781,7 +782,10 @@ class EdgeGossipStrategy(GossipStrategy):
     ) -> None:
         """``total_batch``: ``B_total`` shared by all workers (None: ``batch_size`` times
         the member count); ``batch_size``: the batch before any rate is known;
-        ``min_batch``/``max_batch``: the clamp of ``b_i``. ``data_weighted``: weight the
+        ``min_batch``/``max_batch``: the clamp of ``b_i``. ``min_link_share``: no link's
+        weight falls below this share of its Metropolis weight ``W_ij`` (0: none; with
+        balanced batches 64x apart, a node with a large batch would otherwise hardly mix
+        and drift on its own data). ``data_weighted``: weight the
         mix by the samples behind each model. ``score_every``: K, iterations between
         shared scores. ``accuracy_bias``: beta of ``exp(beta * (acc - best))`` (0: off).
         ``plateau_eps``/``plateau_patience``/``lr_decay``/``min_lr_scale``: LR decay after
@@ -799,6 +803,9 @@ class EdgeGossipStrategy(GossipStrategy):
         self.total_batch = total_batch
         self.min_batch, self.max_batch = min_batch, max_batch
         self.data_weighted = data_weighted
+        if not 0 <= min_link_share <= 1:
+            raise StrategyError(f"min_link_share must be in [0, 1], got {min_link_share}")
+        self.min_link_share = min_link_share
         self.score_every = score_every
         self.accuracy_bias = accuracy_bias
         self.plateau_eps = plateau_eps
@@ -860,7 +867,8 @@ class EdgeGossipStrategy(GossipStrategy):
     # -- data- and accuracy-weighted mixing -----------------------------------------------------
 
     def mixing_row(self) -> dict[str, float]:
-        """``P_ij = W_ij * min(1, pi_j / pi_i)``, ``P_ii = 1 - sum``: see the module docstring."""
+        """``P_ij = W_ij * max(min_link_share, min(1, pi_j / pi_i))``, ``P_ii = 1 - sum``: see
+        the module docstring."""
         present = self._in_mix()
         base = self._graph.weights[self.worker_id]
         if not present:
@@ -880,7 +888,8 @@ class EdgeGossipStrategy(GossipStrategy):
             target = [t * math.exp(self.accuracy_bias * ((fill_score if s is None else s) - best))
                       for t, s in zip(target, scores, strict=True)]
         own = target[0]
-        row = {name: base[name] * min(1.0, pi / own) for name, pi in zip(present, target[1:], strict=True)}
+        row = {name: base[name] * max(self.min_link_share, min(1.0, pi / own))
+               for name, pi in zip(present, target[1:], strict=True)}
         row[self.worker_id] = 1.0 - math.fsum(row.values())
         return row
 

@@ -177,7 +177,8 @@ def test_with_compressed_deltas_workers_still_reach_consensus():
 def test_data_weighted_mixing_drives_to_the_sample_weighted_mean():
     bus = FakeBus()
     batches = [8, 8, 16, 32]
-    nodes = _cluster(bus, "edgegossip", 4, batch=batches, topology="ring", lr_scale=0.0, accuracy_bias=0.0)
+    nodes = _cluster(bus, "edgegossip", 4, batch=batches, topology="ring", lr_scale=0.0, accuracy_bias=0.0,
+                     min_link_share=0.0)  # the pure Metropolis-Hastings chain
     weights = torch.tensor(batches, dtype=torch.float64) / sum(batches)
     target = (weights[:, None] * _models(nodes)).sum(dim=0)
     plain = _models(nodes).mean(dim=0)
@@ -522,7 +523,7 @@ def test_the_baseline_keeps_its_fixed_batch_and_shares_no_rates():
 def _edge_with_neighbours(batches: dict[str, int], scores: dict[str, float], own_score: float | None,
                           own_batch: int = 8, **params) -> EdgeGossipStrategy:
     members = ("a", *sorted(batches))
-    strategy = _strategy("edgegossip", members=members, topology="complete", **params)
+    strategy = _strategy("edgegossip", members=members, topology="complete", **{"min_link_share": 0.0, **params})
     assert isinstance(strategy, EdgeGossipStrategy)
     for seed, name in enumerate(sorted(batches), start=1):
         meta = {"batch": batches[name]} | ({"accuracy": scores[name]} if name in scores else {})
@@ -559,9 +560,26 @@ def test_neighbours_less_accurate_than_the_worker_weigh_less_and_the_rest_keep_w
     assert row["a"] > neutral.mixing_row()["a"]  # bounded: what the worse one loses stays home
 
 
+def test_a_floor_keeps_every_link_at_least_its_share_of_w_and_the_row_valid():
+    floored = _edge_with_neighbours({"b": 4, "c": 8, "d": 256}, {"b": 0.2, "c": 0.9, "d": 0.9}, 0.9, own_batch=256,
+                                    min_link_share=0.5)
+    bare = _edge_with_neighbours({"b": 4, "c": 8, "d": 256}, {"b": 0.2, "c": 0.9, "d": 0.9}, 0.9, own_batch=256)
+    base = build_graph("complete", "abcd").weights["a"]
+
+    row = floored.mixing_row()
+
+    _assert_valid_row(floored, row)
+    assert row["b"] == row["c"] == pytest.approx(0.5 * base["b"])  # far below the floor without it
+    assert bare.mixing_row()["b"] < 0.05 * base["b"] and bare.mixing_row()["c"] < 0.05 * base["c"]
+    assert row["d"] == pytest.approx(base["d"])
+    with pytest.raises(StrategyError):
+        _strategy("edgegossip", min_link_share=1.5)
+
+
 def test_with_lr_zero_accuracy_aware_mixing_drives_to_the_accuracy_weighted_mean():
     bus = FakeBus()
-    nodes = _cluster(bus, "edgegossip", 4, topology="ring", lr_scale=0.0, score_every=1, accuracy_bias=4.0)
+    nodes = _cluster(bus, "edgegossip", 4, topology="ring", lr_scale=0.0, score_every=1, accuracy_bias=4.0,
+                     min_link_share=0.0)
     accuracies = [0.9, 0.5, 0.6, 0.7]
     for node, accuracy in zip(nodes, accuracies, strict=True):
         node.strategy.on_evaluation(accuracy, 0.5)
