@@ -30,7 +30,7 @@ from pipeline.app import app_id, sensor_group
 from pipeline.config import JobConfig
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
-from pipeline.worker import EXIT_FILE, SERVER_NAME, update_topics
+from pipeline.worker import EXIT_FILE, SERVER_NAME, check_training_config, update_topics
 from streams import topics
 
 
@@ -267,9 +267,9 @@ def run_job(
     wanted = sensor_topics_for(devices)
     subscribes: tuple[str, ...] = ()
     if training:
-        from pipeline.training import strategy_subscribes, training_topics
+        from pipeline.training import training_topics
 
-        subscribes = strategy_subscribes(cfg)
+        subscribes = check_training_config(cfg)
         # Every configured worker's inbox up front (point-to-point strategies): a message
         # to a worker that starts later (or joins) waits in its topic.
         inboxes = cfg.worker_names() if "inbox" in subscribes else []

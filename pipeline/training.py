@@ -139,16 +139,6 @@ def read_topics(job: str, name: str, subscribes: tuple[str, ...] | list[str]) ->
     return read if control in read else [*read, control]
 
 
-def strategy_subscribes(cfg: JobConfig, role: str = "worker") -> tuple[str, ...]:
-    """The channels the job's strategy reads in ``role``, asked of the strategy built for
-    the job's first worker (or the server). No I/O; builds the model. Raises
-    ``ConfigError`` like ``build_driver``."""
-    from pipeline.simulate import job_fleet_data
-
-    name = "server" if role == "server" else cfg.worker_names()[0]
-    return tuple(build_driver(cfg, name, job_fleet_data(cfg), role=role).strategy.subscribes)
-
-
 def parse_params(items: list[str]) -> dict[str, Any]:
     """``["ratio=0.01", "rank=4"]`` -> ``{"ratio": 0.01, "rank": 4}`` (JSON values, else strings)."""
     out: dict[str, Any] = {}
@@ -402,7 +392,7 @@ class TrainingRuntime:
         self.pending.put(batch)
         self.wakeup.set()
 
-    # --- wiring into a Faust app ---------------------------------------------------------
+    # --- topics of this process --------------------------------------------------------
     def own_topics(self) -> dict[str, str]:
         """Topics only this process reads, name -> kind: its inbox if its strategy
         subscribes to ``inbox`` (ensured at start besides the job's training topics)."""
@@ -710,7 +700,7 @@ class TrainingRuntime:
         # the step lasts max(slowdown x measured, (step_base_s + step_per_record_s x n) x slowdown).
         emulated_s = emulated_wait_s(compute_s, size, self.cfg.workers.step_base_s,
                                      self.cfg.workers.step_per_record_s, self.slowdown)
-        if self.slowdown > 1.0 or emulated_s > 0.0:
+        if emulated_s > 0.0:
             await asyncio.sleep(emulated_s)
         compressed = any(o.compressed and o.kind in ("gradient", "delta") for o in stepped.outbound)
         self.stats.steps += 1

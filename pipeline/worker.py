@@ -115,12 +115,13 @@ def update_topics(cfg: JobConfig, name: str | None = None, subscribes: tuple[str
     return [topic for topic, kind in training_topics(cfg.job.name, inboxes).items() if kind != "dlq"]
 
 
-def check_training_config(cfg: JobConfig) -> None:
+def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
     """Build what the training processes of ``cfg`` build from ``train.*`` - the model, the
     strategy for every role the job runs, the codec, the driver - and raise ``ConfigError``
-    naming the key if one cannot be built. No side effects (no Kafka, no files); imports torch."""
+    naming the key if one cannot be built. Returns the channels a worker's strategy reads
+    (``subscribes``; empty without training). No side effects (no Kafka, no files); imports torch."""
     if not cfg.train.enabled:
-        return
+        return ()
     from compression import registry as compressors
     from pipeline.training import build_driver, parse_params
     from trainers import build_model
@@ -140,14 +141,18 @@ def check_training_config(cfg: JobConfig) -> None:
         job_roles = ("worker", "server") if "server" in roles(cfg.train.strategy) else ("worker",)
     except Exception as exc:
         raise ConfigError(f"train.strategy={cfg.train.strategy!r}: {exc}") from exc
+    subscribes: tuple[str, ...] = ()
     for role in job_roles:
         name = SERVER_NAME if role == "server" else cfg.worker_names()[0]
         try:
-            build_driver(cfg, name, data, role=role)
+            driver = build_driver(cfg, name, data, role=role)
         except ConfigError as exc:
             if cfg.train.strategy_params and "train.strategy=" in str(exc):
                 raise ConfigError(f"{exc} (train.strategy_params={cfg.train.strategy_params})") from exc
             raise
+        if role == "worker":
+            subscribes = tuple(driver.strategy.subscribes)
+    return subscribes
 
 
 class _NoConsoleTracebacks(logging.Filter):

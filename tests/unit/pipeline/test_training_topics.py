@@ -12,11 +12,10 @@ from pipeline.config import load_config
 from pipeline.training import (
     channel_topic,
     read_topics,
-    strategy_subscribes,
     topic_channel,
     training_topics,
 )
-from pipeline.worker import SERVER_NAME, process_topics, update_topics
+from pipeline.worker import SERVER_NAME, check_training_config, process_topics, update_topics
 from streams import topics
 from streams.errors import TopicNameError
 
@@ -95,8 +94,8 @@ def test_a_process_creates_only_its_own_inbox_and_checkpoints_it_with_the_update
 @pytest.mark.parametrize(("strategy", "expected"), [
     ("gossip", ("inbox",)), ("edgegossip", ("inbox",)), ("bsp", ("gradients", "models")),
 ])
-def test_strategy_subscribes_asks_the_strategy(tmp_path, strategy, expected):
-    assert strategy_subscribes(job(tmp_path, strategy)) == expected
+def test_the_config_check_returns_the_channels_the_strategy_reads(tmp_path, strategy, expected):
+    assert check_training_config(job(tmp_path, strategy)) == expected
 
 
 def test_a_runtime_ensures_each_recipients_inbox_once_and_retries_a_failure(tmp_path):
