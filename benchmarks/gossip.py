@@ -147,12 +147,8 @@ class Task:
 def _iteration_stats(starts: list[float], after: float) -> tuple[float, float, int]:
     """(mean, CV, count) of the intervals between step starts at or after ``after``."""
     kept = [t for t in starts if t >= after]
-    gaps = [b - a for a, b in zip(kept, kept[1:], strict=False)]
-    if not gaps:
-        return 0.0, 0.0, 0
-    mean = statistics.fmean(gaps)
-    cv = statistics.pstdev(gaps) / mean if len(gaps) > 1 and mean > 0 else 0.0
-    return mean, cv, len(gaps)
+    mean, cv = simclock.interval_stats(kept)
+    return mean, cv, max(0, len(kept) - 1)
 
 
 def _node(p: simclock.ProcessReport, total_s: float, warmup_s: float) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from trainers.strategies.base import StrategyContext
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",
     "POINT_TO_POINT_CHANNELS",
+    "interval_stats",
     "ProcessReport",
     "CostModel",
     "DeviceBacklog",
@@ -102,6 +103,16 @@ HETEROGENEOUS_SLOWDOWNS: tuple[float, ...] = (1, 1, 1, 2, 2, 2, 4, 4, 8, 8)
 POINT_TO_POINT_CHANNELS: frozenset[str] = frozenset({"inbox"})
 """Channels whose records only their recipient reads (``trainers.messages``: ``inbox`` maps
 to one topic per process, ``inbox.<job>.<to>``): nobody else fetches or pays for them."""
+
+
+def interval_stats(starts: Sequence[float]) -> tuple[float, float]:
+    """(mean, coefficient of variation) of the intervals between consecutive ``starts``:
+    (0, 0) with fewer than two; CV 0 with fewer than three (population std / mean)."""
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    mean = math.fsum(gaps) / len(gaps) if gaps else 0.0
+    if len(gaps) < 2 or mean <= 0:
+        return mean, 0.0
+    return mean, math.sqrt(math.fsum((g - mean) ** 2 for g in gaps) / len(gaps)) / mean
 
 
 def scadles_rates(scale: float = 1.0) -> tuple[float, ...]:
@@ -721,11 +732,7 @@ class _Worker:
 
     def report(self) -> ProcessReport:
         starts = self.step_starts
-        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-        mean = math.fsum(gaps) / len(gaps) if gaps else 0.0
-        cv = 0.0
-        if len(gaps) > 1 and mean > 0:
-            cv = math.sqrt(math.fsum((g - mean) ** 2 for g in gaps) / len(gaps)) / mean
+        mean, cv = interval_stats(starts)
         observed = asdict(self.driver.strategy.observations())
         return ProcessReport(
             name=self.name,
