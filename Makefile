@@ -4,11 +4,12 @@
 SHELL := /bin/bash
 RUN := scripts/with-venv.sh
 
-.PHONY: demo test unit integration lint bench-ingest broker-start broker-stop venv clean help
+.PHONY: demo test chaos unit integration lint bench-ingest broker-start broker-stop venv clean help
 
 help:
 	@echo "make demo   - local Kafka broker + 10 simulated devices + workers, live view, summary"
 	@echo "make test   - the full test suite (unit + integration against the real broker)"
+	@echo "make chaos  - the long fault runs on the real stack (3-broker cluster, testbed hosts; root)"
 	@echo "make unit | integration | lint | bench-ingest | broker-start | broker-stop | clean"
 
 venv:
@@ -19,7 +20,11 @@ demo: venv
 
 test: venv
 	@bash scripts/system-deps.sh
-	@$(RUN) python -m pytest -q -p no:cacheprovider tests
+	@$(RUN) python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+
+chaos: venv
+	@bash scripts/system-deps.sh
+	@$(RUN) python -m pytest -q -p no:cacheprovider tests/chaos
 
 unit: venv
 	@$(RUN) python -m pytest -q tests/unit
