@@ -10,6 +10,7 @@ whole process group) on ``stop()``.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -35,6 +36,15 @@ KAFKA_VERSION_ENV = "EDGESTREAM_KAFKA_VERSION"
 #: Producers (max_request_size) and consumers (fetch sizes) are configured from the
 #: same number in streams.topics.
 DEFAULT_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
+
+
+def new_cluster_id() -> str:
+    """A fresh Kafka cluster id, as ``kafka-storage random-uuid`` makes one (base64url
+    UUID without padding), never starting with '-' (it would be parsed as an option)."""
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cluster_id
 
 
 class BrokerError(RuntimeError):
@@ -112,10 +122,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _port_open(port: int) -> bool:
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 #: Metadata v4 (Kafka >= 1.0, still served by 4.x, which dropped v0-v3): the request
@@ -259,9 +269,18 @@ def is_broker_pid(pid: int) -> bool:
 
 
 class LocalBroker:
-    """One single-node KRaft Kafka broker (combined broker + controller) on 127.0.0.1.
+    """One KRaft Kafka node (combined broker + controller).
 
-    Invariant: after ``start()`` returns, the broker answers metadata requests at
+    Alone (the default) it is a single-node cluster on 127.0.0.1 with free ports. As a
+    member of a ``LocalCluster`` it gets its ``node_id``, the cluster's ``quorum_voters``
+    and the cluster's ``cluster_id``. ``host`` is the address it advertises and binds
+    its controller listener to; ``bind_host`` (default ``host``) is where its PLAINTEXT
+    listener listens (the testbed binds ``0.0.0.0`` so an alias address on the same
+    host reaches it). With ``netns`` every java command (storage format included) runs
+    inside that network namespace (``ip netns exec NETNS``); readiness is probed from
+    the caller's namespace, which must reach ``host:port`` (the testbed's bridge).
+
+    Invariant: after ``start()`` returns, the node answers metadata requests at
     ``bootstrap``; ``stop()`` leaves no process of it behind.
     """
 
@@ -273,31 +292,45 @@ class LocalBroker:
         heap: str = "512m",
         message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
         extra_config: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        bind_host: str | None = None,
+        netns: str | None = None,
+        node_id: int = 1,
+        quorum_voters: str | None = None,
+        cluster_id: str | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
+        self.host = host
+        self.bind_host = bind_host or host
+        self.netns = netns
+        self.node_id = node_id
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
+        self.quorum_voters = quorum_voters or f"{node_id}@{host}:{self.controller_port}"
         self.heap = heap
         self.message_max_bytes = message_max_bytes
         self.extra_config = extra_config or {}
+        self.given_cluster_id = cluster_id
         self.proc: subprocess.Popen | None = None
         self.jar_dir: Path | None = None
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def log_file(self) -> Path:
         return self.work_dir / "broker.log"
 
-    def _properties(self) -> str:
+    def properties(self) -> dict[str, str]:
+        """The node's server.properties as a dict (``extra_config`` applied last)."""
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.quorum_voters,
+            "listeners": f"PLAINTEXT://{self.bind_host}:{self.port},"
+                         f"CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -319,12 +352,17 @@ class LocalBroker:
             "num.io.threads": "2",
         }
         props.update(self.extra_config)
-        return "".join(f"{k}={v}\n" for k, v in props.items())
+        return props
+
+    def _properties(self) -> str:
+        return "".join(f"{k}={v}\n" for k, v in self.properties().items())
 
     def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        """A java command line for ``main``, inside ``netns`` if the node has one."""
         assert self.jar_dir is not None
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         return [
-            "java", f"-Xmx{heap}", "-Xms64m",
+            *prefix, "java", f"-Xmx{heap}", "-Xms64m",
             "-XX:+UseG1GC", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J2}",
             "-cp", f"{self.jar_dir}/*", main, *args,
@@ -355,16 +393,13 @@ class LocalBroker:
         return self
 
     def _cluster_id(self) -> str:
-        """The cluster id of this work dir: made once (as `kafka-storage random-uuid` does,
-        a base64url UUID) and kept, so a restart on existing storage formats nothing."""
-        import base64
-
+        """The cluster id of this work dir: the one given (a cluster's members share it),
+        else a new one; kept in ``cluster.id``, so a restart on existing storage formats
+        nothing and keeps the id."""
         id_file = self.work_dir / "cluster.id"
         if id_file.exists():
             return id_file.read_text().strip()
-        cluster_id = "-"
-        while cluster_id.startswith("-"):  # a leading '-' would be parsed as an option
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self.given_cluster_id or new_cluster_id()
         id_file.write_text(cluster_id)
         return cluster_id
 
@@ -377,7 +412,7 @@ class LocalBroker:
                     f"Kafka broker exited with code {self.proc.returncode} during start-up; "
                     f"last log lines from {self.log_file}:\n{self._log_tail()}"
                 )
-            if _port_open(self.port) and metadata_ok(self.bootstrap, timeout_s=3.0):
+            if _port_open(self.port, self.host) and metadata_ok(self.bootstrap, timeout_s=3.0):
                 return
             time.sleep(0.25)  # polling interval of a readiness wait, not synchronisation
         self.stop()
