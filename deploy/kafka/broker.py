@@ -21,9 +21,10 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -162,28 +163,46 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(out)
 
 
-def _probe_one(host: str, port: int, deadline: float) -> str | None:
-    """None if the broker at ``host:port`` lists at least one broker in a metadata reply."""
+def _metadata_brokers(host: str, port: int, deadline: float) -> tuple[int, str | None]:
+    """(number of brokers listed, None) from a metadata reply of ``host:port``, or
+    (0, what went wrong)."""
     try:
         with socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic())) as sock:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             sock.sendall(_metadata_request())
             (size,) = struct.unpack(">i", _recv_exact(sock, 4, deadline))
             if not 12 <= size <= 64 * 1024 * 1024:
-                return f"{host}:{port} is not a Kafka broker (reply of {size} bytes)"
+                return 0, f"{host}:{port} is not a Kafka broker (reply of {size} bytes)"
             reply = _recv_exact(sock, min(size, 16), deadline)
     except TimeoutError:
-        return f"{host}:{port} did not answer a metadata request in time"
+        return 0, f"{host}:{port} did not answer a metadata request in time"
     except ConnectionRefusedError:
-        return f"connection to {host}:{port} refused"
+        return 0, f"connection to {host}:{port} refused"
     except OSError as exc:
-        return f"{host}:{port}: {exc.strerror or exc}"
+        return 0, f"{host}:{port}: {exc.strerror or exc}"
     correlation, _throttle, brokers = struct.unpack(">iii", reply[:12])
     if correlation != _PROBE_CORRELATION_ID:
-        return f"{host}:{port} is not a Kafka broker (unexpected reply)"
-    if brokers <= 0:
+        return 0, f"{host}:{port} is not a Kafka broker (unexpected reply)"
+    return brokers, None
+
+
+def _probe_one(host: str, port: int, deadline: float) -> str | None:
+    """None if the broker at ``host:port`` lists at least one broker in a metadata reply."""
+    brokers, problem = _metadata_brokers(host, port, deadline)
+    if problem is None and brokers <= 0:
         return f"{host}:{port} answered but lists no brokers yet (still starting?)"
-    return None
+    return problem
+
+
+def broker_count(address: str, timeout_s: float = 2.0) -> tuple[int, str | None]:
+    """How many live brokers the server at ``address`` (one ``host:port``) lists in its
+    metadata: (count, None), or (0, what went wrong). A raw wire-protocol probe like
+    ``probe``; a KRaft cluster lists only registered, unfenced brokers."""
+    try:
+        host, port = host_port(address)
+    except ValueError as exc:
+        return 0, str(exc)
+    return _metadata_brokers(host, port, time.monotonic() + timeout_s)
 
 
 def probe(bootstrap: str, timeout_s: float = 2.0) -> str | None:
@@ -217,8 +236,27 @@ def metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 
 @dataclass
+class NodeInfo:
+    """One node of a local cluster, as saved in ``broker.json``."""
+
+    node_id: int
+    pid: int
+    bootstrap: str
+    controller_port: int
+    work_dir: str
+    log_file: str
+    netns: str | None = None
+
+
+@dataclass
 class BrokerInfo:
-    """What a running local broker is: enough to find, use and stop it later."""
+    """What a running local broker (or cluster) is: enough to find, use and stop it later.
+
+    A single broker has ``nodes == []``. A cluster lists every node in ``nodes``; then
+    ``bootstrap`` is the comma list of all nodes, ``pid``/``controller_port`` are the
+    first node's, and ``work_dir`` is the cluster's dir. Old single-broker files (no
+    ``nodes`` key) load unchanged.
+    """
 
     pid: int
     bootstrap: str
@@ -226,6 +264,12 @@ class BrokerInfo:
     work_dir: str
     log_file: str
     version: str
+    nodes: list[NodeInfo] = field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        """Every JVM of this broker or cluster."""
+        return [node.pid for node in self.nodes] if self.nodes else [self.pid]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +279,9 @@ class BrokerInfo:
 
     @classmethod
     def load(cls, path: Path) -> BrokerInfo:
-        return cls(**json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        data["nodes"] = [NodeInfo(**node) for node in data.get("nodes") or []]
+        return cls(**data)
 
 
 def pid_alive(pid: int) -> bool:
@@ -370,18 +416,28 @@ class LocalBroker:
 
     def start(self, timeout_s: float = 90.0) -> LocalBroker:
         """Resolve jars, format storage, start the broker and wait until it is ready."""
+        self.launch()
+        self._wait_ready(timeout_s)
+        return self
+
+    def launch(self) -> None:
+        """Resolve jars, format storage (unless already formatted) and start the JVM;
+        returns without waiting (a cluster member cannot be ready before a quorum of
+        its peers runs). ``start`` is ``launch`` + wait until ready."""
         self.jar_dir = resolve_jars()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         props_file = self.work_dir / "server.properties"
         props_file.write_text(self._properties())
         cluster_id = self._cluster_id()
-        fmt = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props_file),
-                       "--ignore-formatted"),
-            capture_output=True, text=True,
-        )
-        if fmt.returncode != 0:
-            raise BrokerError(f"formatting Kafka storage failed:\n{(fmt.stdout + fmt.stderr)[-3000:]}")
+        if not (self.work_dir / "data" / "meta.properties").exists():
+            fmt = subprocess.run(
+                self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props_file),
+                           "--ignore-formatted"),
+                capture_output=True, text=True,
+            )
+            if fmt.returncode != 0:
+                raise BrokerError(f"formatting Kafka storage in {self.work_dir} failed:\n"
+                                  f"{(fmt.stdout + fmt.stderr)[-3000:]}")
         log = open(self.log_file, "ab")
         self.proc = subprocess.Popen(
             self._java("kafka.Kafka", str(props_file), heap=self.heap),
@@ -389,8 +445,15 @@ class LocalBroker:
             start_new_session=True, cwd=self.work_dir,
         )
         log.close()
-        self._wait_ready(timeout_s)
-        return self
+
+    def check_running(self) -> None:
+        """Raise ``BrokerError`` (with the log tail) if the launched JVM has exited."""
+        assert self.proc is not None, "launch() first"
+        if self.proc.poll() is not None:
+            raise BrokerError(
+                f"Kafka node {self.node_id} exited with code {self.proc.returncode} during start-up; "
+                f"last log lines from {self.log_file}:\n{self._log_tail()}"
+            )
 
     def _cluster_id(self) -> str:
         """The cluster id of this work dir: the one given (a cluster's members share it),
@@ -406,12 +469,7 @@ class LocalBroker:
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise BrokerError(
-                    f"Kafka broker exited with code {self.proc.returncode} during start-up; "
-                    f"last log lines from {self.log_file}:\n{self._log_tail()}"
-                )
+            self.check_running()
             if _port_open(self.port, self.host) and metadata_ok(self.bootstrap, timeout_s=3.0):
                 return
             time.sleep(0.25)  # polling interval of a readiness wait, not synchronisation
@@ -426,6 +484,13 @@ class LocalBroker:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def node_info(self) -> NodeInfo:
+        """This node as a cluster member in ``broker.json``."""
+        assert self.proc is not None
+        return NodeInfo(node_id=self.node_id, pid=self.proc.pid, bootstrap=self.bootstrap,
+                        controller_port=self.controller_port, work_dir=str(self.work_dir),
+                        log_file=str(self.log_file), netns=self.netns)
 
     def info(self) -> BrokerInfo:
         assert self.proc is not None
@@ -449,6 +514,229 @@ class LocalBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def replication_for(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for topics on a cluster of ``brokers``
+    live brokers: RF ``min(3, brokers)``; with RF 3, two in-sync replicas must have
+    every acks=all write (one broker may be down without stopping writes or losing
+    acknowledged ones); with fewer brokers, one."""
+    if brokers < 1:
+        raise ValueError(f"a cluster has at least one broker, not {brokers}")
+    rf = min(3, brokers)
+    return rf, (2 if rf >= 3 else 1)
+
+
+#: Failure detection of a local cluster, shorter than Kafka's defaults (9 s session,
+#: 30 s replica lag) so a killed node is fenced, leaves the ISRs and loses its
+#: leaderships within a few seconds, not half a minute. Heartbeats stay well inside.
+CLUSTER_FAILURE_DETECTION = {
+    "broker.heartbeat.interval.ms": "1000",
+    "broker.session.timeout.ms": "6000",
+    "replica.lag.time.max.ms": "10000",
+}
+
+
+class LocalCluster:
+    """A local KRaft Kafka cluster of ``brokers`` nodes, every one combined
+    ``broker,controller``.
+
+    Layout: node ids 1..N, all N nodes are voters of the controller quorum
+    (``controller.quorum.voters`` lists all of them) and brokers. With the default
+    N = 3 that is a 3-voter quorum and 3 brokers: one node down leaves a quorum (2 of
+    3) and two replicas of every partition (RF 3, ``min.insync.replicas`` 2), so
+    metadata, leader elections and acks=all writes go on. Every node has its own work
+    dir (``<work_dir>/node<id>``), all are formatted with one shared cluster id.
+    Topic defaults come from ``replication_for(N)``: RF 3 / min ISR 2 for N >= 3, RF 2 /
+    min ISR 1 for N = 2, for the internal topics (offsets, transactions, share state)
+    too.
+
+    Addresses: by default every node runs on 127.0.0.1 with free ports. With ``hosts``
+    (the testbed: one address per node) the nodes listen on 9092 (clients) and 9093
+    (controller) of their own address unless ``ports``/``controller_ports`` say
+    otherwise; ``netns[i]`` runs node i inside that network namespace; ``bind_host``
+    (e.g. ``0.0.0.0``) is where every node's client listener binds.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        brokers: int = 3,
+        hosts: list[str] | None = None,
+        netns: list[str | None] | None = None,
+        ports: list[int] | None = None,
+        heap: str = "384m",
+        controller_ports: list[int] | None = None,
+        bind_host: str | None = None,
+        extra_config: dict[str, str] | None = None,
+    ) -> None:
+        if brokers < 1:
+            raise ValueError(f"a cluster needs at least 1 broker, not {brokers}")
+        for name, values in (("hosts", hosts), ("netns", netns), ("ports", ports),
+                             ("controller_ports", controller_ports)):
+            if values is not None and len(values) != brokers:
+                raise ValueError(f"{name} lists {len(values)} entries for {brokers} brokers; give one per broker")
+        self.work_dir = Path(work_dir).resolve()
+        self.size = brokers
+        fixed = hosts is not None
+        hosts = hosts or ["127.0.0.1"] * brokers
+        ports = ports or ([9092] * brokers if fixed else [free_port() for _ in range(brokers)])
+        controller_ports = controller_ports or (
+            [9093] * brokers if fixed else [free_port() for _ in range(brokers)])
+        addresses = [*zip(hosts, ports, strict=True), *zip(hosts, controller_ports, strict=True)]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"two listeners of the cluster share an address ({sorted(addresses)}); "
+                             "give every node its own host or its own ports")
+        netns = netns or [None] * brokers
+        self.cluster_id = new_cluster_id()
+        voters = ",".join(f"{i + 1}@{hosts[i]}:{controller_ports[i]}" for i in range(brokers))
+        config = {**self.topic_defaults(brokers), **CLUSTER_FAILURE_DETECTION, **(extra_config or {})}
+        self.nodes = [
+            LocalBroker(
+                self.work_dir / f"node{i + 1}", port=ports[i], controller_port=controller_ports[i],
+                heap=heap, extra_config=config, host=hosts[i], bind_host=bind_host, netns=netns[i],
+                node_id=i + 1, quorum_voters=voters, cluster_id=self.cluster_id,
+            )
+            for i in range(brokers)
+        ]
+
+    @staticmethod
+    def topic_defaults(brokers: int) -> dict[str, str]:
+        """Broker settings for replication on a cluster of ``brokers`` nodes."""
+        rf, min_isr = replication_for(brokers)
+        return {
+            "default.replication.factor": str(rf),
+            "min.insync.replicas": str(min_isr),
+            "offsets.topic.replication.factor": str(rf),
+            "transaction.state.log.replication.factor": str(rf),
+            "transaction.state.log.min.isr": str(min_isr),
+            "share.coordinator.state.topic.replication.factor": str(rf),
+            "share.coordinator.state.topic.min.isr": str(min_isr),
+        }
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client address, comma-separated."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def node(self, i: int) -> LocalBroker:
+        """Node ``i`` (0-based; its Kafka node id is ``i + 1``)."""
+        return self.nodes[i]
+
+    def index_of(self, node_id: int) -> int:
+        """The index of the node with Kafka node id ``node_id`` (as metadata names leaders)."""
+        for i, node in enumerate(self.nodes):
+            if node.node_id == node_id:
+                return i
+        raise KeyError(f"no node {node_id} in this cluster (ids {[n.node_id for n in self.nodes]})")
+
+    def start(self, timeout_s: float = 120.0) -> LocalCluster:
+        """Format and start every node concurrently, then wait until every node answers
+        metadata listing all N brokers. On failure every node is stopped again."""
+        resolve_jars()  # once, before N threads would race for it
+        try:
+            self._parallel(lambda node: node.launch())
+            self._wait_all(range(self.size), timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, i: int) -> int:
+        """SIGKILL node ``i``'s process group (no controlled shutdown) and reap it; returns
+        the pid that was killed. The node's storage stays for ``restart(i)``."""
+        node = self.nodes[i]
+        if node.proc is None:
+            raise BrokerError(f"node {node.node_id} is not running")
+        pid = node.proc.pid
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        node.proc.wait(timeout=10)
+        node.proc = None
+        return pid
+
+    def restart(self, i: int, timeout_s: float = 90.0) -> None:
+        """Start node ``i`` again on its existing storage and wait until it answers
+        metadata listing all N brokers (it has registered and been unfenced)."""
+        node = self.nodes[i]
+        if node.proc is not None and node.proc.poll() is None:
+            raise BrokerError(f"node {node.node_id} is still running; kill({i}) or stop it first")
+        node.launch()
+        self._wait_all([i], timeout_s)
+
+    def alive(self, i: int) -> bool:
+        node = self.nodes[i]
+        return node.proc is not None and node.proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop every node (SIGTERM to all at once, SIGKILL after ``timeout_s``)."""
+        self._parallel(lambda node: node.stop(timeout_s))
+
+    def info(self) -> BrokerInfo:
+        """The cluster as saved in ``broker.json`` (see ``BrokerInfo``)."""
+        nodes = [node.node_info() for node in self.nodes if node.proc is not None]
+        first = nodes[0]
+        return BrokerInfo(
+            pid=first.pid, bootstrap=self.bootstrap, controller_port=first.controller_port,
+            work_dir=str(self.work_dir), log_file=first.log_file, version=kafka_version(), nodes=nodes,
+        )
+
+    def _parallel(self, fn) -> None:
+        errors: list[BaseException] = []
+
+        def run(node: LocalBroker) -> None:
+            try:
+                fn(node)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(node,), daemon=True) for node in self.nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def _wait_all(self, indices, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        waiting = {i: "not probed yet" for i in indices}
+        while waiting:
+            for i in list(waiting):
+                node = self.nodes[i]
+                node.check_running()
+                count, problem = broker_count(node.bootstrap, timeout_s=2.0)
+                if problem is None and count >= self.size:
+                    del waiting[i]
+                else:
+                    waiting[i] = problem or f"lists {count} of {self.size} brokers"
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                detail = "; ".join(f"node {self.nodes[i].node_id} at {self.nodes[i].bootstrap}: {why}"
+                                   for i, why in waiting.items())
+                raise BrokerError(
+                    f"Kafka cluster not ready within {timeout_s:.0f}s ({detail}); logs in "
+                    f"{self.work_dir}/node*/broker.log"
+                )
+            time.sleep(0.25)  # polling interval of a readiness wait, not synchronisation
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_pids(pids: list[int], timeout_s: float = 30.0) -> None:
+    """``stop_pid`` for several process groups at once (a cluster stops in one timeout)."""
+    threads = [threading.Thread(target=stop_pid, args=(pid, timeout_s), daemon=True) for pid in pids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def stop_pid(pid: int, timeout_s: float = 30.0) -> None:
