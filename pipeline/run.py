@@ -14,9 +14,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -92,9 +93,14 @@ class RunResult:
 
 
 def start_worker_process(
-    cfg_path: Path, worker: str, bootstrap: str, metrics_port: int, log_path: Path, join: bool = False
+    cfg_path: Path, worker: str, bootstrap: str, metrics_port: int, log_path: Path, join: bool = False,
+    prefix: Sequence[str] = (), extra_args: Sequence[str] = (),
 ) -> subprocess.Popen:
-    """Start ``edgestream worker`` (or ``server``) in its own process group; ``join``: ``--join``."""
+    """Start ``edgestream worker`` (or ``server``) in its own process group; ``join``: ``--join``.
+
+    ``prefix`` runs the command under another one (the testbed's ``ip netns exec NS``, which
+    execs it: the process group and exit code stay the worker's); ``extra_args`` go after
+    its arguments (the testbed's ``--set workers.metrics_host=<host address>``)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -103,8 +109,8 @@ def start_worker_process(
     role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker, *(["--join"] if join else [])]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", *role_args, "--job", str(cfg_path),
-             "--bootstrap", bootstrap, "--metrics-port", str(metrics_port)],
+            [*prefix, sys.executable, "-m", "pipeline.cli", *role_args, "--job", str(cfg_path),
+             "--bootstrap", bootstrap, "--metrics-port", str(metrics_port), *extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )
@@ -249,6 +255,7 @@ def run_job(
     live: bool = True,
     on_streaming: Callable[[RunContext], None] | None = None,
     drain: bool = True,
+    testbed: Any = None,
 ) -> RunResult:
     """Run workers (+ server) + simulators against ``bootstrap`` for ``cfg.run.duration_s``.
 
@@ -258,6 +265,10 @@ def run_job(
 
     ``on_streaming(ctx)`` is called once from a helper thread while the simulators run
     (tests use it to kill and restart a worker mid-run).
+
+    ``testbed`` (a running ``deploy.testbed.Testbed``, ``pipeline.testbed_run``): every
+    worker and the server start on their own host, the simulators on the devices host;
+    ``bootstrap`` is then the testbed's brokers, reached from here over its bridge.
     """
     console = console or Console()
     check_stream_options(cfg, garbage_per_device)
@@ -293,7 +304,7 @@ def run_job(
                 update_topics(cfg, name, subscribes if name != SERVER_NAME else ()))
     # A run consumes what is produced during it, even on a long-lived cluster.
     start_groups_at_end(bootstrap, groups)
-    ctx = RunContext(cfg, bootstrap, state, cfg_path, [])
+    ctx = RunContext(cfg, bootstrap, state, cfg_path, [], testbed=testbed)
     stop = ctx.stop
     t_start = time.monotonic()
     report: SimulationReport | None = None
@@ -313,6 +324,10 @@ def run_job(
 
         def produce() -> None:
             try:
+                if testbed is not None:
+                    from pipeline.testbed_run import enter_devices
+
+                    enter_devices(testbed)  # this thread and the producers' threads
                 report_box["final"] = stream_devices(
                     cfg, bootstrap, cfg.run.duration_s, garbage_per_device=garbage_per_device,
                     stop=stop, progress=lambda r: report_box.__setitem__("live", r), metrics=sim_metrics,
@@ -580,6 +595,9 @@ class RunContext:
     _join: dict[str, bool] = field(default_factory=dict)
     #: Processes whose restart waits, past its backoff, until ``release_restart`` (fault tests).
     _held: set[str] = field(default_factory=set)
+    #: The running ``deploy.testbed.Testbed`` of a run in the testbed (None: loopback): where
+    #: each process starts, and what hooks cut and heal (``ctx.testbed.fault("w2", "partition")``).
+    testbed: Any = None
 
     def inject(self, device: str, values: list[bytes], *, records: int = 0) -> None:
         """Produce ``values`` into ``device``'s topic (fault tests) and count them in the run's
@@ -620,7 +638,11 @@ class RunContext:
         log_path = self.state / "logs" / f"{name}.log"
         for stale in ("endpoint.json", EXIT_FILE):  # the previous incarnation's
             (self.state / "workers" / name / stale).unlink(missing_ok=True)
-        extra = {"join": True} if join else {}
+        extra: dict[str, Any] = {"join": True} if join else {}
+        if self.testbed is not None:
+            from pipeline.testbed_run import process_placement
+
+            extra["prefix"], extra["extra_args"] = process_placement(self.testbed, name)
         proc = start_worker_process(self.cfg_path, name, self.bootstrap, port, log_path, **extra)
         devices = self.cfg.devices_of(name) if name != SERVER_NAME else []
         w = WorkerProc(name, proc, devices, log_path=log_path, started_at=self.clock())

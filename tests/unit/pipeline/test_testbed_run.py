@@ -1,0 +1,122 @@
+"""The pure parts of a run in the edge testbed (pipeline/testbed_run.py): where each process
+of a run starts, with which command, where its metrics are scraped, what the targets file
+lists, and the table of hosts."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from monitoring.prometheus import run_targets
+from pipeline.config import load_config
+from pipeline.run import start_worker_process
+from pipeline.testbed_run import (
+    DEVICES_HOST,
+    bootstrap_of,
+    broker_hosts,
+    host_of,
+    host_rows,
+    metrics_override,
+    placed_command,
+    process_placement,
+    uses_testbed,
+)
+from pipeline.worker import SERVER_NAME
+
+
+@dataclass
+class FakeHost:
+    name: str
+    kind: str
+    netns: str
+    address: str
+    link: str
+
+
+class FakeTestbed:
+    """The two things ``process_placement`` reads of a testbed: its hosts and exec prefixes."""
+
+    def __init__(self) -> None:
+        self.hosts = {
+            "w0": FakeHost("w0", "worker", "es-t1-w0", "10.77.0.10", ""),
+            "w1": FakeHost("w1", "worker", "es-t1-w1", "10.77.0.11", "1mbit"),
+            "server": FakeHost("server", "server", "es-t1-server", "10.77.0.5", ""),
+            "devices": FakeHost("devices", "devices", "es-t1-devices", "10.77.0.6", ""),
+            "b0": FakeHost("b0", "broker", "es-t1-b0", "10.77.0.2", ""),
+        }
+        self.entered: list[str] = []
+
+    def exec_prefix(self, name: str) -> list[str]:
+        return ["ip", "netns", "exec", self.hosts[name].netns]
+
+    def enter(self, name: str) -> None:
+        self.entered.append(name)
+
+
+def test_each_process_runs_on_its_own_host_and_the_server_on_the_server_host():
+    assert host_of("w3") == "w3"
+    assert host_of(SERVER_NAME) == "server"
+    assert broker_hosts(3) == ["b0", "b1", "b2"]
+
+
+def test_bootstrap_lists_every_broker_address_on_the_client_port():
+    assert bootstrap_of(["10.77.0.2"]) == "10.77.0.2:9092"
+    assert bootstrap_of(["10.77.0.2", "10.77.0.3", "10.77.0.4"]) == "10.77.0.2:9092,10.77.0.3:9092,10.77.0.4:9092"
+    with pytest.raises(ValueError, match="at least one broker"):
+        bootstrap_of([])
+
+
+def test_a_worker_starts_under_its_namespace_with_metrics_on_its_host_address():
+    tb = FakeTestbed()
+    prefix, extra = process_placement(tb, "w1")
+    assert prefix == ["ip", "netns", "exec", "es-t1-w1"]
+    assert extra == ["--set", "workers.metrics_host=10.77.0.11"]
+    prefix, extra = process_placement(tb, SERVER_NAME)
+    assert prefix[-1] == "es-t1-server" and extra == metrics_override("10.77.0.5")
+    assert placed_command(["python", "-m", "x"], prefix, extra) == [*prefix, "python", "-m", "x", *extra]
+    assert placed_command(["python"]) == ["python"]
+
+
+def test_the_worker_command_is_the_loopback_one_with_the_prefix_before_and_the_override_after(tmp_path,
+                                                                                             monkeypatch):
+    seen: list[list[str]] = []
+
+    class Recorder:
+        def __init__(self, argv, **kwargs):
+            seen.append(list(argv))
+
+    monkeypatch.setattr("pipeline.run.subprocess.Popen", Recorder)
+    job = tmp_path / "job.json"
+    start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log")
+    prefix, extra = process_placement(FakeTestbed(), "w1")
+    start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log", prefix=prefix, extra_args=extra)
+    plain, placed = seen
+    assert plain == [sys.executable, "-m", "pipeline.cli", "worker", "--worker", "w1", "--job", str(job),
+                     "--bootstrap", "10.77.0.2:9092", "--metrics-port", "0"]
+    assert placed == [*prefix, *plain, *extra]
+
+
+def test_the_targets_file_lists_each_process_at_its_host_address():
+    urls = {"w0": "http://10.77.0.10:41000/metrics", "w1": "http://10.77.0.11:41001/metrics",
+            "server": "http://10.77.0.5:41002/metrics"}
+    targets = run_targets(urls, simulator_url="http://127.0.0.1:42000/metrics")
+    assert ("worker", "10.77.0.11:41001", {"worker": "w1"}) in targets
+    assert ("server", "10.77.0.5:41002", {}) in targets
+    assert ("simulator", "127.0.0.1:42000", {}) in targets  # served by the orchestrator, root namespace
+
+
+def test_the_host_table_says_what_runs_where_and_on_which_link(tmp_path):
+    cfg = load_config(overrides=["workers.count=2", "devices.count=4", f"run.state_dir={tmp_path}"], env={})
+    rows = {r.host: r for r in host_rows(cfg, FakeTestbed().hosts, server=False)}
+    assert rows["w1"].link == "1mbit" and rows["w0"].link == "unshaped"
+    assert rows["w0"].runs.startswith("worker w0 (") and rows["w1"].address == "10.77.0.11"
+    assert rows[DEVICES_HOST].runs == "simulators (4 devices)"
+    assert rows["b0"].runs.startswith("Kafka node :9092")
+    assert rows["server"].runs == "-"
+
+
+def test_a_job_without_a_testbed_section_runs_on_loopback(tmp_path):
+    cfg = load_config(overrides=[f"run.state_dir={tmp_path}"], env={})
+    assert uses_testbed(cfg) is False
