@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, Protocol
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaFaustProducer
 from faust.types import TP
 from mode import Service
 
@@ -112,10 +113,35 @@ def is_sensor_topic(topic: str) -> bool:
     return topic.startswith(topics.SENSOR_PREFIX) and topic != topics.SENSOR_DLQ
 
 
+class DurableProducer(AIOKafkaFaustProducer):
+    """Faust's aiokafka producer with idempotence on, not only inside transactions.
+
+    faust-streaming 0.15.3 has ``producer_acks`` (default -1 = all) but no setting for
+    idempotence: it passes ``enable_idempotence`` to aiokafka only when the app is in a
+    transaction (``processing_guarantee="exactly_once"``). Gradients, models, control
+    messages and dead letters go through this producer; with idempotence a retry after
+    a broker failure (leader moved, request timed out) cannot write an update twice
+    or out of order.
+    """
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+class EdgeApp(faust.App):
+    """``faust.App`` whose producer is a ``DurableProducer`` (acks=all + idempotence)."""
+
+    def _new_producer(self) -> Any:
+        return DurableProducer(self.transport, loop=self.loop, beacon=self.beacon)
+
+
 def new_faust_app(cfg: JobConfig, name: str, bootstrap: str, datadir: Path) -> faust.App:
-    """The Faust app of one edgestream process (worker or server), with the settings all share."""
+    """The Faust app of one edgestream process (worker or server), with the settings all share.
+
+    Its producer writes with acks=all (``producer_acks=-1``) and idempotence
+    (``DurableProducer``)."""
     max_bytes = cfg.kafka.max_message_bytes
-    return faust.App(
+    return EdgeApp(
         app_id(cfg, name),
         broker=f"kafka://{bootstrap}",
         store="memory://",
@@ -124,6 +150,7 @@ def new_faust_app(cfg: JobConfig, name: str, bootstrap: str, datadir: Path) -> f
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=max_bytes,
+        producer_acks=-1,
         consumer_max_fetch_size=max_bytes,
         stream_wait_empty=False,
         broker_commit_interval=COMMIT_INTERVAL_S,

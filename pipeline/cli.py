@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import traceback
@@ -174,15 +175,30 @@ def need_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str:
 
 
 # --- broker ---------------------------------------------------------------------------
+#: Where `broker start --brokers N` (N > 1) keeps its nodes; emptied at every start.
+CLUSTER_DIR = "cluster"
+
+
+def broker_nodes(text: str) -> int:
+    """``--brokers``: how many Kafka nodes to start (1 = a single broker)."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be 1 (a single broker) or more (e.g. 3: a cluster that survives one node down), got {text}")
+    return value
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import (
         BrokerInfo,
         LocalBroker,
+        LocalCluster,
         is_broker_pid,
         kafka_version,
         pid_alive,
         probe,
         stop_pid,
+        stop_pids,
     )
 
     console = Console()
@@ -194,20 +210,45 @@ def cmd_broker(args: argparse.Namespace) -> int:
             console.print(f"using existing cluster {args.bootstrap}: "
                           f"{'reachable' if problem is None else f'NOT reachable ({problem})'}")
             return 0 if problem is None else 1
+        if args.port and args.brokers > 1:
+            raise CommandError(
+                f"--port sets the port of a single broker; the {args.brokers} nodes of a cluster each take a "
+                "free port: drop --port (`edgestream broker status` lists every node's address)", EXIT_CONFIG)
         running = _local_broker_bootstrap(state)
         if running:
+            size = len(BrokerInfo.load(info_file).nodes) or 1
+            if size != args.brokers:
+                raise CommandError(
+                    f"a local {'cluster of ' + str(size) + ' nodes' if size > 1 else 'single broker'} is already "
+                    f"running at {running}; stop it first (`edgestream broker stop`) to start "
+                    f"{args.brokers} node(s)")
             console.print(f"local broker already running at {running}")
             return 0
-        with console.status(f"starting Kafka {kafka_version()} (first run resolves the jars from Maven Central)"):
-            broker = LocalBroker(state / "kafka", port=args.port or None, heap=args.heap).start()
-        broker.info().save(info_file)
-        broker.proc = None  # keep running after this command exits
-        console.print(f"Kafka {kafka_version()} broker ready at [bold]{broker.bootstrap}[/bold] "
-                      f"(log: {broker.log_file}); stop with `edgestream broker stop`")
-        print(broker.bootstrap)
+        if args.brokers == 1:
+            with console.status(f"starting Kafka {kafka_version()} (first run resolves the jars from Maven Central)"):
+                broker = LocalBroker(state / "kafka", port=args.port or None, heap=args.heap or "512m").start()
+            broker.info().save(info_file)
+            broker.proc = None  # keep running after this command exits
+            console.print(f"Kafka {kafka_version()} broker ready at [bold]{broker.bootstrap}[/bold] "
+                          f"(log: {broker.log_file}); stop with `edgestream broker stop`")
+            print(broker.bootstrap)
+            return 0
+        work = state / CLUSTER_DIR
+        shutil.rmtree(work, ignore_errors=True)  # a cluster starts empty: new id, new ports
+        cluster = LocalCluster(work, brokers=args.brokers, heap=args.heap or "384m")
+        with console.status(f"starting a {args.brokers}-node Kafka {kafka_version()} cluster"):
+            cluster.start()
+        cluster.info().save(info_file)
+        for node in cluster.nodes:
+            node.proc = None  # keep running after this command exits
+        console.print(f"Kafka {kafka_version()} cluster of {args.brokers} nodes ready (each broker + controller; "
+                      f"logs: {work}/node*/broker.log); stop with `edgestream broker stop`", soft_wrap=True)
+        for node in cluster.nodes:
+            console.print(f"  node {node.node_id}: {node.bootstrap} (controller :{node.controller_port})")
+        print(cluster.bootstrap)
         return 0
     if args.action == "status":
-        # Answers within ~STATUS_TIMEOUT_S: a raw metadata probe, no client bootstrap retries.
+        # Answers within ~STATUS_TIMEOUT_S per node: a raw metadata probe, no client bootstrap retries.
         if args.bootstrap:
             problem = probe(args.bootstrap, STATUS_TIMEOUT_S)
             console.print(f"{args.bootstrap}: {'up' if problem is None else f'down ({problem})'}", soft_wrap=True)
@@ -216,6 +257,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             console.print(f"no local broker started with --state-dir {state}")
             return 1
         info = BrokerInfo.load(info_file)
+        if info.nodes:
+            return _cluster_status(console, info, info_file)
         if not is_broker_pid(info.pid):
             problem = (f"process {info.pid} is not a Kafka broker; {info_file} is stale" if pid_alive(info.pid)
                        else f"process {info.pid} is gone")
@@ -229,12 +272,39 @@ def cmd_broker(args: argparse.Namespace) -> int:
             console.print(f"no local broker started with --state-dir {state}")
             return 0
         info = BrokerInfo.load(info_file)
+        if info.nodes:
+            # never signal a process that reused a dead node's pid
+            stop_pids([pid for pid in info.pids if is_broker_pid(pid)])
+            info_file.unlink()
+            console.print(f"local cluster of {len(info.nodes)} nodes at {info.bootstrap} stopped", soft_wrap=True)
+            return 0
         if is_broker_pid(info.pid):  # never signal a process that reused a dead broker's pid
             stop_pid(info.pid)
         info_file.unlink()
         console.print(f"local broker at {info.bootstrap} stopped")
         return 0
     raise AssertionError(args.action)
+
+
+def _cluster_status(console: Console, info, info_file: Path) -> int:
+    """One line per node of a local cluster (pid, address, alive, answers); exit 0 only
+    if every node is up."""
+    from deploy.kafka.broker import broker_count, is_broker_pid, pid_alive
+
+    up = 0
+    for node in info.nodes:
+        if not is_broker_pid(node.pid):
+            state = (f"down (process {node.pid} is not a Kafka broker; {info_file} is stale)"
+                     if pid_alive(node.pid) else "down (process gone)")
+        else:
+            count, problem = broker_count(node.bootstrap, STATUS_TIMEOUT_S)
+            state = f"up, sees {count} of {len(info.nodes)} brokers" if problem is None else f"alive, not answering ({problem})"
+            up += problem is None
+        console.print(f"  node {node.node_id}: {node.bootstrap} pid {node.pid}: {state}", soft_wrap=True)
+    verdict = "up" if up == len(info.nodes) else ("down" if up == 0 else "degraded")
+    console.print(f"local Kafka {info.version} cluster at {info.bootstrap}: {verdict} "
+                  f"({up}/{len(info.nodes)} nodes answer)", soft_wrap=True)
+    return 0 if up == len(info.nodes) else 1
 
 
 # --- simulate ---------------------------------------------------------------------------
@@ -321,17 +391,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.kafka_io import check_reachable
     from pipeline.run import run_job
-    from pipeline.testbed_run import run_in_testbed, uses_testbed
     from pipeline.worker import check_training_config, process_topics, worker_cpus
 
     cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
-    in_testbed = uses_testbed(cfg)  # the brokers are the testbed's own (pipeline/testbed_run.py)
-    if in_testbed and (args.bootstrap or cfg.kafka.bootstrap):
-        raise CommandError("a job with [testbed] enabled runs its own brokers in the testbed's broker hosts: "
-                           "drop --bootstrap / kafka.bootstrap, or set testbed.enabled=false", EXIT_CONFIG)
-    bootstrap = None if in_testbed else _bootstrap(args, cfg)
+    bootstrap = _bootstrap(args, cfg)
     if bootstrap:  # first, before torch is imported: an unreachable cluster is reported in seconds
         args.resolved_bootstrap = bootstrap
         check_reachable(bootstrap)
@@ -343,9 +408,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=140)
     broker = None
     try:
-        if in_testbed:
-            result = run_in_testbed(cfg, console, garbage_per_device=args.garbage, keep=args.keep_testbed)
-        elif not bootstrap:
+        if not bootstrap:
             work = Path(tempfile.mkdtemp(prefix="broker-", dir=str(_ensure(cfg.state_path()))))
             with console.status(f"starting a local Kafka {kafka_version()} broker "
                                 "(first run resolves the jars from Maven Central)"):
@@ -353,8 +416,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             bootstrap = broker.bootstrap
             args.resolved_bootstrap = bootstrap
             console.print(f"local Kafka {kafka_version()} broker at {bootstrap}")
-        if not in_testbed:
-            result = run_job(cfg, bootstrap, garbage_per_device=args.garbage, console=console)
+        result = run_job(cfg, bootstrap, garbage_per_device=args.garbage, console=console)
     except KeyboardInterrupt:
         console.print("interrupted; stopped every process this run started")
         return 130
@@ -396,12 +458,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"print the traceback of a failed command (or set {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("broker", help="start, stop or check the local Kafka broker")
+    p = sub.add_parser("broker", help="start, stop or check the local Kafka broker (or cluster)")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--state-dir", type=Path, default=DEFAULT_BROKER_STATE,
                    help="where the broker's data, log and pid file live (default: %(default)s)")
-    p.add_argument("--port", type=port, default=0, help="client port (default: a free one)")
-    p.add_argument("--heap", default="512m", type=heap_size, help="JVM heap (default: %(default)s)")
+    p.add_argument("--brokers", type=broker_nodes, default=1, metavar="N",
+                   help="start: N nodes, each broker + controller (3: one node may fail; topics get "
+                        "replication factor 3, min.insync.replicas 2); a cluster starts empty (default: 1)")
+    p.add_argument("--port", type=port, default=0, help="client port of a single broker (default: a free one)")
+    p.add_argument("--heap", default=None, type=heap_size,
+                   help="JVM heap per node (default: 512m, 384m per node of a cluster)")
     p.add_argument("--bootstrap", metavar="HOST:PORT", type=bootstrap_address,
                    help="check an existing cluster instead")
     p.set_defaults(func=cmd_broker)
@@ -440,8 +506,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=positive_float, help="seconds of streaming (default: run.duration_s)")
     p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N",
                    help="inject N malformed messages per device")
-    p.add_argument("--keep-testbed", action="store_true",
-                   help="with [testbed]: leave the hosts and brokers up after the run (`edgestream testbed down`)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (table + JSON)")

@@ -3,6 +3,7 @@ checks, producer/consumer factories, consumer-group offsets."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -17,7 +18,10 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from deploy.kafka.broker import replication_for
 from streams import topics
+
+log = logging.getLogger(__name__)
 
 #: What to do when Kafka cannot be reached; part of every such error line.
 KAFKA_HINT = "Start the local broker with `edgestream broker start` or check --bootstrap"
@@ -80,6 +84,11 @@ def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -
     """Create the missing topics of ``wanted`` (name -> kind, see ``topics.topic_configs``)
     with ``partitions`` partitions, then check the layout of those whose layout matters.
 
+    Replication follows the cluster (``replication_for`` of its live broker count),
+    for topics of every kind: one broker gives RF 1 as always; three or more give RF 3
+    and ``min.insync.replicas=2``, so acks=all writes survive one broker down. An
+    existing topic keeps its replication (a warning names one below the cluster's).
+
     Idempotent and safe against concurrent creators (a topic another process created
     meanwhile is fine). Returns the topics this call created. Raises
     ``TopicLayoutError`` if an ordered topic (``ORDERED_KINDS``) does not have exactly
@@ -89,20 +98,51 @@ def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -
     admin = admin_client(bootstrap)
     try:
         existing = set(admin.list_topics())
+        brokers = cluster_size(admin)
+        rf, min_isr = replication_for(brokers)
         missing = {
             name: {
                 "num_partitions": partitions,
-                "replication_factor": 1,
-                "configs": topics.topic_configs(kind),
+                "replication_factor": rf,
+                "configs": replicated_configs(topics.topic_configs(kind), brokers),
             }
             for name, kind in wanted.items()
             if name not in existing
         }
         created = _create(admin, missing) if missing else []
         _check_layout(admin, wanted, partitions)
+        if rf > 1:
+            _warn_underreplicated(admin, sorted(set(wanted) & existing), rf)
         return created
     finally:
         admin.close()
+
+
+def cluster_size(admin: KafkaAdminClient) -> int:
+    """How many live brokers the cluster has (the metadata's broker list)."""
+    return max(1, len(admin.describe_cluster().get("brokers") or []))
+
+
+def replicated_configs(configs: dict[str, str], brokers: int) -> dict[str, str]:
+    """``configs`` of a new topic plus ``min.insync.replicas`` on a cluster of
+    ``brokers`` brokers (only where it differs from Kafka's default of 1)."""
+    _rf, min_isr = replication_for(brokers)
+    return {**configs, "min.insync.replicas": str(min_isr)} if min_isr > 1 else dict(configs)
+
+
+def _warn_underreplicated(admin: KafkaAdminClient, names: list[str], rf: int) -> None:
+    """Warn about existing topics with fewer replicas than new ones get (made on a
+    smaller cluster); they work, but lose data if their broker dies."""
+    if not names:
+        return
+    for entry in admin.describe_topics(names):
+        replicas = min((len(p.get("replicas") or []) for p in entry.get("partitions") or []), default=rf)
+        if entry.get("error_code", 0) == 0 and replicas < rf:
+            log.warning(
+                "topic %s has replication factor %d, below the cluster's %d; it is used as it is "
+                "(kafka-reassign-partitions.sh raises it, or delete it to have it recreated)",
+                entry["name"], replicas, rf,
+            )
 
 
 def _create(admin: KafkaAdminClient, missing: dict[str, dict]) -> list[str]:
@@ -171,7 +211,11 @@ def producer(bootstrap: str, max_message_bytes: int = topics.MAX_MESSAGE_BYTES, 
         bootstrap_servers=bootstrap,
         max_request_size=max_message_bytes,
         linger_ms=5,
+        # Every write is acknowledged by all in-sync replicas (min.insync.replicas of
+        # them on a replicated cluster), and retries after a leader change write no
+        # duplicate (idempotence: producer id + sequence numbers per partition).
         acks="all",
+        enable_idempotence=True,
         client_id="edgestream-producer",
     )
     options.update(kwargs)
