@@ -252,6 +252,30 @@ class LimitsSection:
 
 
 @dataclass
+class TestbedSection:
+    """The edge testbed (docs/testbed.md): hosts as network namespaces with shaped links."""
+
+    #: Run the job's processes in the testbed. True when the job file has a [testbed] table
+    #: (unless it says ``enabled = false``).
+    enabled: bool = False
+    #: Kafka nodes, one host each (b0, b1, ...): 1 or 3.
+    brokers: int = 1
+    #: Private IPv4 block for the hosts (the controller takes .1); the next block of the same
+    #: size holds the brokers' alias addresses (delay proxies forward to them).
+    subnet: str = "10.77.0.0/24"
+    #: Link of every worker, server and devices host not in ``links`` ("" = unshaped):
+    #: "RATE [DELAY [JITTER]]", e.g. "10mbit" or "1mbit 80ms". Broker hosts are unshaped
+    #: unless listed in ``links``.
+    default_link: str = ""
+    #: Per-host links: ``[testbed.links] w0 = "10mbit"``, ``w7 = "1mbit 80ms"``; hosts are the
+    #: workers (w0, ...), server, devices and the brokers (b0, ...).
+    links: dict[str, str] = field(default_factory=dict)
+
+    def host_names(self, workers: list[str]) -> list[str]:
+        return [*workers, "server", "devices", *(f"b{i}" for i in range(self.brokers))]
+
+
+@dataclass
 class JobConfig:
     job: JobSection = field(default_factory=JobSection)
     kafka: KafkaSection = field(default_factory=KafkaSection)
@@ -263,6 +287,7 @@ class JobConfig:
     run: RunSection = field(default_factory=RunSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
     train: TrainSection = field(default_factory=TrainSection)
+    testbed: TestbedSection = field(default_factory=TestbedSection)
 
     def validate(self) -> JobConfig:
         _choice("kafka.ingest_source", self.kafka.ingest_source, INGEST_SOURCES)
@@ -356,7 +381,34 @@ class JobConfig:
 
         for device in self.devices.device_ids():
             sensor_topic(device)  # raises TopicNameError with a clear message
+        self._validate_testbed()
         return self
+
+    def _validate_testbed(self) -> None:
+        from deploy.testbed.links import parse_link
+        from deploy.testbed.plan import check_subnet
+
+        tb = self.testbed
+        if tb.brokers not in (1, 3):
+            raise ConfigError(f"testbed.brokers must be 1 or 3 (got {tb.brokers})")
+        try:
+            check_subnet(tb.subnet)
+        except ValueError as exc:
+            raise ConfigError(f"testbed.subnet: {exc}") from None
+        hosts = tb.host_names(self.worker_names())
+        unknown = sorted(set(tb.links) - set(hosts))
+        if unknown:
+            raise ConfigError(f"testbed.links names {', '.join(unknown)}, not hosts of this job; "
+                              f"hosts: {', '.join(hosts)}")
+        for key, text in [("testbed.default_link", tb.default_link),
+                          *((f"testbed.links.{h}", t) for h, t in tb.links.items())]:
+            try:
+                link = parse_link(text)
+            except ValueError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+            if key.startswith("testbed.links.b") and link.delayed:
+                raise ConfigError(f"{key}={text!r}: a broker host's link cannot have a delay (the delay is added "
+                                  "in front of the brokers, in the delayed client hosts); give it a rate only")
 
     def worker_names(self) -> list[str]:
         return [f"w{i}" for i in range(self.workers.count)]
@@ -411,6 +463,12 @@ def parse_value_range(text: str) -> tuple[float, float] | str:
 def _coerce(key: str, raw: Any, typ: Any) -> Any:
     """Convert a TOML value or an override string to the field's declared type."""
     origin = get_origin(typ)
+    if origin is dict:
+        _, inner = get_args(typ)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{key} must be a table of name = value (got {raw!r}); one entry: "
+                              f"--set {key}.NAME=VALUE")
+        return {str(k): _coerce(f"{key}.{k}", v, inner) for k, v in raw.items()}
     if origin is list:
         (inner,) = get_args(typ)
         if isinstance(raw, str):
@@ -442,6 +500,9 @@ def _coerce(key: str, raw: Any, typ: Any) -> Any:
 
 def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
     parts = dotted.split(".")
+    if len(parts) == 3:  # one entry of a table key: testbed.links.w1=1mbit
+        _set_entry(cfg, parts, raw)
+        return
     if len(parts) != 2:
         raise ConfigError(f"config key {dotted!r} must look like section.key (e.g. buffer.policy)")
     section_name, key = parts
@@ -454,6 +515,17 @@ def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
         keys = [f.name for f in dataclasses.fields(section)]
         raise ConfigError(f"unknown key {dotted!r}; {section_name} has: {', '.join(keys)}")
     setattr(section, key, _coerce(dotted, raw, hints[key]))
+
+
+def _set_entry(cfg: JobConfig, parts: list[str], raw: Any) -> None:
+    section_name, key, entry = parts
+    section = getattr(cfg, section_name, None)
+    hints = get_type_hints(type(section)) if dataclasses.is_dataclass(section) else {}
+    if get_origin(hints.get(key)) is not dict:
+        raise ConfigError(f"config key {'.'.join(parts)!r} must look like section.key (e.g. buffer.policy); "
+                          "only table keys (such as testbed.links) take section.key.name")
+    _, inner = get_args(hints[key])
+    getattr(section, key)[entry] = _coerce(".".join(parts), raw, inner)
 
 
 def load_config(
@@ -477,6 +549,8 @@ def load_config(
         for section_name, values in data.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section]")
+            if section_name == "testbed" and "enabled" not in values:
+                cfg.testbed.enabled = True  # a [testbed] table turns it on
             for key, value in values.items():
                 _set(cfg, f"{section_name}.{key}", value)
     env = os.environ if env is None else env
