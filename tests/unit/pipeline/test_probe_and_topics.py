@@ -121,10 +121,16 @@ def test_a_pid_that_is_not_a_kafka_jvm_is_not_the_broker():
 class FakeAdmin:
     """The part of KafkaAdminClient that ensure_topics uses."""
 
-    def __init__(self, topics: dict[str, tuple[int, str]], create_errors: dict[str, type] | None = None) -> None:
+    def __init__(self, topics: dict[str, tuple[int, str]], create_errors: dict[str, type] | None = None,
+                 brokers: int = 1) -> None:
         self.topics = dict(topics)  # name -> (partitions, cleanup.policy)
         self.create_errors = create_errors or {}
         self.created: list[str] = []
+        self.specs: dict[str, dict] = {}  # what create_topics was asked for, by name
+        self.brokers = brokers
+
+    def describe_cluster(self) -> dict:
+        return {"brokers": [{"node_id": i + 1} for i in range(self.brokers)]}
 
     def list_topics(self) -> list[str]:
         return list(self.topics)
@@ -136,6 +142,7 @@ class FakeAdmin:
             if error is None:
                 self.topics[name] = (spec["num_partitions"], spec["configs"].get("cleanup.policy", "delete"))
                 self.created.append(name)
+                self.specs[name] = spec
             out.append({"name": name, "error_code": error.errno if error else 0,
                         "error_message": "denied" if error else None})
         return {"topics": out}
@@ -144,7 +151,7 @@ class FakeAdmin:
         assert set(names) <= set(self.topics)
 
     def describe_topics(self, names: list[str]) -> list[dict]:
-        return [{"name": n, "error_code": 0, "partitions": [{}] * self.topics[n][0]} for n in names]
+        return [{"name": n, "error_code": 0, "partitions": [{"replicas": [1]}] * self.topics[n][0]} for n in names]
 
     def describe_configs(self, resources, config_filter: str) -> dict:
         return {"topic": {r.name: {"cleanup.policy": {"value": self.topics[r.name][1]}} for r in resources}}
