@@ -108,7 +108,10 @@ def api(netns: str, method: str, path: str, body: dict | None = None, timeout: f
                                              headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 text = response.read()
-            result["value"] = json.loads(text) if text.strip() else None
+            try:
+                result["value"] = json.loads(text) if text.strip() else None
+            except ValueError:  # /version answers plain text
+                result["value"] = text.decode(errors="replace")
         except BaseException as exc:  # handed to the caller's thread
             result["error"] = exc
 

@@ -24,6 +24,10 @@ class TestbedError(RuntimeError):
     __test__ = False  # not a pytest test class
 
 
+class NeedsRoot(TestbedError):
+    """This process may not create namespaces and links (not root), or iproute2 is missing."""
+
+
 def need_root() -> None:
     """TestbedError unless this process may create namespaces and links."""
     caps = 0
@@ -34,11 +38,11 @@ def need_root() -> None:
     except OSError:
         pass
     if not (caps >> _CAP_NET_ADMIN & 1 and caps >> _CAP_SYS_ADMIN & 1):
-        raise TestbedError("the testbed needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN to create network "
+        raise NeedsRoot("the testbed needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN to create network "
                            "namespaces, links and qdiscs): run as root or with sudo")
     for tool in ("ip", "tc", "bridge"):
         if not _which(tool):
-            raise TestbedError(f"`{tool}` is not installed: install iproute2 (apt-get install iproute2, "
+            raise NeedsRoot(f"`{tool}` is not installed: install iproute2 (apt-get install iproute2, "
                                "or scripts/system-deps.sh)")
 
 

@@ -234,7 +234,9 @@ class Testbed:
     def _refuse_if_taken(self) -> None:
         mine = _leftovers(self.plan.hash)
         if mine or (self.state_dir / STATE_FILE).exists():
-            found = ", ".join(mine) or f"state file {self.state_dir / STATE_FILE}"
+            found = (f"{sum(e.startswith('netns:') for e in mine)} namespaces, "
+                     f"{sum(e.startswith('link:') for e in mine)} links with its prefix edgestream-"
+                     f"{self.plan.hash}-/{self.plan.bridge[:-2]}" if mine else f"state file {self.state_dir / STATE_FILE}")
             raise TestbedError(f"testbed {self.testbed_id} is already up (found {found}): take it down first "
                                f"with `edgestream testbed down --job <its job file>` (or "
                                f"`edgestream testbed down --all`)")
@@ -328,6 +330,7 @@ class Testbed:
         """Hosts with address, configured link, link in force, tc qdiscs as read back
         (both ends), partition state, proxy (pid, toxics); ``leftovers``: whatever else with
         the testbed prefix is on the machine (other testbeds, crashed ones, stray proxies)."""
+        need_root()
         present = set(netns_list())
         links = set(root_links())
         hosts = []
