@@ -24,6 +24,7 @@ from deploy.testbed.plan import (
     NETNS_RE,
     HostPlan,
     Plan,
+    alias_subnet_of,
     bridge_commands,
     down_commands,
     host_commands,
@@ -476,6 +477,28 @@ def down_all() -> list[str]:
     strays = [int(e.split(":")[1]) for e in leftovers() if e.startswith("process:")]
     removed += [f"process:{p}" for p in stop_pids(strays)]
     return removed
+
+
+def free_subnet(first: str = "10.77.0.0/24", tries: int = 64, rng=None) -> str:
+    """A subnet like ``first`` whose block and alias block (the next one) no interface in
+    the root namespace uses: ``first``, then every second block after it (two blocks per
+    testbed), in random order with ``rng`` (a ``random.Random``) for concurrent tests.
+    ``up`` still refuses one taken in the meantime."""
+    base = ipaddress.ip_network(first)
+    used = [ipaddress.ip_network(f"{a}/{p}", strict=False) for _, a, p in root_addresses()]
+    candidates = []
+    for k in range(tries):
+        start = int(base.network_address) + 2 * k * base.num_addresses
+        net = ipaddress.ip_network((start, base.prefixlen))
+        if net.is_private and alias_subnet_of(net).is_private:
+            candidates.append(net)
+    if rng is not None:
+        rng.shuffle(candidates)
+    for net in candidates:
+        if not any(u.overlaps(net) or u.overlaps(alias_subnet_of(net)) for u in used):
+            return str(net)
+    raise TestbedError(f"no free testbed subnet among {tries} blocks from {first}: take old testbeds down "
+                       "(`edgestream testbed down --all`)")
 
 
 def wait_until(condition, timeout_s: float, interval_s: float = 0.05) -> bool:
