@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages the test suite needs beyond Python: a JDK and Maven for the real
 # Kafka broker (checked, not installed: the machine image provides them) and
-# Debian's prometheus (installed if missing, for the dashboard tests).
+# Debian's prometheus (installed if missing, for the dashboard tests) and iproute2
+# (`ip`, `tc`, `bridge`: installed if missing, for the edge testbed's namespaces and links).
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=("java (JDK 17+)")
@@ -16,6 +17,15 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >&2
   else
     echo "edgestream: 'prometheus' is not installed and cannot be installed automatically (need root + apt-get)" >&2
+    exit 1
+  fi
+fi
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v bridge >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "edgestream: installing Debian's iproute2 package (ip, tc, bridge) for the testbed" >&2
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >&2
+  else
+    echo "edgestream: 'ip'/'tc' (iproute2) are not installed and cannot be installed automatically (need root + apt-get)" >&2
     exit 1
   fi
 fi
