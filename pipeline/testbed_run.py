@@ -15,7 +15,7 @@ A job with ``[testbed] enabled = true`` runs on network-namespace hosts with sha
   scrapes of every ``/metrics`` over the testbed's bridge, the simulator's own
   ``/metrics`` on 127.0.0.1, and the Prometheus targets file.
 
-``testbed_session`` brings the hosts and brokers up and always takes them down again
+``open_testbed`` brings the hosts and brokers up and always takes them down again
 (error, Ctrl-C), unless asked to keep them. The helpers above it are pure and
 unit-tested (tests/unit/pipeline/test_testbed_run.py).
 """
@@ -208,7 +208,7 @@ def require_root() -> None:
 
 
 @contextmanager
-def testbed_session(cfg: JobConfig, *, keep: bool = False, console: Console | None = None,
+def open_testbed(cfg: JobConfig, *, keep: bool = False, console: Console | None = None,
                     work_dir: Path | None = None) -> Iterator[TestbedSession]:
     """Bring the job's testbed up (hosts, links) and its brokers (in their namespaces);
     yield; then stop the brokers and take the testbed down, also on error and Ctrl-C
@@ -254,7 +254,7 @@ def run_in_testbed(cfg: JobConfig, console: Console, *, garbage_per_device: int 
     process on its host, the testbed table after the summary, everything down at the end."""
     from pipeline.run import run_job
 
-    with testbed_session(cfg, keep=keep, console=console) as session:
+    with open_testbed(cfg, keep=keep, console=console) as session:
         console.print(hosts_table(host_rows(cfg, session.testbed.hosts, server=_has_server(cfg)),
                                   title="testbed hosts"))
         result = run_job(cfg, session.bootstrap, garbage_per_device=garbage_per_device, console=console,
