@@ -136,6 +136,10 @@ def make_plan(testbed_id: str, hosts: list[tuple[str, str, LinkSpec]], subnet: s
             address=str(net[offset]), alias=str(alias[offset]) if kind == "broker" else None,
             bridge_if=f"{LINK_PREFIX}{h}v{index}", link=link,
         ))
+    delayed = [p.name for p in plans if p.link.delayed]
+    if delayed and not any(p.kind == "broker" for p in plans):
+        raise ValueError(f"{', '.join(delayed)}: a delay is added by a proxy in front of the brokers, and this "
+                         "testbed has no broker host; add one or give the link a rate only")
     return Plan(testbed_id, h, net, alias, f"{LINK_PREFIX}{h}br", str(net[1]), tuple(plans))
 
 
@@ -207,9 +211,10 @@ def shaping_commands(host: HostPlan, link: LinkSpec, loss_qdisc: bool = False) -
 
 def partition_commands(host: HostPlan, cut: bool) -> list[Cmd]:
     """Cut (or restore) the host's bridge port: the port is disabled, so frames in either
-    direction are dropped silently, the veth stays up and nothing answers with an error:
-    open connections time out and new ones time out or fail once ARP gives up (a few s),
-    as on a pulled cable."""
+    direction are dropped silently, the veth stays up and nothing answers with an error
+    (no RST, no ICMP): open connections time out; a new connection from a peer that knew
+    the host's MAC times out, one from a peer that did not fails with "No route to host"
+    once ARP gives up (about 3 s), as on a pulled cable."""
     state = "0" if cut else "3"  # 0 = disabled, 3 = forwarding (bridge(8))
     return [["bridge", "link", "set", "dev", host.bridge_if, "state", state]]
 

@@ -55,6 +55,8 @@ DEFAULT_STATE_ROOT = Path(".edgestream/testbed")
 #: Serialises the subnet check and bridge creation of concurrent `up`s on one machine.
 LOCK_FILE = Path("/run/lock/edgestream-testbed.lock")
 FAULT_ACTIONS = ("partition", "heal", "degrade")
+#: In the state dir: serialises faults of one testbed across processes.
+FAULT_LOCK = ".fault.lock"
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,22 @@ class Testbed:
             raise TestbedError(f"fault {action!r} is not one of {', '.join(FAULT_ACTIONS)}")
         if not (self.state_dir / STATE_FILE).exists() or host.netns not in netns_list():
             raise TestbedError(f"testbed {self.testbed_id} is not up: `edgestream testbed up --job ...` first")
+        with open(self.state_dir / FAULT_LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process (the CLI, a run) may change faults too
+            self._reload()
+            self._fault(host, action, spec)
+
+    def _reload(self) -> None:
+        """Faults and proxies as the state file has them (another process may have changed them)."""
+        try:
+            state = json.loads((self.state_dir / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        self.faults = state.get("faults", {})
+        self.proxies = {k: int(v) for k, v in state.get("proxies", {}).items()}
+
+    def _fault(self, host: HostPlan, action: str, spec: LinkSpec | None) -> None:
+        name = host.name
         fault = dict(self.faults.get(name) or {"partitioned": False, "link": None})
         if action == "partition":
             for cmd in partition_commands(host, cut=True):
@@ -328,10 +346,12 @@ class Testbed:
 
     # --- status ---------------------------------------------------------------------------
     def status(self) -> dict:
-        """Hosts with address, configured link, link in force, tc qdiscs as read back
-        (both ends), partition state, proxy (pid, toxics); ``leftovers``: whatever else with
+        """Hosts with address, configured link, link in force (faults and proxies as the state
+        file has them), tc qdiscs as read back (both ends), partition state, proxy (pid,
+        toxics); ``leftovers``: whatever else with
         the testbed prefix is on the machine (other testbeds, crashed ones, stray proxies)."""
         need_root()
+        self._reload()
         present = set(netns_list())
         links = set(root_links())
         hosts = []
@@ -429,7 +449,7 @@ def _teardown(hash_: str, plan: Plan | None, state_dir: Path | None) -> list[str
         if exists and run(cmd, check=False).returncode == 0:
             removed.append(f"{cmd[1]}:{target}")
     if state_dir is not None:
-        for name in (STATE_FILE, STATE_FILE + ".tmp"):
+        for name in (STATE_FILE, STATE_FILE + ".tmp", FAULT_LOCK):
             (state_dir / name).unlink(missing_ok=True)
     still = _leftovers(hash_)
     if still:

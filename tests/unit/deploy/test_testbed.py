@@ -118,6 +118,7 @@ def test_address_plan():
     ([("x", "router", LinkSpec())], "10.77.0.0/24", "kind"),
     ([("b0", "broker", parse_link("1mbit 10ms"))], "10.77.0.0/24", "cannot have a delay"),
     ([], "10.77.0.0/24", "at least one host"),
+    ([("w0", "worker", parse_link("1mbit 80ms"))], "10.77.0.0/24", "no broker host"),
 ])
 def test_plan_refuses_bad_input(hosts, subnet, message):
     with pytest.raises(ValueError, match=message):
