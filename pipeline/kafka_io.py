@@ -119,8 +119,9 @@ def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -
 
 
 def cluster_size(admin: KafkaAdminClient) -> int:
-    """How many live brokers the cluster has (the metadata's broker list)."""
-    return max(1, len(admin.describe_cluster().get("brokers") or []))
+    """How many live brokers the cluster has (its unfenced brokers)."""
+    brokers = admin.describe_cluster().get("brokers") or []
+    return max(1, sum(1 for broker in brokers if not broker.get("is_fenced")))
 
 
 def replicated_configs(configs: dict[str, str], brokers: int) -> dict[str, str]:
@@ -136,7 +137,7 @@ def _warn_underreplicated(admin: KafkaAdminClient, names: list[str], rf: int) ->
     if not names:
         return
     for entry in admin.describe_topics(names):
-        replicas = min((len(p.get("replicas") or []) for p in entry.get("partitions") or []), default=rf)
+        replicas = min((len(p.get("replica_nodes") or []) for p in entry.get("partitions") or []), default=rf)
         if entry.get("error_code", 0) == 0 and replicas < rf:
             log.warning(
                 "topic %s has replication factor %d, below the cluster's %d; it is used as it is "

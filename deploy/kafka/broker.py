@@ -531,8 +531,8 @@ def replication_for(brokers: int) -> tuple[int, int]:
 #: 30 s replica lag) so a killed node is fenced, leaves the ISRs and loses its
 #: leaderships within a few seconds, not half a minute. Heartbeats stay well inside.
 CLUSTER_FAILURE_DETECTION = {
-    "broker.heartbeat.interval.ms": "1000",
-    "broker.session.timeout.ms": "6000",
+    "broker.heartbeat.interval.ms": "500",
+    "broker.session.timeout.ms": "4000",
     "replica.lag.time.max.ms": "10000",
 }
 

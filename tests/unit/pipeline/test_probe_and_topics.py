@@ -130,7 +130,7 @@ class FakeAdmin:
         self.brokers = brokers
 
     def describe_cluster(self) -> dict:
-        return {"brokers": [{"node_id": i + 1} for i in range(self.brokers)]}
+        return {"brokers": [{"broker_id": i + 1, "is_fenced": False} for i in range(self.brokers)]}
 
     def list_topics(self) -> list[str]:
         return list(self.topics)
@@ -151,7 +151,7 @@ class FakeAdmin:
         assert set(names) <= set(self.topics)
 
     def describe_topics(self, names: list[str]) -> list[dict]:
-        return [{"name": n, "error_code": 0, "partitions": [{"replicas": [1]}] * self.topics[n][0]} for n in names]
+        return [{"name": n, "error_code": 0, "partitions": [{"replica_nodes": [1]}] * self.topics[n][0]} for n in names]
 
     def describe_configs(self, resources, config_filter: str) -> dict:
         return {"topic": {r.name: {"cleanup.policy": {"value": self.topics[r.name][1]}} for r in resources}}
