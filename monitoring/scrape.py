@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -48,9 +49,16 @@ class Scrape:
 
 
 def scrape(url: str, timeout_s: float = 2.0) -> Scrape | None:
-    """Fetch and parse ``url``; None if the endpoint is not (yet) reachable."""
+    """Fetch and parse ``url``; None if the endpoint is not (yet) reachable.
+
+    Asks for gzip, as Prometheus does (a worker's page shrinks about tenfold): in the edge
+    testbed every scrape crosses the worker host's link, which may be 1 Mbit/s."""
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return Scrape.parse(resp.read().decode())
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            body = resp.read()
+            if resp.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            return Scrape.parse(body.decode())
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, EOFError):
         return None
