@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,8 @@ from pipeline.testbed_run import (
     uses_testbed,
 )
 from pipeline.worker import SERVER_NAME
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "testbed.toml"
 
 
 @dataclass
@@ -120,3 +123,29 @@ def test_the_host_table_says_what_runs_where_and_on_which_link(tmp_path):
 def test_a_job_without_a_testbed_section_runs_on_loopback(tmp_path):
     cfg = load_config(overrides=[f"run.state_dir={tmp_path}"], env={})
     assert uses_testbed(cfg) is False
+
+
+def test_without_root_the_run_stops_before_anything_exists_and_says_what_to_do(tmp_path, monkeypatch):
+    import pipeline.cli as cli
+    from pipeline.testbed_run import TestbedUnavailable, open_testbed
+
+    monkeypatch.setattr("pipeline.testbed_run.os.geteuid", lambda: 1000)
+    cfg = load_config(EXAMPLE, [f"run.state_dir={tmp_path}"], env={})
+    with pytest.raises(TestbedUnavailable) as failed, open_testbed(cfg):
+        pass
+    code, line, _ = cli.failure(failed.value, argparse_namespace("run"))
+    assert code == 1 and line.startswith("the edge testbed creates network namespaces") and "root" in line
+
+
+def test_a_testbed_job_refuses_an_outside_cluster(capsys):
+    import pipeline.cli as cli
+
+    code = cli.main(["run", "--job", str(EXAMPLE), "--bootstrap", "127.0.0.1:9"])
+    assert code == 2
+    assert "runs its own brokers in the testbed" in capsys.readouterr().err
+
+
+def argparse_namespace(command: str):
+    import argparse
+
+    return argparse.Namespace(command=command)
