@@ -686,6 +686,9 @@ class RunContext:
 
         Raises ``ProcessFailed`` when a process dies once more than ``run.max_restarts``
         allows, or a (re)started process is not ready within ``READY_TIMEOUT_S``.
+
+        Once ready, a process is judged by its exit alone: one whose ``/metrics`` does not
+        answer (its testbed host partitioned) is left running, never counted dead.
         """
         now = self.clock()
         left = set(self.left)

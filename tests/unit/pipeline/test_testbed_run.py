@@ -149,3 +149,48 @@ def argparse_namespace(command: str):
     import argparse
 
     return argparse.Namespace(command=command)
+
+
+def test_a_ready_worker_that_cannot_be_scraped_is_left_running(tmp_path, monkeypatch):
+    """A worker host partitioned in the testbed: its process lives, its /metrics does not
+    answer. The supervisor judges a ready process by its exit alone: no death, no restart."""
+    import json
+
+    import pipeline.run as run_module
+    from pipeline.run import READY_TIMEOUT_S, RunContext
+
+    class Proc:
+        pid = 4242
+
+        def poll(self):
+            return None  # alive throughout
+
+    class Ready:
+        def get(self, name, default=0.0, **labels):
+            return 1.0 if name == "edgestream_worker_ready" else default
+
+    def start(cfg_path, name, bootstrap, port, log_path, **placement):
+        endpoint = tmp_path / "workers" / name / "endpoint.json"
+        endpoint.parent.mkdir(parents=True, exist_ok=True)
+        endpoint.write_text(json.dumps({"metrics": f"http://10.77.0.1{name[-1]}:1/metrics"}))
+        return Proc()
+
+    reachable = {"yes": True}
+    now = {"t": 100.0}
+    monkeypatch.setattr(run_module, "start_worker_process", start)
+    monkeypatch.setattr(run_module, "scrape", lambda url: Ready() if reachable["yes"] else None)
+    monkeypatch.setattr(RunContext, "publish_targets", lambda self: None)
+    cfg = load_config(overrides=["devices.count=2", "workers.count=2", f"run.state_dir={tmp_path}"], env={})
+    ctx = RunContext(cfg, "10.77.0.7:9092", tmp_path, tmp_path / "job.json", [], clock=lambda: now["t"],
+                     started_at=now["t"], testbed=FakeTestbed())
+    for name in cfg.worker_names():
+        ctx.start(name)
+    ctx.supervise()
+    assert ctx.all_ready()
+
+    reachable["yes"] = False  # cut off
+    for _ in range(3):
+        now["t"] += READY_TIMEOUT_S
+        ctx.supervise()
+
+    assert ctx.deaths == [] and ctx.restarts == [] and ctx.all_ready()
