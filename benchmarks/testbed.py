@@ -75,12 +75,14 @@ class Settings:
     batch: int = 32
     window_s: float = 0.5
     max_batch: int = 256
-    duration_s: float = 45.0
+    duration_s: float = 40.0
     warmup_s: float = 10.0
     repeats: int = 3
     fast_link: str = "1gbit"
     lr: float = 0.1
     seed: int = 0
+    #: The testbed's address block (its own, so it runs beside other testbeds on the machine).
+    subnet: str = "10.78.200.0/24"
     strategies: list[str] = field(default_factory=lambda: ["bsp", "scadles"])
     conditions: list[str] = field(default_factory=lambda: list(CONDITIONS))
 
@@ -99,6 +101,7 @@ def job(strategy: str, s: Settings, state: Path, tag: str) -> JobConfig:
         "train.eval_every_s=2", "train.checkpoint_every_steps=1000000", f"train.max_step_batch={s.max_batch}",
         f"run.duration_s={s.duration_s}", "run.drain_timeout_s=30",
         "testbed.enabled=true", "testbed.brokers=1", f"testbed.default_link={s.fast_link}",
+        f"testbed.subnet={s.subnet}",
     ]
     reference = s.batch * n  # simclock.default_modes' B_ref
     if strategy == "bsp":
@@ -120,18 +123,53 @@ def sim_mode(strategy: str, streams: simclock.StreamSet, s: Settings) -> simcloc
 
 
 # -- measuring a live run --------------------------------------------------------------------
-class Sampler:
-    """Every 0.5 s while the devices stream: each worker's steps, compute seconds and bytes."""
+def link_counters(testbed, host: str = SLOW_HOST) -> dict[str, dict[str, int]]:
+    """The tbf counters of ``host``'s link as tc reports them: ``up`` (its end of the veth,
+    in its namespace) and ``down`` (the bridge end): bytes and packets sent, drops. Wire
+    bytes: everything the host sends and receives, scrapes and heartbeats included."""
+    from deploy.testbed.plan import HOST_IF
+    from deploy.testbed.testbed import read_qdisc
 
-    def __init__(self) -> None:
+    h = testbed.hosts[host]
+    out = {}
+    for way, tc, dev in (("up", ["tc", "-n", h.netns], HOST_IF), ("down", ["tc"], testbed.plan.host(host).bridge_if)):
+        q = read_qdisc(tc, dev)
+        out[way] = {k: int(q.get(k, 0)) for k in ("bytes", "packets", "drops")}
+    return out
+
+
+class Sampler:
+    """Every second while the devices stream: each worker's steps, compute seconds and bytes,
+    and w1's link counters."""
+
+    def __init__(self, testbed=None) -> None:
+        self.testbed = testbed
         self.samples: list[dict[str, Any]] = []
+        #: Size of one gzipped /metrics page of w1 (scrapes cross its link too: the run's live
+        #: loop fetches every worker's page about twice a second, this sampler once).
+        self.page_bytes: int | None = None
 
     def __call__(self, ctx) -> None:
+        import urllib.request
+
         from monitoring.scrape import scrape
 
         t0 = time.monotonic()
-        while not ctx.stop.wait(0.5):  # poll interval of a sampler, not synchronisation
+        while not ctx.stop.wait(1.0):  # poll interval of a sampler, not synchronisation
+            w1 = ctx.worker(SLOW_HOST)
+            if self.page_bytes is None and w1.metrics_url:
+                try:
+                    request = urllib.request.Request(w1.metrics_url, headers={"Accept-Encoding": "gzip"})
+                    with urllib.request.urlopen(request, timeout=2) as resp:
+                        self.page_bytes = len(resp.read())
+                except OSError:
+                    pass
             row: dict[str, Any] = {"t": time.monotonic() - t0}
+            if self.testbed is not None:
+                try:
+                    row["link"] = link_counters(self.testbed)
+                except Exception:  # a counter read is evidence, not a reason to stop measuring
+                    pass
             for name in WORKERS:
                 w = ctx.worker(name)
                 sc = scrape(w.metrics_url) if w.metrics_url else None
@@ -143,7 +181,7 @@ class Sampler:
                     "step_s_count": sc.get("edgestream_step_seconds_count", worker=name),
                     "grad_out": sc.get("edgestream_gradient_bytes_sent_total", worker=name),
                     "grad_in": sc.get("edgestream_gradient_bytes_received_total", worker=name),
-                    "sensor_in": sc.get("edgestream_bytes_in_total", worker=name),
+                    "sensor_in": sc.get("edgestream_bytes_in_total"),  # its one device's
                 }
             self.samples.append(row)
 
@@ -173,23 +211,41 @@ def measure(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
     out["compute_s"] = statistics.mean(computes) if computes else None
     slow = out["workers"].get(SLOW_HOST)
     out["w1_link_bytes_per_s"] = slow["grad_bytes_per_s"] + slow["sensor_bytes_per_s"] if slow else None
+    links = [(r["t"], r["link"]) for r in samples if "link" in r and r["t"] >= warmup_s]
+    if len(links) >= 2:
+        (t0, a), (t1, b) = links[0], links[-1]
+        out["w1_wire"] = {way: {"bytes_per_s": (b[way]["bytes"] - a[way]["bytes"]) / (t1 - t0),
+                                "drops_per_s": (b[way]["drops"] - a[way]["drops"]) / (t1 - t0)}
+                          for way in ("up", "down")}
     return out
 
 
 def predict(cfg: JobConfig, strategy: str, s: Settings, link: str | None, costs: dict[str, simclock.CostModel],
-            ) -> dict[str, Any]:
-    """The simulated clock's steps/s for the same job and links (over the same window)."""
+            goodputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The simulated clock's steps/s for the same job and links (over the same window): for
+    each cost model with the links' nominal rates, and (``goodputs``: probe_links' figures)
+    with each link at what one TCP stream measured on it (the slower direction), compute
+    from the calibrated model if there is one."""
     from deploy.testbed import parse_link
     from pipeline.simjob import run_config_from_job, streams_from_job
 
     fast = parse_link(s.fast_link)
     spec = parse_link(link) if link else fast
-    bandwidths = tuple((spec if w == SLOW_HOST else fast).rate_bps / 8 for w in WORKERS)
+    nominal = tuple((spec if w == SLOW_HOST else fast).rate_bps / 8 for w in WORKERS)
     streams = streams_from_job(cfg)
     config = run_config_from_job(cfg, time_budget_s=s.duration_s, stop_at_target=False, target_accuracy=None)
     mode = sim_mode(strategy, streams, s)
+    variants = {name: (base, nominal) for name, base in costs.items()}
+    if goodputs:
+        def measured(rate: str) -> float:
+            g = goodputs[rate]
+            return min(g["down_bytes_per_s"], g["up_bytes_per_s"])
+
+        slow_rate = link.split()[0] if link else s.fast_link
+        effective = tuple(measured(slow_rate if w == SLOW_HOST else s.fast_link) for w in WORKERS)
+        variants["goodput"] = (costs.get("calibrated", costs["default"]), effective)
     out = {}
-    for name, base in costs.items():
+    for name, (base, bandwidths) in variants.items():
         cost = replace(base, link_bandwidths_bytes_per_s=bandwidths,
                        latency_s=spec.delay_ms / 1000 if spec.delay_ms else base.latency_s)
         report = simclock.run(mode, streams, cost, config)
@@ -220,7 +276,7 @@ def set_link(testbed, link: str | None) -> None:
 
 
 def run_one(testbed, bootstrap: str, strategy: str, condition: str, repeat: int, s: Settings, state: Path,
-            costs: dict[str, simclock.CostModel]) -> dict[str, Any]:
+            costs: dict[str, simclock.CostModel], goodputs: dict[str, Any] | None) -> dict[str, Any]:
     from rich.console import Console
 
     from pipeline.run import run_job
@@ -233,7 +289,7 @@ def run_one(testbed, bootstrap: str, strategy: str, condition: str, repeat: int,
     started = time.monotonic()
     try:
         set_link(testbed, link)
-        sampler = Sampler()
+        sampler = Sampler(testbed)
         try:
             run_job(cfg, bootstrap, console=Console(file=io.StringIO()), live=False, on_streaming=sampler,
                     drain=False, testbed=testbed)
@@ -241,11 +297,12 @@ def run_one(testbed, bootstrap: str, strategy: str, condition: str, repeat: int,
             if link is not None:
                 set_link(testbed, None)
         entry["measured"] = measure(sampler.samples, s.warmup_s)
+        entry["measured"]["metrics_page_bytes"] = sampler.page_bytes
     except Exception as exc:  # one failed run must not lose the others' figures
         entry["error"] = f"{type(exc).__name__}: {exc}"
     entry["wall_s"] = round(time.monotonic() - started, 1)
     entry["loadavg_after"] = os.getloadavg()
-    entry["predicted"] = predict(cfg, strategy, s, link, costs)
+    entry["predicted"] = predict(cfg, strategy, s, link, costs, goodputs)
     return entry
 
 
@@ -259,6 +316,67 @@ def cost_models(calibrate: bool) -> tuple[dict[str, simclock.CostModel], dict[st
         costs["calibrated"] = replace(simclock.CostModel(), compute_base_s=calibration["compute_base_s"],
                                       compute_per_record_s=calibration["compute_per_record_s"])
     return costs, calibration
+
+
+def goodput(testbed, sender: str, receiver: str, nbytes: int = 384 * 1024, port: int = 9700) -> float:
+    """Bytes/s one TCP connection carries from host ``sender`` to host ``receiver`` (first byte
+    to last, at the receiver): what a shaped link really gives a stream."""
+    import socket
+    import threading
+
+    address = testbed.hosts[receiver].address  # before any delay: no proxy in front of the brokers yet
+    ready, done = threading.Event(), {}
+
+    def receive() -> None:
+        testbed.enter(receiver)
+        with socket.create_server((address, port)) as server:
+            ready.set()
+            conn, _ = server.accept()
+            with conn:
+                got, first = 0, None
+                while got < nbytes:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    first = first or time.monotonic()
+                    got += len(chunk)
+                done["rate"] = got / (time.monotonic() - first) if first else 0.0
+
+    def send() -> None:
+        testbed.enter(sender)
+        ready.wait(10)
+        try:
+            with socket.create_connection((address, port), timeout=60) as conn:
+                conn.sendall(b"\0" * nbytes)
+        except OSError as exc:
+            done["error"] = f"{sender} -> {receiver}: {exc}"
+
+    threads = [threading.Thread(target=receive, daemon=True), threading.Thread(target=send, daemon=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if "rate" not in done:
+        raise RuntimeError(f"TCP probe {sender} -> {receiver} failed: {done.get('error', 'no data in 120 s')}")
+    return done["rate"]
+
+
+def probe_links(testbed, s: Settings) -> dict[str, Any]:
+    """Goodput of one TCP stream over w1's link at the fast rate and at 1 Mbit/s, both ways
+    (w1 <-> b0, before any delay: rates only). None if a probe failed (said on stdout)."""
+    out: dict[str, Any] = {}
+    for rate in dict.fromkeys([s.fast_link, *(CONDITIONS[c].split()[0] for c in s.conditions if CONDITIONS[c])]):
+        set_link(testbed, None if rate == s.fast_link else rate)
+        try:
+            nbytes = 384 * 1024 if rate != s.fast_link else 64 * 1024 * 1024
+            out[rate] = {"down_bytes_per_s": goodput(testbed, "b0", SLOW_HOST, nbytes),
+                         "up_bytes_per_s": goodput(testbed, SLOW_HOST, "b0", nbytes, port=9701)}
+        except RuntimeError as exc:
+            print(f"no goodput prediction: {exc}", flush=True)
+            return None
+        finally:
+            set_link(testbed, None)
+    return out
 
 
 def delay_works(testbed) -> str | None:
@@ -285,45 +403,48 @@ def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
+PREDICTIONS = ("default", "calibrated", "goodput")
+
+
+def _base(entries: list[dict[str, Any]], e: dict[str, Any]) -> dict[str, Any] | None:
+    """The fast run of the same strategy and repeat (the baseline of ``e``)."""
+    return next((b for b in entries if b["strategy"] == e["strategy"] and b["condition"] == "fast"
+                 and b["repeat"] == e["repeat"] and (b.get("measured") or {}).get("steps_per_s")), None)
+
+
 def summarise(entries: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
+    """Per strategy/condition: every repeat's figures (medians and spreads are taken when printed)."""
     cells: dict[str, Any] = {}
     for strategy in s.strategies:
         for condition in s.conditions:
             runs = [e for e in entries if e["strategy"] == strategy and e["condition"] == condition
-                    and "measured" in e and e["measured"]["steps_per_s"]]
+                    and (e.get("measured") or {}).get("steps_per_s")]
             cell: dict[str, Any] = {"runs": len(runs)}
             for key in ("steps_per_s", "step_interval_s", "compute_s", "w1_link_bytes_per_s"):
-                vals = [e["measured"][key] for e in runs if e["measured"].get(key) is not None]
-                cell[key] = vals
-            ratios = []
-            for e in runs:
-                base = next((b for b in entries if b["strategy"] == strategy and b["condition"] == "fast"
-                             and b["repeat"] == e["repeat"] and "measured" in b and b["measured"]["steps_per_s"]),
-                            None)
-                if base is not None:
-                    ratios.append(e["measured"]["steps_per_s"] / base["measured"]["steps_per_s"])
-            cell["vs_fast"] = ratios
-            for cost in ("default", "calibrated"):
-                pred = [e["predicted"][cost]["steps_per_s"] for e in runs if cost in e.get("predicted", {})
-                        and e["predicted"][cost]["steps_per_s"]]
-                cell[f"predicted_{cost}"] = pred
-                pred_ratio = []
-                for e in runs:
-                    base = next((b for b in entries if b["strategy"] == strategy and b["condition"] == "fast"
-                                 and b["repeat"] == e["repeat"] and cost in b.get("predicted", {})), None)
-                    if base is not None and cost in e.get("predicted", {}) and base["predicted"][cost]["steps_per_s"]:
-                        pred_ratio.append(e["predicted"][cost]["steps_per_s"] / base["predicted"][cost]["steps_per_s"])
-                cell[f"predicted_{cost}_vs_fast"] = pred_ratio
+                cell[key] = [e["measured"][key] for e in runs if e["measured"].get(key) is not None]
+            for way in ("down", "up"):
+                for what in ("bytes_per_s", "drops_per_s"):
+                    cell[f"w1_wire_{way}_{what}"] = [e["measured"]["w1_wire"][way][what] for e in runs
+                                                     if "w1_wire" in e["measured"]]
+            cell["vs_fast"] = [e["measured"]["steps_per_s"] / b["measured"]["steps_per_s"]
+                               for e in runs if (b := _base(entries, e)) is not None]
+            for cost in PREDICTIONS:
+                with_pred = [e for e in runs if (e.get("predicted", {}).get(cost) or {}).get("steps_per_s")]
+                cell[f"predicted_{cost}"] = [e["predicted"][cost]["steps_per_s"] for e in with_pred]
+                cell[f"predicted_{cost}_vs_fast"] = [
+                    e["predicted"][cost]["steps_per_s"] / b["predicted"][cost]["steps_per_s"]
+                    for e in with_pred if (b := _base(entries, e)) is not None
+                    and (b.get("predicted", {}).get(cost) or {}).get("steps_per_s")]
                 cell[f"measured_over_{cost}"] = [e["measured"]["steps_per_s"] / e["predicted"][cost]["steps_per_s"]
-                                                 for e in runs if cost in e.get("predicted", {})
-                                                 and e["predicted"][cost]["steps_per_s"]]
+                                                 for e in with_pred]
             cells[f"{strategy}/{condition}"] = cell
     return cells
 
 
 def markdown(cells: dict[str, Any], s: Settings, entries: list[dict[str, Any]], skipped: dict[str, str],
-             calibration: dict[str, Any] | None, command: str, seconds: float) -> str:
-    costs = ["default"] + (["calibrated"] if calibration else [])
+             calibration: dict[str, Any] | None, goodputs: dict[str, Any] | None, command: str,
+             seconds: float) -> str:
+    costs = [c for c in PREDICTIONS if any(cell[f"predicted_{c}"] for cell in cells.values())]
     lines = [
         f"Three workers (one device each at {s.rate_hz:g} records/s, digits IID, MLP), one Kafka node, each on "
         f"its own testbed host; every link {s.fast_link} except w1's in the slow conditions. Streaming "
@@ -332,34 +453,57 @@ def markdown(cells: dict[str, Any], s: Settings, entries: list[dict[str, Any]], 
         f"ScaDLES: {s.window_s:g} s windows, at most {s.max_batch} records a step. "
         f"Wall time of the whole benchmark: {seconds / 60:.1f} min. Command: `{command}`.",
         "",
-        "| strategy | condition | steps/s | vs fast | mean step interval s | compute/step ms | w1 link kB/s | "
-        + " | ".join(f"sim steps/s ({c}) | sim vs fast ({c}) | measured / sim ({c})" for c in costs) + " |",
-        "|---|---|---|---|---|---|---|" + "---|---|---|" * len(costs),
+        "Measured (real processes, real Kafka, testbed links):",
+        "",
+        "| strategy | condition | steps/s | vs fast (same repeat) | mean step interval s | compute/step ms "
+        "| w1 app traffic kB/s | w1 wire down / up kB/s | w1 tbf drops/s down / up |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    rows: list[tuple[str, str, dict[str, Any]]] = []
     for key, cell in cells.items():
         strategy, condition = key.split("/")
         if condition in skipped:
-            lines.append(f"| {strategy} | {condition} | skipped: {skipped[condition]} |")
+            lines.append(f"| {strategy} | {condition} | skipped: {skipped[condition]} | | | | | | |")
             continue
         if not cell["runs"]:
             errors = sorted({e.get("error", "?") for e in entries if e["strategy"] == strategy
                              and e["condition"] == condition})
-            lines.append(f"| {strategy} | {condition} | no run finished: {'; '.join(errors)} |")
+            lines.append(f"| {strategy} | {condition} | no run finished: {'; '.join(errors)} | | | | | | |")
             continue
-        row = [strategy, condition, _spread(cell["steps_per_s"]),
-               _spread(cell["vs_fast"]) if condition != "fast" else "1",
-               _spread(cell["step_interval_s"], "{:.3f}"),
-               _spread([v * 1000 for v in cell["compute_s"]], "{:.1f}"),
-               _spread([v / 1000 for v in cell["w1_link_bytes_per_s"]], "{:.1f}")]
+        rows.append((strategy, condition, cell))
+        lines.append("| " + " | ".join([
+            strategy, condition, _spread(cell["steps_per_s"]),
+            _spread(cell["vs_fast"]) if condition != "fast" else "1",
+            _spread(cell["step_interval_s"], "{:.3f}"),
+            _spread([v * 1000 for v in cell["compute_s"]], "{:.1f}"),
+            _spread([v / 1000 for v in cell["w1_link_bytes_per_s"]], "{:.1f}"),
+            f"{_spread([v / 1000 for v in cell['w1_wire_down_bytes_per_s']], '{:.1f}')} / "
+            f"{_spread([v / 1000 for v in cell['w1_wire_up_bytes_per_s']], '{:.1f}')}",
+            f"{_spread(cell['w1_wire_down_drops_per_s'], '{:.1f}')} / "
+            f"{_spread(cell['w1_wire_up_drops_per_s'], '{:.1f}')}"]) + " |")
+    names = {"default": "default cost model", "calibrated": "compute calibrated to this machine",
+             "goodput": "calibrated compute, links at their measured TCP goodput"}
+    lines += ["", "Predicted by the simulated clock for the same job and links, and measured / predicted:", "",
+              "| strategy | condition | measured steps/s | measured vs fast | "
+              + " | ".join(f"sim steps/s ({c}) | sim vs fast ({c}) | measured / sim ({c})" for c in costs) + " |",
+              "|---|---|---|---|" + "---|---|---|" * len(costs)]
+    for strategy, condition, cell in rows:
+        row = [strategy, condition, _spread(cell["steps_per_s"]), _spread(cell["vs_fast"]) if condition != "fast"
+               else "1"]
         for c in costs:
             row += [_spread(cell[f"predicted_{c}"]),
                     _spread(cell[f"predicted_{c}_vs_fast"]) if condition != "fast" else "1",
                     _spread(cell[f"measured_over_{c}"])]
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Prediction columns: " + "; ".join(f"**{c}**: {names[c]}" for c in costs) + "."]
     if calibration:
-        lines += ["", f"Calibrated compute: {calibration['compute_base_s'] * 1000:.2f} ms + "
-                      f"{calibration['compute_per_record_s'] * 1e6:.1f} us/record (one torch thread); default: 10 ms + "
-                      "2 ms/record. Simulated latency: the condition's round trip (80 ms) on every message, else 2 ms."]
+        lines.append(f"Calibrated compute: {calibration['compute_base_s'] * 1000:.2f} ms + "
+                     f"{calibration['compute_per_record_s'] * 1e6:.1f} us/record (one torch thread); default: 10 ms + "
+                     "2 ms/record. Simulated latency: the condition's round trip (80 ms) on every message, else 2 ms.")
+    if goodputs:
+        lines.append("One TCP stream over w1's link (b0 <-> w1, 384 kB at 1 Mbit/s, 64 MB at the fast rate): "
+                     + "; ".join(f"{rate}: down {g['down_bytes_per_s'] / 1000:.1f} kB/s, up "
+                                 f"{g['up_bytes_per_s'] / 1000:.1f} kB/s" for rate, g in goodputs.items()) + ".")
     failed = [e for e in entries if "error" in e]
     if failed:
         lines += ["", "Failed runs: " + "; ".join(f"{e['strategy']}/{e['condition']} #{e['repeat']}: {e['error']}"
@@ -376,6 +520,7 @@ def main() -> None:
     parser.add_argument("--strategies", default="bsp,scadles")
     parser.add_argument("--conditions", default=",".join(CONDITIONS))
     parser.add_argument("--no-calibration", action="store_true", help="only the default cost model's prediction")
+    parser.add_argument("--no-probe", action="store_true", help="skip the TCP goodput probe of w1's link")
     parser.add_argument("--quick", action="store_true", help="one repeat of 25 s runs, bsp only, fast and slow")
     parser.add_argument("--out", default=str(RESULTS / "testbed"), help="output path without suffix")
     args = parser.parse_args()
@@ -400,6 +545,9 @@ def main() -> None:
     base = job(s.strategies[0], s, Path(os.environ.get("TMPDIR", "/tmp")) / "edgestream-bench-testbed", "base")
     state = base.state_path().parent
     with open_testbed(base, console=Console(stderr=True)) as session:
+        # The probe first: once w1 had a delay, its Kafka traffic goes through the proxy.
+        goodputs = None if args.no_probe else probe_links(session.testbed, s)
+        print(f"TCP goodput over w1's link: {goodputs}", flush=True)
         if "slow+80ms" in s.conditions and (why := delay_works(session.testbed)) is not None:
             skipped["slow+80ms"] = why
             print(f"slow+80ms skipped: {why}", flush=True)
@@ -409,14 +557,15 @@ def main() -> None:
                     if condition in skipped:
                         continue
                     print(f"repeat {repeat} {strategy} {condition} ...", flush=True)
-                    e = run_one(session.testbed, session.bootstrap, strategy, condition, repeat, s, state, costs)
+                    e = run_one(session.testbed, session.bootstrap, strategy, condition, repeat, s, state, costs,
+                                goodputs)
                     m = e.get("measured") or {}
                     print(f"  {e.get('error') or ''} steps/s {m.get('steps_per_s')} "
                           f"(sim default {e['predicted']['default']['steps_per_s']}) in {e['wall_s']} s", flush=True)
                     entries.append(e)
     seconds = time.monotonic() - began
     cells = summarise(entries, s)
-    md = markdown(cells, s, entries, skipped, calibration, command, seconds)
+    md = markdown(cells, s, entries, skipped, calibration, goodputs, command, seconds)
     print(md)
     import numpy as np
     import torch
@@ -429,7 +578,8 @@ def main() -> None:
                     "processor": platform.processor()},
         "versions": {"torch": torch.__version__, "numpy": np.__version__},
         "command": command, "settings": asdict(s), "conditions": {c: CONDITIONS[c] for c in s.conditions},
-        "skipped": skipped, "calibration": calibration, "seconds": seconds, "runs": entries, "cells": cells,
+        "skipped": skipped, "calibration": calibration, "goodput": goodputs, "seconds": seconds, "runs": entries,
+        "cells": cells,
     }, indent=1, default=str))
     md_path = out.with_suffix(".md")
     marker = "<!-- generated below -->"
