@@ -391,12 +391,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.kafka_io import check_reachable
     from pipeline.run import run_job
+    from pipeline.testbed_run import run_in_testbed, uses_testbed
     from pipeline.worker import check_training_config, process_topics, worker_cpus
 
     cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
-    bootstrap = _bootstrap(args, cfg)
+    in_testbed = uses_testbed(cfg)  # the brokers are the testbed's own (pipeline/testbed_run.py)
+    if in_testbed and (args.bootstrap or cfg.kafka.bootstrap):
+        raise CommandError("a job with [testbed] enabled runs its own brokers in the testbed's broker hosts: "
+                           "drop --bootstrap / kafka.bootstrap, or set testbed.enabled=false", EXIT_CONFIG)
+    bootstrap = None if in_testbed else _bootstrap(args, cfg)
     if bootstrap:  # first, before torch is imported: an unreachable cluster is reported in seconds
         args.resolved_bootstrap = bootstrap
         check_reachable(bootstrap)
@@ -408,7 +413,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=140)
     broker = None
     try:
-        if not bootstrap:
+        if in_testbed:
+            result = run_in_testbed(cfg, console, garbage_per_device=args.garbage, keep=args.keep_testbed)
+        elif not bootstrap:
             work = Path(tempfile.mkdtemp(prefix="broker-", dir=str(_ensure(cfg.state_path()))))
             with console.status(f"starting a local Kafka {kafka_version()} broker "
                                 "(first run resolves the jars from Maven Central)"):
@@ -416,7 +423,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             bootstrap = broker.bootstrap
             args.resolved_bootstrap = bootstrap
             console.print(f"local Kafka {kafka_version()} broker at {bootstrap}")
-        result = run_job(cfg, bootstrap, garbage_per_device=args.garbage, console=console)
+        if not in_testbed:
+            result = run_job(cfg, bootstrap, garbage_per_device=args.garbage, console=console)
     except KeyboardInterrupt:
         console.print("interrupted; stopped every process this run started")
         return 130
@@ -506,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=positive_float, help="seconds of streaming (default: run.duration_s)")
     p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N",
                    help="inject N malformed messages per device")
+    p.add_argument("--keep-testbed", action="store_true",
+                   help="with [testbed]: leave the hosts and brokers up after the run (`edgestream testbed down`)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (table + JSON)")
