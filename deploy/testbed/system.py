@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from deploy.kafka.broker import pid_alive
 from deploy.testbed.plan import LINK_RE, NETNS_RE, Cmd
 
 CLONE_NEWNET = 0x40000000
@@ -100,23 +101,6 @@ def leftovers(hash_: str | None = None) -> list[str]:
 def netns_pids(netns: str) -> list[int]:
     proc = run(["ip", "netns", "pids", netns], check=False)
     return [int(p) for p in proc.stdout.split() if p.isdigit()]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def stop_pids(pids: list[int], timeout_s: float = 5.0) -> list[int]:

@@ -35,6 +35,7 @@ from monitoring.scrape import scrape
 from pipeline.kafka_io import admin_client
 from pipeline.run import RunContext, run_job
 from pipeline.training import channel_topic
+from tests.chaos.evidence import device_accounting
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 
 pytestmark = pytest.mark.integration
@@ -133,12 +134,7 @@ def kill_and_restart_the_update_log_leader(ctx: RunContext, cluster: LocalCluste
 
 
 def evidence(cfg, result, seen: dict) -> dict:
-    devices = {}
-    for device, a in sorted(result.accounting.items()):
-        devices[device] = {"worker": next(w for w in cfg.worker_names() if device in cfg.devices_of(w)),
-                           "produced": result.produced[device], "read": a["records_in"], "trained": a["consumed"],
-                           "dropped": a["dropped"], "dead_lettered": a["dead_records"],
-                           "pending": a["buffered"] + a["in_sink"], "dlq_messages": a["dead_letter_messages"]}
+    devices = device_accounting(cfg, result)
     processes = {}
     for name, t in sorted(result.training.items()):
         at_kill = (seen.get("at_kill") or {}).get(name) or {}

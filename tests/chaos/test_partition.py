@@ -29,6 +29,7 @@ from rich.table import Table
 from monitoring.scrape import scrape
 from pipeline.run import RunContext, run_job
 from pipeline.testbed_run import open_testbed
+from tests.chaos.evidence import device_accounting
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 
 pytestmark = pytest.mark.integration
@@ -148,12 +149,7 @@ def backlog(ctx: RunContext, worker: str, device: str) -> float:
 
 
 def evidence(cfg, result, seen: dict) -> dict:
-    devices = {}
-    for device, a in sorted(result.accounting.items()):
-        devices[device] = {"worker": next(w for w in cfg.worker_names() if device in cfg.devices_of(w)),
-                           "produced": result.produced[device], "read": a["records_in"], "trained": a["consumed"],
-                           "dropped": a["dropped"], "dead_lettered": a["dead_records"],
-                           "pending": a["buffered"] + a["in_sink"], "dlq_messages": a["dead_letter_messages"]}
+    devices = device_accounting(cfg, result)
     workers = {name: {"steps": t["steps"], "version": t["version"], "restarts": result.restarted.count(name),
                       "live_at_end": t.get("live"), "digest": t["digest"][:12],
                       "membership_log": t.get("membership_log")}
