@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.table import Table
+
 
 def device_accounting(cfg, result) -> dict[str, dict]:
     """Per device (sorted): its worker, produced, read, trained, dropped, dead-lettered,
@@ -13,3 +15,14 @@ def device_accounting(cfg, result) -> dict[str, dict]:
                            "dropped": a["dropped"], "dead_lettered": a["dead_records"],
                            "pending": a["buffered"] + a["in_sink"], "dlq_messages": a["dead_letter_messages"]}
     return devices
+
+
+def accounting_table(title: str, devices: dict[str, dict]) -> Table:
+    """``device_accounting`` as a table, one row per device."""
+    table = Table(title=title)
+    for col in ("device", "worker", "produced", "read", "trained", "dropped", "dead-lettered", "pending", "dlq msgs"):
+        table.add_column(col, justify="right")
+    for device, d in devices.items():
+        table.add_row(device, d["worker"], *(str(d[k]) for k in ("produced", "read", "trained", "dropped",
+                                                                  "dead_lettered", "pending", "dlq_messages")))
+    return table

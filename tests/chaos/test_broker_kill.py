@@ -35,7 +35,7 @@ from monitoring.scrape import scrape
 from pipeline.kafka_io import admin_client
 from pipeline.run import RunContext, run_job
 from pipeline.training import channel_topic
-from tests.chaos.evidence import device_accounting
+from tests.chaos.evidence import accounting_table, device_accounting
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 
 pytestmark = pytest.mark.integration
@@ -149,14 +149,8 @@ def evidence(cfg, result, seen: dict) -> dict:
 
 def print_evidence(ev: dict) -> None:
     console = Console(width=200)
-    table = Table(title=f"{ev['strategy']}: broker node {ev['killed_node']} SIGKILLed and restarted "
-                        f"(it led {', '.join(ev['node_led'] or [])}): accounting per device")
-    for col in ("device", "worker", "produced", "read", "trained", "dropped", "dead-lettered", "pending", "dlq msgs"):
-        table.add_column(col, justify="right")
-    for device, d in ev["devices"].items():
-        table.add_row(device, d["worker"], *(str(d[k]) for k in ("produced", "read", "trained", "dropped",
-                                                                  "dead_lettered", "pending", "dlq_messages")))
-    console.print(table)
+    console.print(accounting_table(f"{ev['strategy']}: broker node {ev['killed_node']} SIGKILLed and restarted "
+                                   f"(it led {', '.join(ev['node_led'] or [])}): accounting per device", ev["devices"]))
     table = Table(title="processes")
     for col in ("process", "steps at kill", "steps", "version at kill", "version", "trained records", "restarts",
                 "digest"):

@@ -29,7 +29,7 @@ from rich.table import Table
 from monitoring.scrape import scrape
 from pipeline.run import RunContext, run_job
 from pipeline.testbed_run import open_testbed
-from tests.chaos.evidence import device_accounting
+from tests.chaos.evidence import accounting_table, device_accounting
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 
 pytestmark = pytest.mark.integration
@@ -162,13 +162,7 @@ def evidence(cfg, result, seen: dict) -> dict:
 
 def print_evidence(ev: dict) -> None:
     console = Console(width=200)
-    table = Table(title="partition of w2 for 20 s: accounting per device")
-    for col in ("device", "worker", "produced", "read", "trained", "dropped", "dead-lettered", "pending", "dlq msgs"):
-        table.add_column(col, justify="right")
-    for device, d in ev["devices"].items():
-        table.add_row(device, d["worker"], *(str(d[k]) for k in ("produced", "read", "trained", "dropped",
-                                                                  "dead_lettered", "pending", "dlq_messages")))
-    console.print(table)
+    console.print(accounting_table("partition of w2 for 20 s: accounting per device", ev["devices"]))
     table = Table(title="workers")
     for col in ("worker", "steps", "version", "restarts", "live at end", "digest"):
         table.add_column(col, justify="right")
