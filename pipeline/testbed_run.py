@@ -85,11 +85,6 @@ def process_placement(testbed: Any, process: str) -> tuple[list[str], list[str]]
     return list(testbed.exec_prefix(host)), metrics_override(testbed.hosts[host].address)
 
 
-def placed_command(command: Sequence[str], prefix: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
-    """``command`` run under ``prefix`` with ``extra`` arguments appended."""
-    return [*prefix, *command, *extra]
-
-
 def enter_devices(testbed: Any) -> None:
     """Move the calling thread (the simulators' thread) into the devices host; every thread
     it starts afterwards (the producers' I/O threads) is there too."""
@@ -173,13 +168,9 @@ def start_brokers(testbed: Any, count: int, work_dir: Path, heap: str = "512m") 
         runner = kafka.LocalBroker(work_dir / "b0", port=BROKER_PORT, controller_port=CONTROLLER_PORT, heap=heap,
                                    host=addresses[0], bind_host="0.0.0.0", netns=hosts[0].netns)
     else:
-        cluster = getattr(kafka, "LocalCluster", None)
-        if cluster is None:
-            raise TestbedUnavailable(f"testbed.brokers={count} needs deploy.kafka.broker.LocalCluster, which this "
-                                     "checkout does not have yet; use testbed.brokers=1")
-        runner = cluster(work_dir, brokers=count, hosts=addresses, netns=[h.netns for h in hosts],
-                         ports=[BROKER_PORT] * count, controller_ports=[CONTROLLER_PORT] * count,
-                         bind_host="0.0.0.0", heap=heap)
+        runner = kafka.LocalCluster(work_dir, brokers=count, hosts=addresses, netns=[h.netns for h in hosts],
+                                    ports=[BROKER_PORT] * count, controller_ports=[CONTROLLER_PORT] * count,
+                                    bind_host="0.0.0.0", heap=heap)
     try:
         runner.start()
     except BaseException:
@@ -222,7 +213,7 @@ def open_testbed(cfg: JobConfig, *, keep: bool = False, console: Console | None 
     except TestbedError as exc:
         raise TestbedUnavailable(str(exc)) from exc
     owned = work_dir is None
-    work = work_dir or Path(tempfile.mkdtemp(prefix="testbed-brokers-", dir=str(_ensure(cfg.state_path()))))
+    work = work_dir or Path(tempfile.mkdtemp(prefix="testbed-brokers-", dir=str(_state_dir(cfg))))
     brokers = None
     try:
         try:
@@ -280,13 +271,12 @@ def links_summary(cfg: JobConfig, testbed: Any, result) -> Table:
 
 
 def _has_server(cfg: JobConfig) -> bool:
-    if not cfg.train.enabled:
-        return False
-    from trainers.strategies import roles
+    from pipeline.run import strategy_roles
 
-    return "server" in roles(cfg.train.strategy)
+    return cfg.train.enabled and "server" in strategy_roles(cfg.train.strategy)
 
 
-def _ensure(path: Path) -> Path:
+def _state_dir(cfg: JobConfig) -> Path:
+    path = cfg.state_path()
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -20,7 +20,6 @@ from pipeline.testbed_run import (
     host_of,
     host_rows,
     metrics_override,
-    placed_command,
     process_placement,
     uses_testbed,
 )
@@ -78,8 +77,6 @@ def test_a_worker_starts_under_its_namespace_with_metrics_on_its_host_address():
     assert extra == ["--set", "workers.metrics_host=10.77.0.11"]
     prefix, extra = process_placement(tb, SERVER_NAME)
     assert prefix[-1] == "es-t1-server" and extra == metrics_override("10.77.0.5")
-    assert placed_command(["python", "-m", "x"], prefix, extra) == [*prefix, "python", "-m", "x", *extra]
-    assert placed_command(["python"]) == ["python"]
 
 
 def test_the_worker_command_is_the_loopback_one_with_the_prefix_before_and_the_override_after(tmp_path,
