@@ -27,7 +27,8 @@ Registry (``compression.registry``)::
     dense (fp32 reference), fp16, topk(ratio=0.01, value_dtype="float32"),
     randomk(ratio=0.01, seed=0, unbiased=False, value_dtype="float32"),
     threshold(threshold=1e-3, value_dtype="float32"), qsgd(levels=7, bucket_size=512, seed=0),
-    int8_block(block_size=256), powersgd(rank=4, seed=0, warm_start=True), sign()
+    int8_block(block_size=256), powersgd(rank=4, seed=0, warm_start=True), sign(),
+    nonzero() (lossless: every entry but +0.0, float32)
 
 Error feedback (``compression.memory``)::
 
@@ -64,6 +65,7 @@ from compression import (  # noqa: F401  (importing registers each compressor)
     dense,
     fp16,
     int8_block,
+    nonzero,
     powersgd,
     qsgd,
     randomk,

@@ -39,6 +39,7 @@ def test_every_expected_compressor_is_registered():
         "int8_block",
         "powersgd",
         "sign",
+        "nonzero",
     }
 
 
