@@ -5,10 +5,11 @@ runtime in ``pipeline/training.py``, the simulated clock in ``trainers/simclock.
 the unit tests' bus) only move bytes and time; what happens to a model is here, in
 the order a worker does it:
 
-1. ``handle(value, to)``: an update message from a subscribed channel: drop it if it
-   is addressed to someone else; decode and validate it (the strategy says what a
-   kind may carry: ``tensor_spec``, ``accepts_partial``; gradients above the norm bound
-   are refused) -> ``strategy.on_message`` -> encode what it answers.
+1. ``handle(value, to, transit_s)``: an update message from a subscribed channel: drop
+   it if it is addressed to someone else; decode and validate it (the strategy says what
+   a kind may carry: ``tensor_spec``, ``accepts_partial``; gradients above the norm bound
+   are refused) -> ``strategy.on_arrival`` (if the adapter measured the transit) ->
+   ``strategy.on_message`` -> encode what it answers.
 2. ``poll(now)``: the strategy's timers.
 3. ``can_train()`` and ``batch_limit()``: may the next local step run, on how many
    records (``strategy.batch_size_wanted`` or the job's ``max_step_batch``).
@@ -56,6 +57,11 @@ from trainers.wire import HEADER_CODEC, MessageRejected, decode_update, encode_u
 #: snapshots only when it marks them ``meta["compress"] = True`` (a replica's snapshot
 #: must usually be exact).
 COMPRESSIBLE_KINDS = frozenset({"gradient", "delta", "model"})
+#: Kinds a strategy may mark ``meta["sparse"] = True``: already sparse tensors (the
+#: strategy chose the entries and keeps its own residuals, e.g. DLion), sent with the
+#: lossless ``nonzero`` codec whatever ``train.codec`` is, on no link's codec.
+SPARSE_KINDS = frozenset({"gradient", "delta"})
+SPARSE_CODEC = "nonzero"
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,7 @@ class TrainingDriver:
         # Build one codec now: a bad codec name or parameter fails at start, not at the
         # first step.
         self._codecs: dict[tuple[str | None, str], GradientCodec] = {}
+        self._sparse: GradientCodec | None = None
         self.policy = create_policy(config.controller, self._new_codec().compressor, **config.controller_params)
         self._decision = strategy.compression_decision()
         if strategy.compression_signal_ratio() is not None and config.codec == "dense":
@@ -236,14 +243,21 @@ class TrainingDriver:
         self.compressed_steps = 0
 
     # -- 1. messages in ----------------------------------------------------------------
-    def handle(self, value: bytes, to: str | None = None) -> Handled:
-        """One record of a subscribed channel (``to``: the recipient named in its headers)."""
+    def handle(self, value: bytes, to: str | None = None, transit_s: float | None = None) -> Handled:
+        """One record of a subscribed channel (``to``: the recipient named in its headers).
+
+        ``transit_s``: seconds from when the record was produced to now (the adapter's
+        measure; None: unknown). A positive finite one is handed to
+        ``strategy.on_arrival(sender, len(value), transit_s)`` once the message is
+        accepted, before ``on_message``."""
         if to is not None and to != self.name:
             return Handled(skipped=True)
         try:
             msg = self._decode(value)
         except MessageRejected as exc:
             return Handled(rejection=exc)
+        if transit_s is not None and math.isfinite(transit_s) and transit_s > 0:
+            self.strategy.on_arrival(msg.sender, len(value), float(transit_s))
         out = self.strategy.on_message(msg)
         return Handled(self.encode(out), message=msg, staleness=tuple(self.strategy.staleness.take_new()),
                        vote_switched_to=self._decision_switch())
@@ -339,12 +353,22 @@ class TrainingDriver:
 
     # -- encoding, one codec per link -----------------------------------------------------------
     def encode(self, outgoing: list[Outgoing]) -> list[Outbound]:
-        """Encode each message on the codec of its own link: ``(recipient, kind)``."""
+        """Encode each message on the codec of its own link: ``(recipient, kind)``.
+
+        A gradient or delta marked ``meta["sparse"] = True`` goes on the driver's one
+        lossless ``nonzero`` codec instead (no memory; no link's codec or residual is
+        touched; ``meta["compress"]`` is ignored for it)."""
         out = []
         for item in outgoing:
             msg = item.message
             flag = msg.meta.get("compress")
             codec = None
+            if msg.kind in SPARSE_KINDS and msg.meta.get("sparse") is True:
+                value, headers = encode_update(msg, job=self.config.job, codec=self._sparse_codec(), to=item.to)
+                dense = 4 * sum(int(t.numel()) for t in msg.tensors.values())
+                out.append(Outbound(item.channel, item.to, msg.kind, value, headers,
+                                    headers.get(HEADER_CODEC, b"dense").decode(), dense))
+                continue
             if msg.kind in COMPRESSIBLE_KINDS and self.config.codec != "dense" and (msg.kind != "model" or flag is True):
                 # A gradient marked compress=False still goes through its link's codec, dense:
                 # the link's residual is kept for the next compressed one.
@@ -373,6 +397,13 @@ class TrainingDriver:
         if codec is None:
             codec = self._codecs[key] = self._new_codec()
         return codec
+
+    def _sparse_codec(self) -> GradientCodec:
+        """The lossless codec of messages marked ``meta["sparse"]`` (one per driver)."""
+        if self._sparse is None:
+            self._sparse = GradientCodec(compressors.create(SPARSE_CODEC), NoMemory(),
+                                         max_bytes=self.config.max_message_bytes)
+        return self._sparse
 
     def _new_codec(self) -> GradientCodec:
         compressor = compressors.create(self.config.codec, **self.config.codec_params)

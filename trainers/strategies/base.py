@@ -215,6 +215,13 @@ class SyncStrategy(ABC):
         reach ``peer`` (None: a broadcast). Per-link bandwidth estimates: DLion."""
         return None
 
+    def on_arrival(self, peer: str, nbytes: int, seconds: float) -> None:
+        """A message from ``peer`` of ``nbytes`` arrived ``seconds`` after it was produced
+        (produce-to-consume transit, measured by the adapter; always > 0 and finite).
+        Called by the driver for accepted messages only, right before :meth:`on_message`.
+        Per-link bandwidth estimates: DLion. Default: nothing."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume after a restart; tensors and primitives only."""
         return {"counters": dict(self.counters), "staleness": self.staleness.state_dict()}
