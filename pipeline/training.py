@@ -295,7 +295,8 @@ class TrainingRuntime:
         self.restored_ledger: dict[str, dict[str, Any]] = {}
         self.pending = BatchQueue(cfg.batcher.mode)
         self._room: asyncio.Event | None = None
-        self.inbox: asyncio.Queue[tuple[str, int, int, float, bytes, dict[str, bytes]]] | None = None
+        #: (topic, partition, offset, timestamp_s, value, headers, arrival wall time) of update records.
+        self.inbox: asyncio.Queue[tuple[str, int, int, float, bytes, dict[str, bytes], float]] | None = None
         self.wakeup: asyncio.Event | None = None
         self.publish: Callable[[str, bytes, dict[str, bytes], bytes], Awaitable[None]] | None = None
         self.dead_letter: Callable[[bytes, dict[str, bytes]], Awaitable[None]] | None = None
@@ -468,6 +469,7 @@ class TrainingRuntime:
         @app.agent(source, concurrency=1)
         async def updates(stream: faust.Stream) -> None:
             async for event in stream.events():
+                arrival = time.time()
                 msg = event.message
                 headers = {k: (v if isinstance(v, bytes) else bytes(v)) for k, v in (event.headers or {}).items()}
                 assert self.inbox is not None and self.wakeup is not None
@@ -481,7 +483,7 @@ class TrainingRuntime:
                             self.update_offsets[OffsetTracker.key(msg.topic, msg.partition)] = msg.offset + 1
                         continue
                 await self.inbox.put((msg.topic, msg.partition, msg.offset, float(msg.timestamp or 0.0),
-                                      event.value or b"", headers))
+                                      event.value or b"", headers, arrival))
                 self.wakeup.set()
 
         @app.task
@@ -634,13 +636,16 @@ class TrainingRuntime:
     async def _drain_inbox(self) -> None:
         assert self.inbox is not None
         while not self.inbox.empty() and not self.stopping:
-            topic, partition, offset, timestamp_s, value, headers = self.inbox.get_nowait()
+            topic, partition, offset, timestamp_s, value, headers, arrival = self.inbox.get_nowait()
             key = OffsetTracker.key(topic, partition)
             if offset < self.update_offsets.get(key, 0):
                 continue  # already handled before the checkpoint we restored
             self.update_offsets[key] = offset + 1
             to = headers.get(HEADER_TO)
-            handled = await self._call(self.driver.handle, value, to.decode(errors="replace") if to else None)
+            # Produce (the record's CreateTime, seconds) to consume (its arrival here).
+            transit_s = arrival - timestamp_s if timestamp_s else None
+            handled = await self._call(self.driver.handle, value, to.decode(errors="replace") if to else None,
+                                       transit_s)
             if handled.skipped:
                 continue
             self.stats.updates_in += 1

@@ -671,11 +671,14 @@ class _EventQueue:
 
 @dataclass(frozen=True)
 class _LogEntry:
-    """One record of the update log: the encoded value, its channel and optional recipient."""
+    """One record of the update log: the encoded value, its channel and optional recipient,
+    and ``produced_at``: the simulated time its sender produced it (when the step or
+    message that made it was done, before its uplink transfer)."""
 
     channel: str
     to: str | None
     value: bytes
+    produced_at: float = 0.0
 
 
 class _Worker:
@@ -957,7 +960,7 @@ class _Simulation:
             appended_at = sent_at + self.costs.latency_s
             # The modelled transfer time, known at once (the live runtime measures it).
             worker.driver.transferred(item, appended_at - self.now)
-            self.events.push(appended_at, _APPEND, _LogEntry(item.channel, item.to, item.value))
+            self.events.push(appended_at, _APPEND, _LogEntry(item.channel, item.to, item.value, self.now))
 
     def _on_append(self, entry: _LogEntry) -> None:
         subscribers = [p for p in self.processes if entry.channel in p.driver.strategy.subscribes]
@@ -996,8 +999,9 @@ class _Simulation:
         self._service(worker)
 
     def _deliver(self, worker: _Worker, entry: _LogEntry) -> None:
-        """One log record to an idle process's driver (it decodes and validates for itself)."""
-        handled = worker.driver.handle(entry.value, entry.to)
+        """One log record to an idle process's driver (it decodes and validates for itself),
+        with its produce-to-consume transit (for ``strategy.on_arrival``)."""
+        handled = worker.driver.handle(entry.value, entry.to, transit_s=self.now - entry.produced_at)
         if handled.rejection is not None:
             worker.rejected_messages += 1
             return
