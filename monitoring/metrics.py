@@ -41,7 +41,8 @@ LOSS_FIT_PARAMS = ("a2", "b", "c0", "rmse")
 OBSERVATIONS = ("commit_target", "committed_local_steps", "blocked_seconds", "clock_gap_steps",
                 *(f"fit_{param}" for param in LOSS_FIT_PARAMS),
                 "idle_fraction", "iteration_time_s", "iteration_time_cv", "neighbour_lag", "mixing_weights",
-                "model_sketch")
+                "model_sketch", "link_bandwidth", "link_ratio", "link_bytes", "batch_size", "capacity",
+                "knowledge_transfers")
 
 
 class Metrics:
@@ -276,7 +277,36 @@ class Metrics:
             "distance of the workers' models to their average (consensus distance)",
             ["worker", "index"], registry=r,
         )
-        self._observed_totals: dict[tuple[str, str], float] = {}
+        # --- DLion ---------------------------------------------------------------------------
+        self.link_bandwidth = Gauge(
+            "edgestream_link_bandwidth_bytes_per_second",
+            "The worker's estimate of the bandwidth of its link to `peer`, bytes/s (DLion)",
+            ["worker", "peer"], registry=r,
+        )
+        self.link_ratio = Gauge(
+            "edgestream_link_ratio",
+            "Share of the gradient's entries (0..1) the worker's last message to `peer` carried (DLion)",
+            ["worker", "peer"], registry=r,
+        )
+        self.link_bytes = Counter(
+            "edgestream_link_bytes_total", "Bytes the worker sent to `peer` (DLion)",
+            ["worker", "peer"], registry=r,
+        )
+        self.step_batch = Gauge(
+            "edgestream_step_batch_records", "Records the worker's next local step takes (dynamic batching; DLion)",
+            ["worker"], registry=r,
+        )
+        self.capacity = Gauge(
+            "edgestream_capacity_samples_per_second",
+            "Measured samples per second the worker can train (DLion)",
+            ["worker"], registry=r,
+        )
+        self.knowledge_transfers = Counter(
+            "edgestream_knowledge_transfers_total",
+            "Models of sender `peer` merged into the worker's model (direct knowledge transfer; DLion)",
+            ["worker", "peer"], registry=r,
+        )
+        self._observed_totals: dict[tuple[str, ...], float] = {}
         #: (worker, observation) -> label values of the children last set for a keyed observation
         self._observed_keys: dict[tuple[str, str], set[str]] = {}
         self.rejected_steps = Counter(
@@ -410,6 +440,12 @@ class Metrics:
             "neighbour_lag": (self.neighbour_lag, ()),
             "mixing_weights": (self.mixing_weight, ()),
             "model_sketch": (self.model_sketch, ()),
+            "link_bandwidth": (self.link_bandwidth, ()),
+            "link_ratio": (self.link_ratio, ()),
+            "link_bytes": (self.link_bytes, ()),
+            "batch_size": (self.step_batch, ()),
+            "capacity": (self.capacity, ()),
+            "knowledge_transfers": (self.knowledge_transfers, ()),
         })
         return out
 
@@ -423,7 +459,10 @@ class Metrics:
 
         A keyed level (a mapping per peer, a sequence per index) sets one child per key;
         the children of keys it had at the previous call for this worker and no longer
-        has are removed, so a neighbour that left leaves no stale series behind.
+        has are removed, so a neighbour that left leaves no stale series behind. A keyed
+        total (a counter with the extra label) is exported per key as an unkeyed total
+        is: each key's growth since this process first saw it (a key seen again after it
+        disappeared starts over from its new value).
         """
         metrics = self._observation_metrics()
         unknown = sorted(set(values) - set(metrics))
@@ -440,24 +479,36 @@ class Metrics:
                 raise TypeError(f"observation {key!r} is a number, got {type(value).__name__}")
             child = metric.labels(worker, *extra)
             if metric._type == "counter":
-                last = self._observed_totals.get((worker, key))
-                self._observed_totals[(worker, key)] = float(value)
-                if last is not None and value > last:
-                    child.inc(value - last)
+                self._count_growth(child, (worker, key), float(value))
             else:
                 child.set(value)
 
-    def _record_keyed(self, worker: str, key: str, metric: Gauge, extra: tuple[str, ...], value: Any) -> None:
+    def _count_growth(self, child: Any, where: tuple[str, ...], value: float) -> None:
+        """Add to counter ``child`` what the total at ``where`` grew since last seen (the
+        first value is the base; a smaller one, a reset, only becomes the new base)."""
+        last = self._observed_totals.get(where)
+        self._observed_totals[where] = value
+        if last is not None and value > last:
+            child.inc(value - last)
+
+    def _record_keyed(self, worker: str, key: str, metric: Counter | Gauge, extra: tuple[str, ...],
+                      value: Any) -> None:
         if isinstance(value, Mapping):
             levels = {str(k): float(v) for k, v in value.items()}
         elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
             levels = {str(i): float(v) for i, v in enumerate(value)}
         else:
             raise TypeError(f"observation {key!r} is a mapping or a sequence, got {type(value).__name__}")
+        total = metric._type == "counter"
         for label, level in levels.items():
-            metric.labels(worker, *extra, label).set(level)
+            child = metric.labels(worker, *extra, label)
+            if total:
+                self._count_growth(child, (worker, key, label), level)
+            else:
+                child.set(level)
         for gone in self._observed_keys.get((worker, key), set()) - levels.keys():
             metric.remove(worker, *extra, gone)
+            self._observed_totals.pop((worker, key, gone), None)
         self._observed_keys[(worker, key)] = set(levels)
 
     def record_prequential(

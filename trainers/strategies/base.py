@@ -99,6 +99,18 @@ class Observations:
     """Level per index: a fixed random projection of this worker's own model
     (``trainers.consensus.ModelSketch``), the same projection in every process, so the
     spread of the sketches across workers estimates the consensus distance."""
+    link_bandwidth: Mapping[str, float] | None = None
+    """Level per peer: this worker's estimate of the bandwidth of its link to that peer, in bytes/s (DLion)."""
+    link_ratio: Mapping[str, float] | None = None
+    """Level per peer: share of the gradient's entries (0..1) the last message on that link carried (DLion)."""
+    link_bytes: Mapping[str, float] | None = None
+    """Total per peer: bytes this worker sent to that peer (DLion)."""
+    batch_size: int | None = None
+    """Level: records the next local step takes (dynamic batching; DLion)."""
+    capacity: float | None = None
+    """Level: measured samples per second this worker can train (DLion)."""
+    knowledge_transfers: Mapping[str, float] | None = None
+    """Total per sender: models merged into this worker's from that peer (direct knowledge transfer; DLion)."""
 
 
 class SyncStrategy(ABC):

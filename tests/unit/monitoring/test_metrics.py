@@ -21,7 +21,7 @@ ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "s
 # sketch, in the model's parameter units.
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",
                  "_up", "_ready", "_workers", "_paused", "_version", "_loss", "_vote", "_commits", "_steps",
-                 "_fit", "_sketch")
+                 "_fit", "_sketch", "_per_second")
 
 
 @pytest.mark.parametrize("metric", Metrics().metric_objects(), ids=lambda m: m._name)
@@ -143,7 +143,9 @@ def test_an_unknown_observation_is_refused():
         Metrics().record_observations("w0", {"commit_target": 3, "wall_clock": 1.0})
 
 
-KEYED = {"neighbour_lag": {"w1": 2}, "mixing_weights": {"w0": 0.5, "w1": 0.5}, "model_sketch": (0.1, -0.2)}
+KEYED = {"neighbour_lag": {"w1": 2}, "mixing_weights": {"w0": 0.5, "w1": 0.5}, "model_sketch": (0.1, -0.2),
+         "link_bandwidth": {"w1": 1e6}, "link_ratio": {"w1": 0.1}, "link_bytes": {"w1": 100.0},
+         "knowledge_transfers": {"w1": 1.0}}
 
 
 def test_every_observation_has_its_metric():
@@ -236,3 +238,67 @@ def test_observations_of_the_strategy_dataclass_are_exported(served):
     assert _series(url, "edgestream_model_sketch", "index") == {("w0", "0"): 0.0, ("w0", "1"): 1.0}
     assert _series(url, "edgestream_neighbour_lag_steps", "peer") == {("w0", "w1"): 2}
     assert scrape(url).get("edgestream_idle_ratio", worker="w0") == 0.1
+
+
+# -- keyed totals and DLion's observations -----------------------------------------------------
+
+
+def test_keyed_totals_count_each_keys_growth_from_its_first_value(served):
+    metrics, url = served
+    name = "edgestream_link_bytes_total"
+    # restored from a checkpoint: 5000 bytes to w1 and 700 to w2 before this process
+    metrics.record_observations("w0", {"link_bytes": {"w1": 5000.0, "w2": 700.0}})
+    assert _series(url, name, "peer") == {("w0", "w1"): 0, ("w0", "w2"): 0}  # born at 0
+    metrics.record_observations("w0", {"link_bytes": {"w1": 5600.0, "w2": 700.0}})
+    metrics.record_observations("w1", {"link_bytes": {"w0": 10.0}})
+    metrics.record_observations("w0", {"link_bytes": {"w1": 6000.0, "w2": 750.0, "w3": 40.0}})
+    assert _series(url, name, "peer") == {("w0", "w1"): 1000, ("w0", "w2"): 50, ("w0", "w3"): 0,
+                                          ("w1", "w0"): 0}
+    # a reset of one key (the strategy's state began again): its new base, no decrease
+    metrics.record_observations("w0", {"link_bytes": {"w1": 100.0, "w2": 750.0, "w3": 40.0}})
+    metrics.record_observations("w0", {"link_bytes": {"w1": 160.0, "w2": 760.0, "w3": 40.0}})
+    assert _series(url, name, "peer") == {("w0", "w1"): 1060, ("w0", "w2"): 60, ("w0", "w3"): 0,
+                                          ("w1", "w0"): 0}
+    # None: not observed, nothing changes
+    metrics.record_observations("w0", {"link_bytes": None})
+    assert _series(url, name, "peer")[("w0", "w1")] == 1060
+
+
+def test_a_keyed_total_whose_key_disappeared_is_removed_and_starts_over(served):
+    metrics, url = served
+    name = "edgestream_knowledge_transfers_total"
+    metrics.record_observations("w0", {"knowledge_transfers": {"w1": 2, "w2": 3}})
+    metrics.record_observations("w1", {"knowledge_transfers": {"w2": 1}})
+    metrics.record_observations("w0", {"knowledge_transfers": {"w1": 4, "w2": 5}})
+    metrics.record_observations("w0", {"knowledge_transfers": {"w1": 6}})  # w2 left
+    assert _series(url, name, "peer") == {("w0", "w1"): 4, ("w1", "w2"): 0}
+    # w2 comes back with a total of 9: a new series from 0, its base 9 (not 5)
+    metrics.record_observations("w0", {"knowledge_transfers": {"w1": 6, "w2": 9}})
+    metrics.record_observations("w0", {"knowledge_transfers": {"w1": 6, "w2": 10}})
+    assert _series(url, name, "peer") == {("w0", "w1"): 4, ("w0", "w2"): 1, ("w1", "w2"): 0}
+    metrics.record_observations("w0", {"knowledge_transfers": {}})
+    assert _series(url, name, "peer") == {("w1", "w2"): 0}
+
+
+def test_dlion_observations_are_exported(served):
+    """``dataclasses.asdict(Observations(...))`` with DLion's fields, as the runtime hands it over."""
+    import dataclasses
+
+    from trainers.strategies.base import Observations
+
+    metrics, url = served
+    obs = Observations(link_bandwidth={"w1": 1.5e6, "w2": 2.5e5}, link_ratio={"w1": 0.1, "w2": 0.01},
+                       link_bytes={"w1": 1000.0, "w2": 200.0}, batch_size=48, capacity=350.0,
+                       knowledge_transfers={"w2": 3})
+    metrics.record_observations("w0", dataclasses.asdict(obs))
+    metrics.record_observations("w0", dataclasses.asdict(dataclasses.replace(
+        obs, link_bytes={"w1": 1500.0, "w2": 200.0}, knowledge_transfers={"w2": 4}, batch_size=64)))
+
+    assert _series(url, "edgestream_link_bandwidth_bytes_per_second", "peer") == {("w0", "w1"): 1.5e6,
+                                                                                  ("w0", "w2"): 2.5e5}
+    assert _series(url, "edgestream_link_ratio", "peer") == {("w0", "w1"): 0.1, ("w0", "w2"): 0.01}
+    assert _series(url, "edgestream_link_bytes_total", "peer") == {("w0", "w1"): 500, ("w0", "w2"): 0}
+    assert _series(url, "edgestream_knowledge_transfers_total", "peer") == {("w0", "w2"): 1}
+    s = scrape(url)
+    assert s.get("edgestream_step_batch_records", worker="w0") == 64
+    assert s.get("edgestream_capacity_samples_per_second", worker="w0") == 350.0
