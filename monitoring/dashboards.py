@@ -60,6 +60,9 @@ class Panel:
     height: int = 8
     stack: bool = False
     max_value: float | None = None
+    #: A Grafana row the panel sits under: a row header is drawn, on a line of its own,
+    #: before the first panel of each run of panels with the same row (None: no row).
+    row: str | None = None
 
     def __post_init__(self) -> None:
         if self.requires not in REQUIREMENTS:
@@ -262,7 +265,40 @@ def training() -> Dashboard:
                 "training", kind="stat", width=12, height=4),
             Panel("Workers ready", (Query(f"max by (worker) ({n(m.worker_ready)}{{{WRK}}})", "{{worker}}"),),
                   "ingest", kind="stat", width=12, height=4),
+            *_dlion_panels(),
         ),
+    )
+
+
+def _dlion_panels() -> tuple[Panel, ...]:
+    """The DLion row: per-link bandwidth estimates, ratios and bytes, dynamic batching,
+    capacity, direct knowledge transfers (``Observations`` of the DLion strategy)."""
+    m = _M
+    row = "DLion"
+    return (
+        Panel("Link bandwidth estimate (DLion)", (
+            Query(f"max by (worker, peer) ({n(m.link_bandwidth)}{{{WRK}}})", "{{worker}} -> {{peer}}"),),
+            "training", "Bps", row=row,
+            description="Each worker's estimate of the bandwidth of its link to each peer"),
+        Panel("Link ratio sent (DLion)", (
+            Query(f"max by (worker, peer) ({n(m.link_ratio)}{{{WRK}}})", "{{worker}} -> {{peer}}"),),
+            "training", "percentunit", max_value=1.0, row=row,
+            description="Share of the gradient's entries the last message on each link carried"),
+        Panel("Bytes per link / s (DLion)", (
+            Query(f"sum by (worker, peer) (rate({n(m.link_bytes)}{{{WRK}}}[{RATE}]))", "{{worker}} -> {{peer}}"),),
+            "training", "Bps", row=row, description="Bytes each worker sends to each peer"),
+        Panel("Step batch size (DLion)", (
+            Query(f"max by (worker) ({n(m.step_batch)}{{{WRK}}})", "{{worker}}"),),
+            "training", row=row, description="Records each worker's next local step takes (dynamic batching)"),
+        Panel("Training capacity (DLion)", (
+            Query(f"max by (worker) ({n(m.capacity)}{{{WRK}}})", "{{worker}}"),),
+            "training", row=row, description="Measured samples per second each worker can train"),
+        Panel("Knowledge transfers (DLion)", (
+            Query(f"sum by (worker, peer) (increase({n(m.knowledge_transfers)}{{{WRK}}}[{RATE}]))",
+                  "{{worker}} <- {{peer}}"),),
+            "training", row=row,
+            description="Models of each sender (peer) merged into each worker's model (direct knowledge "
+                        "transfer), over the rate interval"),
     )
 
 
@@ -361,13 +397,27 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     }
 
 
+def _row_json(title: str, panel_id: int, y: int) -> dict[str, Any]:
+    return {"id": panel_id, "type": "row", "title": title, "collapsed": False, "panels": [],
+            "datasource": _datasource(), "targets": [], "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}}
+
+
 def to_grafana(dash: Dashboard) -> dict[str, Any]:
     panels = []
     x = y = row_h = 0
-    for i, panel in enumerate(dash.panels, start=1):
+    row = None
+    panel_id = 0
+    for panel in dash.panels:
+        if panel.row is not None and panel.row != row:
+            y, row_h = y + row_h, 0
+            panel_id += 1
+            panels.append(_row_json(panel.row, panel_id, y))
+            x, y = 0, y + 1
+        row = panel.row
         if x + panel.width > 24:
             x, y, row_h = 0, y + row_h, 0
-        panels.append(_panel_json(panel, i, x, y))
+        panel_id += 1
+        panels.append(_panel_json(panel, panel_id, x, y))
         x += panel.width
         row_h = max(row_h, panel.height)
     templating = [{

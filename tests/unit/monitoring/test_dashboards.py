@@ -85,3 +85,25 @@ def test_provisioning_points_at_the_dashboards_datasource():
 def test_committed_json_parses():
     for path in Path(DASHBOARD_DIR).glob("*.json"):
         assert json.loads(path.read_text())["panels"]
+
+
+def test_the_dlion_row_sits_below_every_other_panel_of_the_training_dashboard():
+    from monitoring.dashboards import training
+
+    dash = training()
+    doc = to_grafana(dash)
+    rows = [p for p in doc["panels"] if p["type"] == "row"]
+    assert [r["title"] for r in rows] == ["DLion"]
+    row = rows[0]
+    assert row["gridPos"] == {"h": 1, "w": 24, "x": 0, "y": row["gridPos"]["y"]}
+    index = doc["panels"].index(row)
+    above, below = doc["panels"][:index], doc["panels"][index + 1:]
+    assert all(p["gridPos"]["y"] + p["gridPos"]["h"] <= row["gridPos"]["y"] for p in above)
+    assert all(p["gridPos"]["y"] > row["gridPos"]["y"] for p in below)
+    assert all("(DLion)" in p["title"] for p in below) and len(below) == 6
+    dlion = [p for p in dash.panels if p.row == "DLion"]
+    assert [p.title for p in dlion] == [p["title"] for p in below]
+    used = set().union(*(p.metric_names() for p in dlion))
+    assert used == {"edgestream_link_bandwidth_bytes_per_second", "edgestream_link_ratio",
+                    "edgestream_link_bytes_total", "edgestream_step_batch_records",
+                    "edgestream_capacity_samples_per_second", "edgestream_knowledge_transfers_total"}
