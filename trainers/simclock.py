@@ -277,6 +277,11 @@ class CostModel:
     time, in log order, ``n / bandwidth`` after both the append and the previous record.
     Workers beyond the list and the server use ``bandwidth_bytes_per_s`` both ways.
     Without the list only uplinks cost time (downlinks are free), as before.
+
+    ``link_changes`` (optional): a schedule of ``(time_s, worker_index, bytes_per_s)``:
+    from simulated time ``time_s`` on, that worker's host link (up and down) has the new
+    bandwidth (e.g. a link degrading mid-run). A transfer takes the bandwidth in force
+    when it starts, to its end (one message is not split across a change).
     """
 
     compute_base_s: float = 0.01
@@ -285,12 +290,15 @@ class CostModel:
     latency_s: float = 0.002
     bandwidth_bytes_per_s: float = 12.5e6  # 100 Mbit/s
     link_bandwidths_bytes_per_s: tuple[float, ...] = ()
+    link_changes: tuple[tuple[float, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         values = (self.compute_base_s, self.compute_per_record_s, self.latency_s, *self.slowdowns)
-        links = (self.bandwidth_bytes_per_s, *self.link_bandwidths_bytes_per_s)
+        links = (self.bandwidth_bytes_per_s, *self.link_bandwidths_bytes_per_s, *(c[2] for c in self.link_changes))
         if any(not v >= 0 or math.isnan(v) for v in values) or any(not b > 0 for b in links):
             raise ValueError(f"cost model values must be >= 0 and bandwidths > 0: {self}")
+        if any(len(c) != 3 or not c[0] >= 0 or not isinstance(c[1], int) or c[1] < 0 for c in self.link_changes):
+            raise ValueError(f"link_changes entries are (time_s >= 0, worker_index >= 0, bytes_per_s > 0): {self}")
 
     @classmethod
     def zero(cls) -> CostModel:
@@ -306,17 +314,26 @@ class CostModel:
         slowdown = self.slowdowns[worker_index] if worker_index < len(self.slowdowns) else 1.0
         return (self.compute_base_s + self.compute_per_record_s * batch_size) * slowdown
 
-    def link_bandwidth(self, worker_index: int | None) -> float:
-        """Bytes/s of worker ``worker_index``'s host link (None: the server's)."""
+    def link_bandwidth(self, worker_index: int | None, at: float | None = None) -> float:
+        """Bytes/s of worker ``worker_index``'s host link (None: the server's), at simulated
+        time ``at`` (the newest ``link_changes`` entry of that worker at or before it; None:
+        the schedule is ignored)."""
         links = self.link_bandwidths_bytes_per_s
+        bandwidth = self.bandwidth_bytes_per_s
         if worker_index is not None and worker_index < len(links):
-            return links[worker_index]
-        return self.bandwidth_bytes_per_s
+            bandwidth = links[worker_index]
+        if at is not None and worker_index is not None:
+            changed = -math.inf
+            for when, index, value in self.link_changes:
+                if index == worker_index and changed <= when <= at:
+                    changed, bandwidth = when, value
+        return bandwidth
 
-    def transfer_s(self, nbytes: int, worker_index: int | None = None) -> float:
+    def transfer_s(self, nbytes: int, worker_index: int | None = None, at: float | None = None) -> float:
         """Seconds ``nbytes`` take on a link (default: the common ``bandwidth_bytes_per_s``;
-        with ``worker_index``, that worker's host link; None for the server)."""
-        return nbytes / self.link_bandwidth(worker_index)
+        with ``worker_index``, that worker's host link; None for the server) for a transfer
+        starting at ``at`` (``link_changes``)."""
+        return nbytes / self.link_bandwidth(worker_index, at)
 
 
 @dataclass(frozen=True)
@@ -955,7 +972,8 @@ class _Simulation:
             if item.kind == "gradient":
                 self.gradient_messages += 1
                 self.compressed_messages += int(item.compressed)
-            sent_at = max(self.now, worker.uplink_free_at) + self.costs.transfer_s(size, worker.index)
+            starts = max(self.now, worker.uplink_free_at)
+            sent_at = starts + self.costs.transfer_s(size, worker.index, starts)
             worker.uplink_free_at = sent_at
             appended_at = sent_at + self.costs.latency_s
             # The modelled transfer time, known at once (the live runtime measures it).
@@ -974,9 +992,8 @@ class _Simulation:
             # Every subscriber fetches the record over its own link, in log order; only the
             # addressees hand it to their driver when it has arrived.
             for process in subscribers:
-                arrives = max(self.now, process.downlink_free_at) + self.costs.transfer_s(
-                    len(entry.value), process.index
-                )
+                starts = max(self.now, process.downlink_free_at)
+                arrives = starts + self.costs.transfer_s(len(entry.value), process.index, starts)
                 process.downlink_free_at = arrives
                 if entry.to is None or entry.to == process.name:
                     self.events.push(arrives, _DELIVER, (process, entry))

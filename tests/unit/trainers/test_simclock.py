@@ -234,6 +234,28 @@ def test_per_host_links_make_a_slow_hosts_downloads_cost_time(two_streams):
         CostModel(link_bandwidths_bytes_per_s=(1e6, 0.0))
 
 
+def test_a_link_change_applies_from_its_time_on(two_streams):
+    costs = CostModel(link_bandwidths_bytes_per_s=(1e6, 2e5), link_changes=((5.0, 1, 1e4), (8.0, 1, 4e5)))
+    assert costs.link_bandwidth(1) == 2e5  # no time: the static link
+    assert [costs.link_bandwidth(1, t) for t in (0.0, 4.99, 5.0, 7.0, 8.0, 100.0)] == [2e5, 2e5, 1e4, 1e4, 4e5, 4e5]
+    assert costs.link_bandwidth(0, 6.0) == 1e6 and costs.link_bandwidth(None, 6.0) == costs.bandwidth_bytes_per_s
+    assert costs.transfer_s(1000, 1, 6.0) == pytest.approx(0.1)
+    # Host 1's link drops to 10 kB/s at t = 3 s: its ~19 kB gradients and downloads then
+    # take seconds, so the BSP job takes fewer steps than with the link kept.
+    mode = _window(window_s=0.5)
+    config = dataclasses.replace(FAST, time_budget_s=8.0)
+    kept = run(mode, two_streams, dataclasses.replace(CHEAP, link_bandwidths_bytes_per_s=(12.5e6, 12.5e6)), config)
+    dropped = run(mode, two_streams, dataclasses.replace(CHEAP, link_bandwidths_bytes_per_s=(12.5e6, 12.5e6),
+                                                         link_changes=((3.0, 1, 1e4),)), config)
+    assert [e for e in dropped.timeline if e[0] < 3.0] == [e for e in kept.timeline if e[0] < 3.0]  # same before
+    assert dropped.steps < kept.steps / 1.5
+    _assert_accounting(dropped)
+    with pytest.raises(ValueError, match="bandwidth"):
+        CostModel(link_changes=((1.0, 0, 0.0),))
+    with pytest.raises(ValueError, match="link_changes"):
+        CostModel(link_changes=((-1.0, 0, 1e6),))
+
+
 # -- a strategy with a server role (ASP) -------------------------------------------------------
 
 ASP = Mode("asp", "asp", {"max_staleness": 4}, batcher="fixed", batch_size=20, lr=0.05)
