@@ -1,6 +1,6 @@
 """Sync strategies, one module each; importing this package registers them all."""
 
-from trainers.strategies import adsp, asp, bsp, gossip, localsgd, scadles, ssp  # noqa: F401  (registry entries: one line per strategy)
+from trainers.strategies import adsp, asp, bsp, dlion, gossip, localsgd, scadles, ssp  # noqa: F401  (registry entries: one line per strategy)
 from trainers.strategies.base import (
     Observations,
     Outgoing,
