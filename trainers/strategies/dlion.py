@@ -6,10 +6,10 @@ all, point-to-point on the ``inbox`` channel), with three mechanisms, each a par
 paper's ideas, not its code; see docs/training.md):
 
 1. **Weighted dynamic batching** (``weighted_batching``). Each worker measures its
-   capacity online: samples per second over the time it computed or waited for data
-   (time held back by the lag bound excluded), an EWMA over its steps; so the capacity
-   is the smaller of what it can train and what its stream delivers. Capacities ride in
-   every message's ``meta.capacity``. Every ``rebalance_every`` iterations a worker
+   capacity online: the smaller of what it can train (samples per second over the time
+   between its steps minus the time the lag bound held it back) and what its stream
+   delivers (measured on steps that got fewer records than they asked for), EWMAs over
+   its steps. Capacities ride in every message's ``meta.capacity``. Every ``rebalance_every`` iterations a worker
    sets ``b_i = B_total c_i / sum c`` (clamped to ``[min_batch, max_batch]``), but
    only when some capacity moved by more than ``rebalance_threshold`` since the last
    rebalance. Gradients are aggregated with weights ``b_j / sum b``
@@ -345,7 +345,8 @@ class DLionStrategy(SyncStrategy):
         self._last_step_at: float | None = None
         self._blocked_at_last_step = 0.0
         self._iteration_times: deque[float] = deque(maxlen=stats_window)
-        self._capacity: float | None = None
+        self._compute_rate: float | None = None  # samples/s over the time it computed or waited
+        self._stream_rate: float | None = None   # samples/s its stream delivered (short batches only)
 
     # -- who and when ----------------------------------------------------------------------
 
@@ -397,11 +398,12 @@ class DLionStrategy(SyncStrategy):
         if not self._synced:
             raise StrategyError(f"dlion worker {self.worker_id}: local step before it adopted a model")
         own = result.batch_size
+        wanted = self.balancer.batch
         weight = own / self._global_batch(own)
         self.trainer.apply_gradient(result.gradients, lr_scale=self.lr_scale * weight,
                                     buffer_deltas=result.buffer_deltas)
         self._iteration += 1
-        self._observe_step(own)
+        self._observe_step(own, wanted)
         if self.weighted_batching and self.balancer.maybe_rebalance(
                 self._iteration, self.worker_id, self._capacities(), len(self._members)):
             self.counters["rebalances"] += 1
@@ -421,13 +423,19 @@ class DLionStrategy(SyncStrategy):
     def _capacities(self) -> dict[str, float]:
         out = {name: self._peers[name].capacity for name in self.peers
                if name in self._peers and self._peers[name].capacity is not None}
-        if self._capacity is not None:
-            out[self.worker_id] = self._capacity
+        if self.capacity is not None:
+            out[self.worker_id] = self.capacity
         return out  # type: ignore[return-value]
 
-    def _observe_step(self, batch: int) -> None:
-        """Iteration time and capacity from the poll stamps (time held back by the lag
-        bound excluded from the capacity, as in EdgeGossip)."""
+    def _observe_step(self, batch: int, wanted: int) -> None:
+        """Iteration time and capacity from the poll stamps.
+
+        Compute rate: samples over the interval minus the time the lag bound held the
+        worker back (as in EdgeGossip: in lockstep every interval is the same, and a rate
+        of ``b_i / T`` would keep whatever batches there are). Stream rate: a step that got
+        fewer records than it asked for took everything its stream had delivered since the
+        last one, so ``batch / interval`` is what the stream delivers; a full step says
+        the stream keeps up, and the stream rate is forgotten."""
         now = self._now
         if now is None:
             return
@@ -436,11 +444,23 @@ class DLionStrategy(SyncStrategy):
             self._iteration_times.append(interval)
             working = interval - (self._blocked_s - self._blocked_at_last_step)
             if working > 0:
-                observed = batch / working
-                self._capacity = observed if self._capacity is None else (
-                    (1 - self.rate_alpha) * self._capacity + self.rate_alpha * observed)
+                self._compute_rate = self._ewma(self._compute_rate, batch / working)
+            if batch >= wanted:
+                self._stream_rate = None
+            elif interval > 0:
+                self._stream_rate = self._ewma(self._stream_rate, batch / interval)
         self._last_step_at = now
         self._blocked_at_last_step = self._blocked_s
+
+    def _ewma(self, value: float | None, observed: float) -> float:
+        return observed if value is None else (1 - self.rate_alpha) * value + self.rate_alpha * observed
+
+    @property
+    def capacity(self) -> float | None:
+        """Samples/s this worker trains: its compute rate, or what its stream delivers if less."""
+        if self._compute_rate is None:
+            return None
+        return self._compute_rate if self._stream_rate is None else min(self._compute_rate, self._stream_rate)
 
     def iteration_time(self) -> float:
         times = self._iteration_times
@@ -459,8 +479,8 @@ class DLionStrategy(SyncStrategy):
 
     def _meta(self, peer: str) -> dict[str, Any]:
         meta: dict[str, Any] = {"incarnation": self._incarnation, "batch": self.balancer.batch}
-        if self._capacity is not None:
-            meta["capacity"] = self._capacity
+        if self.capacity is not None:
+            meta["capacity"] = self.capacity
         if self._score is not None:
             meta["score"] = self._score
         inbound = self._inbound.get(peer)
@@ -726,7 +746,8 @@ class DLionStrategy(SyncStrategy):
                          "rebalances": self.balancer.rebalances, "total_batch": self.balancer.total_batch},
             "time": {"now": self._now, "blocked_s": self._blocked_s, "blocked_at_poll": self._blocked_at_poll,
                      "last_step_at": self._last_step_at, "blocked_at_last_step": self._blocked_at_last_step,
-                     "iteration_times": list(self._iteration_times), "capacity": self._capacity},
+                     "iteration_times": list(self._iteration_times), "compute_rate": self._compute_rate,
+                     "stream_rate": self._stream_rate},
         })
         return state
 
@@ -766,7 +787,7 @@ class DLionStrategy(SyncStrategy):
         self._last_step_at = time["last_step_at"]
         self._blocked_at_last_step = float(time["blocked_at_last_step"])
         self._iteration_times = deque((float(t) for t in time["iteration_times"]), maxlen=self._iteration_times.maxlen)
-        self._capacity = time["capacity"]
+        self._compute_rate, self._stream_rate = time["compute_rate"], time["stream_rate"]
 
     def observations(self) -> Observations:
         mean = math.fsum(self._iteration_times) / len(self._iteration_times) if self._iteration_times else None
@@ -778,7 +799,7 @@ class DLionStrategy(SyncStrategy):
             link_ratio=dict(self._ratio),
             link_bytes={name: float(v) for name, v in self._link_bytes.items()},
             batch_size=self.balancer.batch,
-            capacity=self._capacity,
+            capacity=self.capacity,
             knowledge_transfers={name: float(v) for name, v in self._transfers_in.items()},
         )
 
@@ -789,7 +810,9 @@ class DLionStrategy(SyncStrategy):
             "iteration": self._iteration,
             "incarnation": self._incarnation,
             "batch_size": self.balancer.batch,
-            "capacity_samples_per_s": self._capacity,
+            "capacity_samples_per_s": self.capacity,
+            "compute_samples_per_s": self._compute_rate,
+            "stream_samples_per_s": self._stream_rate,
             "capacities": self._capacities(),
             "rebalances": self.balancer.rebalances,
             "iteration_time_s": self.iteration_time(),

@@ -147,8 +147,9 @@ def test_the_balancer_sets_batches_proportional_to_capacity_and_only_on_a_large_
 
 
 def test_capacity_comes_from_poll_times_without_the_time_the_lag_bound_held_the_worker():
-    # 10 samples per step, 1 s computing then 1 s blocked by b: capacity 10 samples/s.
-    strategy = _strategy(members=("a", "b"), max_lag=0, rate_alpha=1.0)
+    # 10 samples per step (all it asks for), 1 s computing then 1 s blocked by b:
+    # capacity 10 samples/s.
+    strategy = _strategy(members=("a", "b"), max_lag=0, rate_alpha=1.0, batch_size=10)
     for k in range(3):
         strategy.poll(2.0 * k)
         _step(strategy, batch=10)
@@ -160,6 +161,21 @@ def test_capacity_comes_from_poll_times_without_the_time_the_lag_bound_held_the_
     assert stats["capacity_samples_per_s"] == pytest.approx(10.0)
     assert stats["blocked_seconds"] == pytest.approx(3.0)
     assert stats["iteration_time_s"] == pytest.approx(2.0)
+
+
+def test_a_stream_slower_than_the_compute_caps_the_capacity_until_batches_fill_again():
+    strategy = _strategy(members=("a", "b"), max_lag=None, rate_alpha=1.0, batch_size=32)
+    for k in range(3):  # 8 of the 32 records it asks for every 2 s; computing takes 0.5 s
+        strategy.poll(2.0 * k)
+        _step(strategy, batch=8)
+    strategy.poll(4.5)
+    stats = strategy.stats()
+    assert stats["compute_samples_per_s"] == pytest.approx(4.0)  # nothing held it back
+    assert stats["stream_samples_per_s"] == pytest.approx(4.0)
+    strategy.poll(5.0)
+    _step(strategy, batch=32)  # a full batch: the stream keeps up, only compute counts
+    assert strategy.stats()["stream_samples_per_s"] is None
+    assert strategy.capacity == pytest.approx(32.0)
 
 
 def test_capacities_ride_in_metadata_and_set_the_batch_every_k_iterations():
