@@ -20,7 +20,9 @@ paper's ideas, not its code; see docs/training.md):
    ``meta.link_bw``; before any report the sender's produce-acknowledged time
    (``on_transfer``) stands in, and before that ``initial_bandwidth``. Each iteration
    the worker sends peer ``j`` the largest-magnitude entries of ``residual_ij + g``
-   that fit ``budget_safety * bandwidth_ij * iteration_time`` bytes (at least
+   that fit ``budget_safety * bandwidth_ij * compute_time`` bytes (the mean time of its
+   recent iterations not held back by the lag bound: communication overlaps the next
+   step) (at least
    ``min_ratio`` of the entries), a *partial* message: only those entries travel
    (``meta.sparse``, the driver's lossless sparse encoding), and tensors without any
    selected entry are left out. What is left stays in ``residual_ij`` and goes later:
@@ -79,21 +81,31 @@ TENSOR_OVERHEAD_BYTES = 64
 
 
 class LinkEstimate:
-    """EWMA of one link's throughput in bytes/s from ``(bytes, seconds)`` observations.
+    """EWMA of one link's throughput in bytes/s from ``(bytes, seconds)`` transfers.
 
-    The estimate of a transfer is ``bytes / seconds`` with the latency included: on a
-    link of bandwidth ``B`` and latency ``L``, a sender sizing its messages as ``estimate
-    x t`` settles at ``B (t - L)``, the most the link delivers within ``t`` (no spiral to
-    zero while ``t > L``)."""
+    A transfer of ``n`` bytes on a link of bandwidth ``B`` and latency ``L`` takes ``L +
+    n / B`` (plus queueing). Messages are pipelined, so the latency is not charged to
+    the budget: the floor ``L`` is the shortest of the previous ``window`` transfers, and
+    a transfer's throughput is ``n / (seconds - floor)``, at most ``max_gain`` times the
+    plain ``n / seconds`` (a transfer hardly longer than the floor says little; a message
+    sized by the estimate then grows until its time on the wire shows, and messages are
+    never larger than the dense gradient). With a compute time ``c`` per message the
+    estimate settles at ``B`` while ``c > L / max_gain``. The first transfer counts plainly. Invariant: every observation taken
+    is positive and finite."""
 
-    def __init__(self, alpha: float = 0.3, value: float | None = None) -> None:
+    def __init__(self, alpha: float = 0.3, value: float | None = None, *, window: int = 64,
+                 max_gain: float = 16.0) -> None:
         self.alpha = alpha
         self.value = value
+        self.max_gain = max_gain
+        self._recent: deque[float] = deque(maxlen=window)
 
     def observe(self, nbytes: int, seconds: float) -> float | None:
         if nbytes <= 0 or not (seconds > 0 and math.isfinite(seconds)):
             return self.value
-        rate = nbytes / seconds
+        on_wire = max(seconds - min(self._recent), seconds / self.max_gain) if self._recent else seconds
+        self._recent.append(seconds)
+        rate = nbytes / on_wire
         self.value = rate if self.value is None else self.alpha * rate + (1 - self.alpha) * self.value
         return self.value
 
@@ -281,7 +293,7 @@ class DLionStrategy(SyncStrategy):
         change that triggers a rebalance; ``rate_alpha`` the capacity EWMA weight.
         Exchange: ``prioritised=false`` sends every peer the whole gradient (dense);
         ``initial_bandwidth`` bytes/s before a link was measured; ``link_alpha`` the
-        bandwidth EWMA weight; ``budget_safety`` the share of ``bandwidth x iteration
+        bandwidth EWMA weight; ``budget_safety`` the share of ``bandwidth x compute
         time`` a message may take; ``min_ratio`` the least share of entries sent;
         ``initial_iteration_s`` the iteration time assumed before one was measured.
         Knowledge transfer: every ``transfer_every`` iterations, merge weight
@@ -345,6 +357,7 @@ class DLionStrategy(SyncStrategy):
         self._last_step_at: float | None = None
         self._blocked_at_last_step = 0.0
         self._iteration_times: deque[float] = deque(maxlen=stats_window)
+        self._work_times: deque[float] = deque(maxlen=stats_window)
         self._compute_rate: float | None = None  # samples/s over the time it computed or waited
         self._stream_rate: float | None = None   # samples/s its stream delivered (short batches only)
 
@@ -435,7 +448,9 @@ class DLionStrategy(SyncStrategy):
         of ``b_i / T`` would keep whatever batches there are). Stream rate: a step that got
         fewer records than it asked for took everything its stream had delivered since the
         last one, so ``batch / interval`` is what the stream delivers; a full step says
-        the stream keeps up, and the stream rate is forgotten."""
+        the stream delivers at least ``batch / interval`` (a lower bound the estimate is
+        raised to). Compute time: the interval minus the time held back, what the links
+        have to carry a message while the next step is computed."""
         now = self._now
         if now is None:
             return
@@ -445,10 +460,11 @@ class DLionStrategy(SyncStrategy):
             working = interval - (self._blocked_s - self._blocked_at_last_step)
             if working > 0:
                 self._compute_rate = self._ewma(self._compute_rate, batch / working)
-            if batch >= wanted:
-                self._stream_rate = None
-            elif interval > 0:
+                self._work_times.append(working)
+            if batch < wanted and interval > 0:
                 self._stream_rate = self._ewma(self._stream_rate, batch / interval)
+            elif self._stream_rate is not None and interval > 0:
+                self._stream_rate = max(self._stream_rate, batch / interval)
         self._last_step_at = now
         self._blocked_at_last_step = self._blocked_s
 
@@ -464,6 +480,12 @@ class DLionStrategy(SyncStrategy):
 
     def iteration_time(self) -> float:
         times = self._iteration_times
+        return math.fsum(times) / len(times) if times else self.initial_iteration_s
+
+    def compute_time(self) -> float:
+        """Mean seconds of a recent iteration not held back by the lag bound (computing or
+        waiting for data): the time a message has to reach its peer."""
+        times = self._work_times
         return math.fsum(times) / len(times) if times else self.initial_iteration_s
 
     def link_bandwidth(self, peer: str) -> float:
@@ -492,7 +514,7 @@ class DLionStrategy(SyncStrategy):
         meta = self._meta(peer)
         total = sum(int(t.numel()) for t in gradient.values())
         if self.prioritised:
-            budget = self.budget_safety * self.link_bandwidth(peer) * self.iteration_time()
+            budget = self.budget_safety * self.link_bandwidth(peer) * self.compute_time()
             k = entries_for_budget(budget, total, len(gradient), max(1, math.ceil(self.min_ratio * total)))
             link = self._links.get(peer)
             if link is None:
@@ -746,7 +768,8 @@ class DLionStrategy(SyncStrategy):
                          "rebalances": self.balancer.rebalances, "total_batch": self.balancer.total_batch},
             "time": {"now": self._now, "blocked_s": self._blocked_s, "blocked_at_poll": self._blocked_at_poll,
                      "last_step_at": self._last_step_at, "blocked_at_last_step": self._blocked_at_last_step,
-                     "iteration_times": list(self._iteration_times), "compute_rate": self._compute_rate,
+                     "iteration_times": list(self._iteration_times), "work_times": list(self._work_times),
+                     "compute_rate": self._compute_rate,
                      "stream_rate": self._stream_rate},
         })
         return state
@@ -787,6 +810,7 @@ class DLionStrategy(SyncStrategy):
         self._last_step_at = time["last_step_at"]
         self._blocked_at_last_step = float(time["blocked_at_last_step"])
         self._iteration_times = deque((float(t) for t in time["iteration_times"]), maxlen=self._iteration_times.maxlen)
+        self._work_times = deque((float(t) for t in time["work_times"]), maxlen=self._work_times.maxlen)
         self._compute_rate, self._stream_rate = time["compute_rate"], time["stream_rate"]
 
     def observations(self) -> Observations:
@@ -816,6 +840,7 @@ class DLionStrategy(SyncStrategy):
             "capacities": self._capacities(),
             "rebalances": self.balancer.rebalances,
             "iteration_time_s": self.iteration_time(),
+            "compute_time_s": self.compute_time(),
             "blocked_seconds": self._blocked_s,
             "score": self._score,
             "links": {name: {"bandwidth_bytes_per_s": self.link_bandwidth(name), "ratio": self._ratio.get(name),

@@ -115,15 +115,27 @@ def test_a_budget_buys_entries_at_least_the_minimum_and_all_once_dense_is_no_lar
     assert entries_for_budget(DENSE_ENTRY_BYTES * 100_000 + 4096, 100_000, 4, 10) == 100_000
 
 
-def test_a_bandwidth_estimate_sized_by_itself_settles_at_what_the_link_delivers_in_an_iteration():
-    bandwidth, latency, iteration = 1e6, 0.05, 0.5
-    estimate = LinkEstimate(alpha=0.3, value=1e9)  # wildly optimistic start
-    size = estimate.value * iteration
-    for _ in range(60):
-        size = estimate.value * iteration
-        estimate.observe(int(size), latency + size / bandwidth)
-    assert size == pytest.approx(bandwidth * (iteration - latency), rel=0.02)
+def test_a_bandwidth_estimate_sized_by_itself_settles_at_the_bandwidth_with_latency_pipelined():
+    bandwidth, latency, compute = 1e6, 0.05, 0.02  # latency longer than a step
+    for start in (1e9, 100.0):  # wildly optimistic, or pessimistic
+        estimate = LinkEstimate(alpha=0.3, value=start)
+        estimate.observe(100, latency + 100 / bandwidth)  # a small message shows the latency
+        for _ in range(60):
+            size = estimate.value * compute
+            estimate.observe(int(size), latency + size / bandwidth)
+        assert estimate.value == pytest.approx(bandwidth, rel=0.02), start
     assert estimate.observe(0, 1.0) == estimate.value and estimate.observe(10, 0.0) == estimate.value
+    assert estimate.observe(10, math.nan) == estimate.value
+
+
+def test_a_transfer_hardly_longer_than_the_floor_raises_the_estimate_at_most_16_fold():
+    estimate = LinkEstimate(alpha=1.0)
+    estimate.observe(1000, 0.1)
+    assert estimate.value == pytest.approx(10_000.0)  # the first: plainly
+    estimate.observe(1000, 0.3)  # 0.2 s on the wire beyond the 0.1 s floor
+    assert estimate.value == pytest.approx(5000.0)
+    estimate.observe(1000, 0.1)
+    assert estimate.value == pytest.approx(160_000.0)  # 1000 B / (0.1 s / 16)
 
 
 def test_steps_seen_keep_a_floor_and_refuse_repeats_in_any_order():
@@ -173,8 +185,9 @@ def test_a_stream_slower_than_the_compute_caps_the_capacity_until_batches_fill_a
     assert stats["compute_samples_per_s"] == pytest.approx(4.0)  # nothing held it back
     assert stats["stream_samples_per_s"] == pytest.approx(4.0)
     strategy.poll(5.0)
-    _step(strategy, batch=32)  # a full batch: the stream keeps up, only compute counts
-    assert strategy.stats()["stream_samples_per_s"] is None
+    _step(strategy, batch=32)
+    # A full batch: the stream delivers at least 32 in that 1 s, the bound rises to it.
+    assert strategy.stats()["stream_samples_per_s"] == pytest.approx(32.0)
     assert strategy.capacity == pytest.approx(32.0)
 
 
