@@ -22,9 +22,21 @@ ablations, plus the zero-wait oracle:
                            LR 0.3 per local step, asynchronous (max_lag unset); point-to-point inbox
   edgegossip               + balanced batches b_i = B_total r_i / sum r (B_total = 64 N, window batcher
                            with 0.3 s windows), data- and accuracy-weighted mixing, plateau LR decay
+  dlion                    DLion (trainers/strategies/dlion.py): all-to-all gradient exchange, one optimizer
+                           step per gradient at LR 0.3 x b_j / sum b; weighted dynamic batching (B_total = 64 N,
+                           window batcher with 0.3 s windows, b_i in [4, 256]), per-link prioritised partial
+                           messages with per-link residuals, knowledge transfer (the best node's model merged
+                           with lambda 0.5 into nodes > 2 points worse, every 20 iterations); max_lag 2
+  dlion-wb                 dlion without weighted batching (fixed b_i = 64 per node: weighted_batching=false)
+  dlion-prio               dlion without the prioritised exchange (every peer gets the dense gradient:
+                           prioritised=false)
+  dlion-kt                 dlion without knowledge transfer (knowledge_transfer=false)
   oracle                   BSP on window batches at zero compute and transfer cost
 
-The gossip rows have no server and no common model: every worker evaluates its own
+The dlion rows' parameters differing from the strategy's defaults are ``dlion_params``
+(``Settings.dlion_*``; benchmarks/dlion.py has the full comparison and why).
+
+The gossip and dlion rows have no server and no common model: every worker evaluates its own
 model (``RunConfig.evaluate_workers``) and their accuracy is the mean of the nodes'
 held-out accuracies (benchmarks/gossip.py has the full comparison).
 
@@ -109,11 +121,18 @@ SLOWDOWN = (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 #: repeated for ten hosts.
 NETWORK_MBIT = (100.0, 100.0, 20.0, 20.0, 5.0, 5.0, 1.0, 1.0, 100.0, 100.0)
 EQUAL_MBIT = 100.0
+#: DLion's prioritised exchange in the dlion rows: the strategy's defaults, stated (flags of
+#: benchmarks/dlion.py; its results/dlion.md has a sweep of ``budget_safety``).
+MIN_RATIO = 0.001
+BUDGET_SAFETY = 0.9
 ROWS = ("bsp", "asp", "ssp(s=3)", "ssp(s=40)", "adsp", "localsgd", "scadles", "scadles+compress",
-        "scadles+compress+inject", "gossip", "edgegossip")
+        "scadles+compress+inject", "gossip", "edgegossip", "dlion", "dlion-wb", "dlion-prio", "dlion-kt")
+#: DLion and its ablations: each row switches one part off (benchmarks/dlion.py).
+DLION_ROWS = {"dlion": {}, "dlion-wb": {"weighted_batching": False}, "dlion-prio": {"prioritised": False},
+              "dlion-kt": {"knowledge_transfer": False}}
 #: Serverless rows without identical replicas: every worker's model is evaluated and the
 #: job's accuracy is the mean of the nodes' (``RunConfig.evaluate_workers``).
-MEAN_OF_NODES_ROWS = ("gossip", "edgegossip")
+MEAN_OF_NODES_ROWS = ("gossip", "edgegossip", *DLION_ROWS)
 PARTITIONS = ("iid", "dirichlet")
 COST_MODELS = ("default", "calibrated")
 
@@ -170,6 +189,8 @@ class Settings:
     localsgd_period_steps: int = 4
     gossip_topology: str = "ring"
     edge_window_s: float = 0.3
+    dlion_min_ratio: float = MIN_RATIO
+    dlion_budget_safety: float = BUDGET_SAFETY
     repeats: int = 3
     first_seed: int = 0
 
@@ -212,6 +233,10 @@ def row_modes(streams: simclock.StreamSet, s: Settings) -> dict[str, simclock.Mo
                                     {"topology": s.gossip_topology, "batch_size": BATCH, "max_batch": 256},
                                     batcher="window", window_s=s.edge_window_s, max_batch=256),
     }
+    for row, off in DLION_ROWS.items():
+        # DLion's own batch rule through the window batcher (a step takes up to b_i records).
+        out[row] = simclock.Mode(row, "dlion", {**dlion_params(s), **off}, batcher="window", window_s=s.edge_window_s,
+                                 max_batch=256)
     configured = {m.strategy for m in out.values()}
     for name in strategies.names():
         if name not in configured:
@@ -230,6 +255,15 @@ def adsp_params(s: Settings) -> dict[str, Any]:
             "search": True}
 
 
+def dlion_params(s: Settings) -> dict[str, Any]:
+    """DLion's parameters in every dlion row: b_i = 64 before capacities are known and
+    B_total = 64 N (as BSP's 64 per device), b_i in [4, 256]; ``min_ratio`` and
+    ``budget_safety`` from the settings (benchmarks/dlion.py: why they differ from the
+    strategy's defaults); the rest the strategy's defaults."""
+    return {"batch_size": BATCH, "min_batch": 4, "max_batch": 256, "min_ratio": s.dlion_min_ratio,
+            "budget_safety": s.dlion_budget_safety}
+
+
 def _preferred_batcher(name: str) -> str | None:
     from trainers.local import LocalTrainer
     from trainers.models import build_model
@@ -243,7 +277,7 @@ def _preferred_batcher(name: str) -> str | None:
 
 
 def unconfigured_strategies() -> list[str]:
-    configured = {"bsp", "asp", "ssp", "adsp", "localsgd", "scadles", "gossip", "edgegossip"}
+    configured = {"bsp", "asp", "ssp", "adsp", "localsgd", "scadles", "gossip", "edgegossip", "dlion"}
     return [name for name in strategies.names() if name not in configured]
 
 
@@ -571,7 +605,11 @@ def rows_line(s: Settings) -> str:
             f"average (momentum kept locally); scadles rows: {s.window_s:g} s windows, batch cap {MAX_BATCH}, linear LR "
             f"scaling; gossip: {s.gossip_topology}, fixed batch {BATCH}, LR {s.lr:g} per local step, asynchronous; "
             f"edgegossip: the same graph, balanced b_i = {BATCH} N r_i / sum r through {s.edge_window_s:g} s windows, "
-            f"data- and accuracy-weighted mixing, plateau LR decay; gossip rows' accuracy is the mean of the nodes' "
+            f"data- and accuracy-weighted mixing, plateau LR decay; dlion: all-to-all gradients, LR {s.lr:g} x b_j / "
+            f"sum b per gradient, b_i = {BATCH} N c_i / sum c through {s.edge_window_s:g} s windows, prioritised partial "
+            f"messages (min ratio {s.dlion_min_ratio:g}, budget safety {s.dlion_budget_safety:g}), knowledge transfer, "
+            f"max_lag 2; dlion-wb / -prio / -kt: without weighted batching / prioritised exchange / knowledge "
+            f"transfer; gossip and dlion rows' accuracy is the mean of the nodes' "
             f"held-out accuracies (each evaluates its own model) (benchmarks/strategies.py has the details).")
 
 
