@@ -84,6 +84,9 @@ log = logging.getLogger(__name__)
 MAX_QUEUED_BATCHES = 16
 #: Changes of the live set kept for the process's summary (``training.json``).
 MEMBERSHIP_LOG_SIZE = 200
+#: Steps' worth of messages a strategy with ``background_sends`` may have queued before
+#: the training loop waits for its uplink.
+BACKGROUND_SEND_DEPTH = 4
 
 
 #: Channels with one topic per job, read by every subscriber (``inbox`` is per recipient).
@@ -310,6 +313,11 @@ class TrainingRuntime:
         self.settle: Callable[..., Awaitable[None]] | None = None
         #: Set by the ingest driver (``IngestDriver.snapshot``): what a checkpoint stores of ingest.
         self.ingest_snapshot: Callable[[], dict[str, Any]] | None = None
+        #: Strategies with ``background_sends``: (messages, batches to settle after them) for
+        #: the sender task, in order; a bounded queue (a slow uplink backpressures training).
+        self._outbox: asyncio.Queue[tuple[list[Outbound], list[Batch], float]] | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._sender_error: BaseException | None = None
         self.stats = TrainingStats()
         metrics.init_worker(name)
         self._last_eval = 0.0
@@ -379,6 +387,7 @@ class TrainingRuntime:
         """Save a checkpoint. Raises ``CheckpointRefused`` if the model state is unsound
         (non-finite): the worker must not go on training on it, so the train loop crashes
         and a restart restores the last good checkpoint."""
+        await self._flush()  # every step in it has published its messages and settled its records
         offsets, meta = self._checkpoint_payload()
         await self._call(self.checkpoints.save, self.trainer, self.strategy, offsets, meta)
         self.stats.last_checkpoint_step = self.stats.steps
@@ -436,7 +445,8 @@ class TrainingRuntime:
         sensor_dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
         source = app.topic(*read, key_serializer="raw", value_serializer="raw")
 
-        async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes) -> None:
+        async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes,
+                          timestamp: float | None = None) -> None:
             if channel == "inbox":
                 # The recipient is the message's ``to`` (the driver's encoder sets the header).
                 to = headers[HEADER_TO].decode()
@@ -447,7 +457,7 @@ class TrainingRuntime:
                         channel_topic(job, "inbox", to), key_serializer="raw", value_serializer="raw"))
             else:
                 target = publish_topics[channel]
-            fut = await target.send(key=key, value=value, headers=headers)
+            fut = await target.send(key=key, value=value, headers=headers, timestamp=timestamp)
             await fut
             self.stats.count_out(channel, len(value))
 
@@ -717,11 +727,8 @@ class TrainingRuntime:
             self.metrics.injected_records.labels(self.name).inc(stepped.injected)
         self._record_prequential(parts, stepped)
         self._log_vote(stepped.vote_switched_to)
-        await self._send(stepped.outbound)
-        # The batch is trained (its update is published): now its records are settled.
-        assert self.settle is not None
-        for batch in parts:
-            await self.settle(batch, CONSUMED)
+        # Once its update is published, the batch's records are settled.
+        await self._send(stepped.outbound, settle=parts)
         await self._count_towards_checkpoint()
 
     def _record_prequential(self, parts: list[Batch], stepped: Stepped) -> None:
@@ -778,12 +785,55 @@ class TrainingRuntime:
             log.info("%s: the compression vote switches to %s from model version %d", self.name,
                      "compressed" if switched_to else "dense", self.trainer.version)
 
-    async def _send(self, outbound: list[Outbound]) -> None:
+    async def _send(self, outbound: list[Outbound], *, settle: list[Batch] | None = None) -> None:
+        """Publish ``outbound`` in order, then settle the records of ``settle`` (consumed).
+
+        With the strategy's ``background_sends`` the sender task does it, so the next step
+        does not wait for the uplink (the simulated clock's model: a message leaves while
+        the next step computes); order is kept, and checkpoints and shutdown wait for it."""
+        if self._sender_error is not None:
+            raise RuntimeError(f"{self.name}: sending failed") from self._sender_error
+        if not self.strategy.background_sends:
+            await self._publish_all(outbound, settle or [], None)
+            return
+        if self._outbox is None:
+            self._outbox = asyncio.Queue(maxsize=BACKGROUND_SEND_DEPTH)
+            self._sender = asyncio.get_running_loop().create_task(self._send_in_background())
+        if outbound or settle:
+            # Stamped now: the record's timestamp (CreateTime) and the transfer time count
+            # from when the step produced the message, its wait behind earlier ones included
+            # (what a peer's produce-to-consume measure of the link must see).
+            await self._outbox.put((outbound, settle or [], time.time()))
+
+    async def _send_in_background(self) -> None:
+        assert self._outbox is not None
+        while True:
+            outbound, settle, queued_at = await self._outbox.get()
+            try:
+                if self._sender_error is None:
+                    await self._publish_all(outbound, settle, queued_at)
+            except Exception as exc:  # the train loop raises it at its next send or checkpoint
+                log.error("%s: sending failed: %s", self.name, exc)
+                self._sender_error = exc
+                if self.wakeup is not None:
+                    self.wakeup.set()
+            finally:
+                self._outbox.task_done()
+
+    async def _flush(self) -> None:
+        """Wait until every queued message is published and its records settled."""
+        if self._outbox is not None:
+            await self._outbox.join()
+        if self._sender_error is not None:
+            raise RuntimeError(f"{self.name}: sending failed") from self._sender_error
+
+    async def _publish_all(self, outbound: list[Outbound], settle: list[Batch], queued_at: float | None) -> None:
+        """``queued_at``: wall time the messages were produced (None: now, for each)."""
         assert self.publish is not None
         for item in outbound:
-            started = time.monotonic()
-            await self.publish(item.channel, item.value, item.headers, self.name.encode())
-            await self._call(self.driver.transferred, item, time.monotonic() - started)
+            started = time.time() if queued_at is None else queued_at
+            await self.publish(item.channel, item.value, item.headers, self.name.encode(), queued_at)
+            await self._call(self.driver.transferred, item, max(0.0, time.time() - started))
             if item.setting is not None:
                 self.metrics.compression_setting.labels(self.name).set(item.setting)
             self.stats.bytes_sent += len(item.value)
@@ -791,6 +841,10 @@ class TrainingRuntime:
                 self.metrics.record_sent(self.name, item.codec, len(item.value), item.dense_bytes)
             else:
                 self.metrics.gradient_bytes_sent.labels(self.name, item.codec).inc(len(item.value))
+        if settle:
+            assert self.settle is not None
+            for batch in settle:
+                await self.settle(batch, CONSUMED)
 
     async def _evaluate(self) -> None:
         if not self.strategy.evaluates_model:
@@ -817,6 +871,8 @@ class TrainingRuntime:
             await self._checkpoint()
         except CheckpointRefused as exc:  # keep the last good ones; say so
             log.error("%s: final checkpoint refused, the last good one stays: %s", self.name, exc)
+        if self._sender is not None:  # flushed by the checkpoint
+            self._sender.cancel()
         stats = await self._call(self.driver.stats)
         digest = await self._call(self.trainer.parameter_digest)
         return {

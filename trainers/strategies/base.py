@@ -176,6 +176,11 @@ class SyncStrategy(ABC):
     evaluates_model: ClassVar[bool] = True
     #: The batcher mode the strategy is designed for (``window`` for ScaDLES); None: any.
     preferred_batcher: ClassVar[str | None] = None
+    #: Whether the live runtime publishes this strategy's messages from a sender task (in
+    #: order, settling each step's records once its messages are out), so the next local step
+    #: does not wait for the uplink, as on the simulated clock; checkpoints wait for the
+    #: queue (DLion: a message sized for a link goes while the next step computes).
+    background_sends: ClassVar[bool] = False
     #: Whether worker replicas at the same model version hold bitwise identical parameters,
     #: whatever the delivery order and duplicates (BSP, ScaDLES); the conformance suite
     #: (tests/unit/trainers/test_strategy_conformance.py) checks it when True.

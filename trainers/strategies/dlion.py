@@ -257,6 +257,7 @@ class DLionStrategy(SyncStrategy):
     name = "dlion"
     role = "worker"
     subscribes = ("inbox",)
+    background_sends = True
 
     def __init__(
         self,
@@ -420,7 +421,11 @@ class DLionStrategy(SyncStrategy):
         if self.weighted_batching and self.balancer.maybe_rebalance(
                 self._iteration, self.worker_id, self._capacities(), len(self._members)):
             self.counters["rebalances"] += 1
-        out = [self._gradient_to(name, result.gradients, own) for name in self.peers]
+        # The peers in an order rotating with the iteration: messages of one step leave one
+        # after another, and a shared uplink's queue must not always fall on the same links.
+        peers = self.peers
+        turn = self._iteration % len(peers) if peers else 0
+        out = [self._gradient_to(name, result.gradients, own) for name in peers[turn:] + peers[:turn]]
         out.extend(self._transfers())
         return out
 
