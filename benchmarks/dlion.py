@@ -16,6 +16,7 @@ downloads charged on each host's link. Rows (benchmarks/strategies.py's, same na
   dlion-wb     dlion without weighted batching     (``weighted_batching=false``)
   dlion-prio   dlion without the prioritised exchange (``prioritised=false``: dense to every peer)
   dlion-kt     dlion without knowledge transfer    (``knowledge_transfer=false``)
+  dlion-base   all three off: dense all-to-all SGD with the lag bound (the ablations' floor)
 
 The ablation rows run at ``--ablation-nodes`` (default 8). Accuracy of the serverless
 rows is the mean of the nodes' held-out accuracies (every node evaluates its own model,
@@ -84,7 +85,7 @@ LINKS_MBIT = (100.0, 100.0, 20.0, 20.0, 5.0, 5.0, 1.0, 1.0)
 NODES = (8, 16, 32)
 MAIN_ROWS = ("bsp", "gossip", "edgegossip", "dlion")
 ABLATIONS = {"dlion-wb": "weighted batching", "dlion-prio": "prioritised exchange",
-             "dlion-kt": "knowledge transfer"}
+             "dlion-kt": "knowledge transfer", "dlion-base": "all three"}
 DEGRADED_ROWS = ("bsp", "gossip", "dlion")
 #: The dlion strategy with its link ratios sampled at every evaluation (the degraded-link runs).
 TRACED = "dlion[traced]"
@@ -210,7 +211,7 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
         "node_acc_at_budget": {w: matrix.accuracy_at([(t, a, 0) for t, a in tl], s.acc_budget_s)
                                for w, tl in report.worker_timelines.items()},
         "accuracy_timeline": [(round(t, 3), round(a, 4)) for t, a, _ in report.timeline],
-        "dlion": obs, "traces": traces,
+        "dlion": obs, "traces": traces, "dlion_code": _code_version("trainers/strategies/dlion.py"),
         "wall_s": time.monotonic() - started,
     }
 
@@ -403,10 +404,12 @@ def follow(samples: list[tuple[float, int, float]], at: float) -> dict[str, Any]
     b = statistics.median(before)
     a = statistics.median(r for _, _, r in after_all[-max(1, len(after_all) // 4):])
     start = next((it for t, it, _ in samples if t >= at), None)
+    if abs(b - a) < 0.05:
+        return {"before": b, "after": a, "seconds": None, "iterations": None, "changed": False}
     tol = 0.1 * abs(b - a) + 0.01
     hit = next(((t, it) for t, it, r in after_all if abs(r - a) <= tol), None)
     return {"before": b, "after": a, "seconds": None if hit is None else hit[0] - at,
-            "iterations": None if hit is None or start is None else hit[1] - start}
+            "iterations": None if hit is None or start is None else hit[1] - start, "changed": True}
 
 
 def link_series(run: dict[str, Any], host: str) -> dict[str, list[tuple[float, int, float]]]:
@@ -449,14 +452,23 @@ def degraded_markdown(raw: list[dict[str, Any]], s: Settings) -> str:
                   "of the run; how long until 90 % of the way, in simulated s and the sender's iterations):", "",
                   "| seed | link | ratio before | ratio after | s to follow | iterations to follow |",
                   "|---:|---|---:|---:|---:|---:|"]
+        note = len(lines)
+        unchanged: list[str] = []
         for r in traced:
             for link, series in sorted(link_series(r, host).items()):
                 f = follow(series, s.degrade_at_s)
                 if f is None:
                     continue
+                if not f["changed"]:
+                    unchanged.append(link)
+                    continue
                 lines.append(f"| {r['seed']} | {link} | {f['before']:.3f} | {f['after']:.3f} "
                              f"| {gossip_bench._f3(f['seconds'])} "
                              f"| {'-' if f['iterations'] is None else f['iterations']} |")
+        lines.append("")
+        lines.append(f"Links whose ratio moved by less than 0.05 (left out): {len(unchanged)} of "
+                     f"{len(unchanged) + len(lines) - note - 1} (all seeds). `-`: not within 10 % of the new level "
+                     f"before the end.")
     return "\n".join(lines)
 
 
@@ -561,6 +573,17 @@ def plots(raw: list[dict[str, Any]], cells: dict[str, Any], s: Settings, out: Pa
     return paths
 
 
+def _code_version(path: str) -> str:
+    """The last commit of ``path`` (and "+ uncommitted changes" if the tree differs from it)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    commit = git("log", "-1", "--format=%h %s", "--", path)[:100]
+    return commit + (" + uncommitted changes" if git("status", "--short", "--", path) else "")
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -627,7 +650,9 @@ def main() -> None:
     cells = summarise(raw, s)
     verdicts = goals(cells, s)
     command = "python benchmarks/dlion.py " + " ".join(sys.argv[1:])
-    md = (f"## DLion vs BSP and gossip (simulated clock)\n\nCommand: `{command}`\n\n" + main_markdown(cells, s, seeds, seconds)
+    versions = sorted({r.get("dlion_code") or "not recorded" for r in raw})
+    md = (f"## DLion vs BSP and gossip (simulated clock)\n\nCommand: `{command}`; trainers/strategies/dlion.py at "
+          f"{'; '.join(versions)}\n\n" + main_markdown(cells, s, seeds, seconds)
           + "\n\n" + ablation_markdown(cells, s) + "\n\n" + degraded_markdown(raw, s)
           + "\n\n### The paper's claims (SEEDS.md section 4) against the medians\n\n"
           + "\n".join(f"- {v}" for v in verdicts) + "\n")
@@ -644,7 +669,8 @@ def main() -> None:
         "versions": {"torch": torch.__version__, "numpy": np.__version__},
         "settings": asdict(s), "seeds": seeds, "nodes": nodes, "ablation_nodes": ablation_nodes,
         "partitions": partitions, "rows": rows, "slowdowns": list(SLOWDOWNS), "links_mbit": list(LINKS_MBIT),
-        "dlion_params": matrix.dlion_params(_ms(s)), "cost_model": asdict(simclock.CostModel()),
+        "dlion_params": matrix.dlion_params(_ms(s)),
+        "cost_model": asdict(simclock.CostModel()),
         "accuracy": "mean of the nodes' held-out accuracies (each node evaluates its own model); BSP: its model",
         "sweep_seconds": seconds, "jobs": args.jobs, "goals": verdicts, "runs": raw, "cells": cells,
     }, indent=1, default=str))

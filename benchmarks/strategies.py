@@ -128,8 +128,11 @@ BUDGET_SAFETY = 0.9
 ROWS = ("bsp", "asp", "ssp(s=3)", "ssp(s=40)", "adsp", "localsgd", "scadles", "scadles+compress",
         "scadles+compress+inject", "gossip", "edgegossip", "dlion", "dlion-wb", "dlion-prio", "dlion-kt")
 #: DLion and its ablations: each row switches one part off (benchmarks/dlion.py).
+#: ``dlion-base`` (all three off: dense all-to-all SGD with the lag bound) is benchmarks/dlion.py's
+#: reference for them, not a matrix row.
 DLION_ROWS = {"dlion": {}, "dlion-wb": {"weighted_batching": False}, "dlion-prio": {"prioritised": False},
-              "dlion-kt": {"knowledge_transfer": False}}
+              "dlion-kt": {"knowledge_transfer": False},
+              "dlion-base": {"weighted_batching": False, "prioritised": False, "knowledge_transfer": False}}
 #: Serverless rows without identical replicas: every worker's model is evaluated and the
 #: job's accuracy is the mean of the nodes' (``RunConfig.evaluate_workers``).
 MEAN_OF_NODES_ROWS = ("gossip", "edgegossip", *DLION_ROWS)
