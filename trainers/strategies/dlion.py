@@ -179,6 +179,15 @@ class StepSet:
             self.above.discard(self.floor)
         return True
 
+    def raise_floor(self, step: int) -> None:
+        """Count every step up to ``step`` as seen."""
+        if step > self.floor:
+            self.floor = step
+            self.above = {s for s in self.above if s > step}
+            while self.floor + 1 in self.above:
+                self.floor += 1
+                self.above.discard(self.floor)
+
     @property
     def newest(self) -> int:
         return max(self.floor, *self.above) if self.above else self.floor
@@ -643,6 +652,12 @@ class DLionStrategy(SyncStrategy):
             if buffers:
                 self.trainer.set_buffers(buffers)
             self._iteration = max(self._iteration, msg.step)
+            if self.max_lag is not None:
+                # The adopted model holds what its sender had of every peer: their older
+                # gradients are in it, and waiting for them would deadlock (the peers wait
+                # for this worker's first step of the new numbering).
+                for name in self.peers:
+                    self._peer(name).steps.raise_floor(self._iteration - self.max_lag)
             self._synced = True
             self._awaiting_adopt = False
             self.counters["adopted_models"] += 1

@@ -143,6 +143,8 @@ def test_steps_seen_keep_a_floor_and_refuse_repeats_in_any_order():
     assert [seen.add(s) for s in (2, 1, 2, 4, 3, 1)] == [True, True, False, True, True, False]
     assert seen.floor == 4 and not seen.above and seen.newest == 4
     assert seen.add(7) and seen.newest == 7
+    seen.raise_floor(6)
+    assert seen.floor == 7 and not seen.above and not seen.add(5)
 
 
 # -- weighted dynamic batching ----------------------------------------------------------------
@@ -371,10 +373,10 @@ def test_without_knowledge_transfer_no_model_is_sent():
 
 
 def test_a_restored_worker_asks_one_peer_for_its_model_and_adopts_it():
-    a = _strategy(max_lag=None)
+    a = _strategy(max_lag=2)
     _step(a)
     saved = a.state_dict()
-    restored = _strategy(seed=5, max_lag=None)
+    restored = _strategy(seed=5, max_lag=2)
     restored.load_state_dict(saved)
     hellos = restored.on_restore()
     assert sorted((o.to, o.message.kind, o.message.meta["op"], o.message.meta["ask"], o.message.meta["incarnation"])
@@ -392,6 +394,8 @@ def test_a_restored_worker_asks_one_peer_for_its_model_and_adopts_it():
     restored.on_message(answers[0][0].message)
     assert torch.equal(_flat(restored.trainer.get_parameters()), _flat(b.trainer.get_parameters()))
     assert restored.iteration == 4 and restored.counters["adopted_models"] == 1
+    # Peers' older gradients are in the adopted model: it does not wait for them (max_lag 2).
+    assert restored.stats()["iteration"] == 4 and all(restored._peers[p].steps.floor >= 2 for p in ("b", "c"))
     restored.on_message(answers[0][0].message)  # a second copy is not adopted again
     assert restored.counters["adopted_models"] == 1
 

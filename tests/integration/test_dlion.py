@@ -1,0 +1,144 @@
+"""DLion on the real broker in the edge testbed (root): three workers, each on its own host.
+
+One run: the workers train with ``dlion`` (per-link prioritised exchange, weighted batching,
+knowledge transfer) on label-skewed digits; once each took some steps, ``w2``'s host link
+is degraded from unshaped to 1 Mbit/s (``Testbed.fault("w2", "degrade", ...)``). The share
+of the gradient every link to and from ``w2`` carries (``edgestream_link_ratio``, scraped
+from each worker) must drop within a bounded number of ``w2``'s iterations, while the link
+between the two others stays whole. Then ``w1`` is killed (SIGKILL); the supervisor
+restarts it from its checkpoint; it asks a peer for its model, adopts it, and trains again.
+The run must learn and account for every record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.testbed.links import parse_link
+from monitoring.scrape import scrape
+from pipeline.run import RunContext, run_job
+from pipeline.testbed_run import open_testbed
+from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
+
+pytestmark = pytest.mark.integration
+
+WORKERS = ("w0", "w1", "w2")
+SLOW = "w2"
+#: Links whose share must drop once SLOW's host is degraded, and the one that must not.
+SLOW_LINKS = (("w0", "w2"), ("w1", "w2"), ("w2", "w0"), ("w2", "w1"))
+FAST_LINK = ("w0", "w1")
+#: The most of w2's iterations the per-link shares may take to follow the new link.
+FOLLOW_ITERATIONS = 40
+
+DLION_JOB = (
+    "train.strategy=dlion",
+    "train.strategy_params=batch_size=32,min_batch=8,max_batch=128,transfer_every=10",
+    "train.max_step_batch=128",
+    "train.momentum=0.5",
+    "train.heartbeat_s=0.5",
+    "train.member_timeout_s=4",
+    "data.partition=dirichlet",
+    "run.duration_s=120",  # a cap: the hook ends streaming once every event happened
+    "run.drain_timeout_s=60",
+    "run.restart_backoff_s=0.5",
+    "testbed.enabled=true",
+    "testbed.brokers=1",
+)
+
+
+def _sample(ctx: RunContext) -> dict:
+    row: dict = {"t": time.monotonic()}
+    for name in WORKERS:
+        w = ctx.worker(name)
+        s = scrape(w.metrics_url, timeout_s=1.0) if w.metrics_url else None
+        row[name] = None if s is None else {
+            "steps": int(s.get("edgestream_steps_total", worker=name)),
+            "ratio": {peer: s.get("edgestream_link_ratio", -1.0, worker=name, peer=peer)
+                      for peer in WORKERS if peer != name},
+        }
+    return row
+
+
+def _ratio(row: dict, link: tuple[str, str]) -> float:
+    sender, peer = link
+    return -1.0 if row[sender] is None else row[sender]["ratio"][peer]
+
+
+def degrade_then_kill(ctx: RunContext, seen: dict) -> None:
+    timeline: list[dict] = []
+    seen["timeline"] = timeline
+
+    def sample() -> dict:
+        timeline.append(_sample(ctx))
+        return timeline[-1]
+
+    def reported(row: dict) -> bool:
+        return all(row[n] is not None and row[n]["steps"] >= 15 for n in WORKERS) and all(
+            _ratio(row, link) >= 0 for link in (*SLOW_LINKS, FAST_LINK))
+
+    def ready() -> dict | None:
+        row = sample()
+        return row if reported(row) else None
+
+    before = wait_until(ready, 120, "every worker to take 15 steps and report its link shares")
+    seen["before"] = {f"{a}->{b}": _ratio(before, (a, b)) for a, b in (*SLOW_LINKS, FAST_LINK)}
+    ctx.testbed.fault(SLOW, "degrade", parse_link("1mbit"))
+    degraded_at = before[SLOW]["steps"]
+
+    def followed() -> dict | None:
+        row = sample()
+        shares = [_ratio(row, link) for link in SLOW_LINKS]
+        return row if all(0 <= r <= 0.5 for r in shares) else None
+
+    after = wait_until(followed, 90, f"the shares of {SLOW}'s links to drop below half")
+    seen["after"] = {f"{a}->{b}": _ratio(after, (a, b)) for a, b in (*SLOW_LINKS, FAST_LINK)}
+    seen["followed_after_iterations"] = after[SLOW]["steps"] - degraded_at
+    # The fast pair keeps its whole gradient (sampled a while after the degradation).
+    seen["fast_link_after"] = _ratio(after, FAST_LINK)
+
+    ctx.kill("w1")
+    def trains_again() -> bool:
+        row = sample()
+        return row["w1"] is not None and row["w1"]["steps"] >= 5
+
+    wait_until(trains_again, 90, "w1 to be restarted and to train 5 steps")
+    ctx.stop_streaming()
+
+
+def test_dlion_in_the_testbed_follows_a_degraded_link_survives_a_kill_and_balances(unique, state_dir):
+    subnet = f"10.78.{2 * random.randrange(10, 120)}.0/24"  # its own block, beside other testbeds
+    cfg = train_job(unique, state_dir, *DLION_JOB, f"testbed.subnet={subnet}")
+    seen: dict = {}
+    with open_testbed(cfg, console=quiet()) as session:
+        result = run_job(cfg, session.bootstrap, console=quiet(), live=False, testbed=session.testbed,
+                         on_streaming=lambda ctx: degrade_then_kill(ctx, seen))
+    show(result)
+    evidence = {k: v for k, v in seen.items() if k != "timeline"}
+    print("dlion evidence:", json.dumps(evidence))
+    if os.environ.get("EDGESTREAM_EVIDENCE_DIR"):
+        out = Path(os.environ["EDGESTREAM_EVIDENCE_DIR"]) / "dlion_testbed.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        t0 = seen["timeline"][0]["t"] if seen.get("timeline") else 0.0
+        out.write_text(json.dumps({**evidence, "timeline": [{**r, "t": round(r["t"] - t0, 2)}
+                                                            for r in seen.get("timeline", [])]}, indent=1))
+
+    assert result.balanced
+    assert [d["process"] for d in result.deaths] == ["w1"] and result.restarted == ["w1"]
+    # The shares followed the degraded link within a bounded number of iterations.
+    assert all(v > 0.5 for k, v in seen["before"].items()), seen["before"]
+    assert seen["followed_after_iterations"] <= FOLLOW_ITERATIONS, seen
+    assert seen["fast_link_after"] > 0.5, seen
+    trained = workers_of(result)
+    stats = {name: t["strategy_stats"] for name, t in trained.items()}
+    # The restarted worker adopted a peer's model (hello -> adopt) and trained on.
+    assert stats["w1"]["counters"].get("adopted_models", 0) >= 1, stats["w1"]["counters"]
+    assert stats["w1"]["incarnation"] >= 1
+    # It learned, on label-skewed streams (chance is 0.1).
+    accuracies = [t["accuracy"] for t in trained.values()]
+    assert min(accuracies) >= 0.6, accuracies
