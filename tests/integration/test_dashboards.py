@@ -12,10 +12,12 @@ checked through Prometheus too: mixing weights summing to 1, a lag per neighbour
 consensus-distance panel's query equal to ``sketch_spread`` of the sketches it reads.
 
 A second test runs ``edgestream run``'s ``run_job`` with training (a server and 2 workers;
-once with SSP, whose worker and server are ASP's plus clocks, once with ADSP) and checks every panel while it streams, so the training,
+once with SSP, whose worker and server are ASP's plus clocks, once with ADSP; and 2 DLion
+workers without a server) and checks every panel while it streams, so the training,
 sync and compression panels whose metrics the training runtime records are series-checked
 too, including each strategy's own numbers (ADSP: commits from its timer, local steps per
-commit, C, the loss-curve fit; SSP: blocked time, clock gap).
+commit, C, the loss-curve fit; SSP: blocked time, clock gap; DLion: per-link shares,
+bandwidth estimates and bytes, batch sizes, capacities, knowledge transfers).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from pipeline.simulate import simulate
 from streams import topics
 from streams.garbage import KINDS
 from trainers.consensus import sketch_spread
+from trainers.strategies import roles
 
 pytestmark = pytest.mark.integration
 
@@ -357,6 +360,22 @@ TRAINING_RUNS = {
         panels=("Time blocked by the sync rule (SSP, gossip)", "Clock gap (SSP)"),
         observed={"blocked seconds": "edgestream_blocked_seconds_total", "commits": "edgestream_commits_total",
                   "clock gap": "edgestream_clock_gap_steps"}),
+    # DLion with 2 workers (no server): per-link shares, batches, capacities, and knowledge
+    # transfers every 5 iterations to any worker scoring below the other
+    "dlion": TrainingRun(
+        ("train.strategy=dlion", "train.strategy_params=batch_size=16,min_batch=4,max_batch=64,transfer_every=5,"
+         "transfer_gap=0,rebalance_every=5", "workers.slowdown=1,2"),
+        ready=('count(edgestream_link_ratio{job="worker"}) == 2',
+               'count(edgestream_link_bandwidth_bytes_per_second{job="worker"}) == 2',
+               'count(edgestream_capacity_samples_per_second{job="worker"}) == 2',
+               'count(edgestream_step_batch_records{job="worker"}) == 2',
+               'min(count_over_time(edgestream_link_bytes_total[1m])) >= 3',
+               'sum(edgestream_knowledge_transfers_total{job="worker"}) > 0'),
+        panels=("Link bandwidth estimate (DLion)", "Link ratio sent (DLion)", "Bytes per link / s (DLion)",
+                "Step batch size (DLion)", "Training capacity (DLion)", "Knowledge transfers (DLion)"),
+        observed={"ratio": "edgestream_link_ratio", "batch": "edgestream_step_batch_records",
+                  "capacity": "edgestream_capacity_samples_per_second",
+                  "transfers": "edgestream_knowledge_transfers_total"}),
 }
 
 
@@ -407,7 +426,8 @@ def test_training_panels_have_series_in_a_training_run(kafka_bootstrap, unique, 
     report_checks(checked, tmp_path / "dashboard-check.json")
     print(f"{strategy} observed through Prometheus: {json.dumps(box['observed'], sort_keys=True)}")
     assert not failures, "\n".join(failures)
-    assert box["server_up"], "the server is scraped as job=server"
+    if "server" in roles(cfg.train.strategy):
+        assert box["server_up"], "the server is scraped as job=server"
     by_panel = {(c["dashboard"], c["panel"]): c for c in checked if "panel" in c}
     # what the training runtime records for this strategy must be series-checked, not skipped
     for title in (*TRAINING_PANELS, *run.panels):
@@ -419,6 +439,9 @@ def test_training_panels_have_series_in_a_training_run(kafka_bootstrap, unique, 
         assert all(observed["commits"][w] > 0 for w in ("w0", "w1")), observed
         assert {observed["C"][w] for w in ("server", "w0", "w1")} <= set(range(2, 5)), observed
         assert observed["fit"], observed
+    if strategy == "dlion":
+        assert all(0 < v <= 1 for v in observed["ratio"].values()) and len(observed["ratio"]) == 2, observed
+        assert sum(observed["transfers"].values()) > 0, observed
     if strategy == "ssp":
         assert observed["blocked seconds"]["w0"] + observed["blocked seconds"]["w1"] > 0, observed
         assert 0 <= observed["clock gap"]["server"] <= 1, observed  # s + 1
