@@ -42,7 +42,8 @@ def make_runtime(tmp_path):
         runtime = TrainingRuntime(cfg, "w0", data, metrics, tmp_path / "state" / "w0")
         sent: list[tuple[str, str]] = []
 
-        async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes) -> None:
+        async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes,
+                          timestamp: float | None = None) -> None:
             sent.append((channel, headers[HEADER_KIND].decode()))
 
         async def settle(batch: Batch, state: str, reason: str | None = None) -> None:
