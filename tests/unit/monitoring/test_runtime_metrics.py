@@ -140,3 +140,49 @@ def test_gossip_observations_are_exported_per_peer_and_per_sketch_index(make_run
     assert s.get("edgestream_iteration_cv_ratio", worker="w0") == pytest.approx(0.0)
     assert 0 <= s.get("edgestream_idle_ratio", worker="w0", default=-1) <= 1
     assert s.get("edgestream_steps_total", worker="w0") == 4
+
+
+def test_background_sends_keep_order_settle_after_publishing_and_checkpoints_wait(tmp_path):
+    """A strategy with ``background_sends`` (DLion): its steps do not wait for the uplink, its
+    messages leave in order from the sender task, each step's records are settled only after
+    its messages are out, a checkpoint waits for the queue, and a failed send fails the loop."""
+    cfg = load_config(overrides=[f"run.state_dir={tmp_path / 'state'}", "devices.count=2", "workers.count=2",
+                                 "train.enabled=true", "train.model=mlp", "train.strategy=dlion",
+                                 f"train.strategy_params=batch_size={BATCH},max_lag=100",
+                                 "train.checkpoint_every_steps=1000"], env={})
+    data = job_fleet_data(cfg)
+    runtime = TrainingRuntime(cfg, "w0", data, Metrics(), tmp_path / "state" / "w0")
+    events: list[tuple[str, object]] = []
+    gate = asyncio.Event()
+    fail = {"now": False}
+
+    async def publish(channel: str, value: bytes, headers: dict[str, bytes], key: bytes,
+                      timestamp: float | None = None) -> None:
+        await gate.wait()
+        if fail["now"]:
+            raise ConnectionError("broker gone")
+        events.append(("sent", headers[HEADER_KIND].decode()))
+
+    async def settle(batch: Batch, state: str, reason: str | None = None) -> None:
+        events.append(("settled", int(batch.records.seq[0])))
+
+    runtime.publish, runtime.settle = publish, settle
+    runtime.ensure_topics = None
+
+    async def scenario() -> None:
+        for step in range(3):
+            runtime.pending.put(_batch(data, BATCH * step))
+            await runtime._step()  # returns although nothing could be published yet
+        assert events == [] and runtime.stats.steps == 3
+        gate.set()
+        await runtime._checkpoint()  # waits for the queue
+        assert runtime.checkpoints.candidates() and runtime.stats.last_checkpoint_step == 3
+        fail["now"] = True
+        runtime.pending.put(_batch(data, BATCH * 3))
+        await runtime._step()
+        with pytest.raises(RuntimeError, match="sending failed"):
+            await runtime._flush()
+
+    asyncio.run(scenario())
+    assert events == [("sent", "gradient"), ("settled", 0), ("sent", "gradient"), ("settled", BATCH),
+                      ("sent", "gradient"), ("settled", 2 * BATCH)]
