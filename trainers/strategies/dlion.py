@@ -45,7 +45,9 @@ incarnation; a gradient is applied at most once per ``(sender, incarnation, step
 Restarts and joiners: a worker restored from a checkpoint (``on_restore``) becomes a new
 incarnation and says ``hello`` to every peer, naming one (the smallest id) that answers
 with its model, which the restored worker adopts (its clock jumps to the sender's); a
-joiner waits for that model before its first step. Peers drop the link residual and the
+joiner waits for that model before its first step; a worker that gets a gradient more
+than ``max_lag + 1`` iterations ahead of its own (it was cut off) asks that peer the same
+way. Peers drop the link residual and the
 duplicate record of a worker that says hello.
 
 Pure and synchronous: no clock (time comes from ``poll``), no I/O.
@@ -618,6 +620,14 @@ class DLionStrategy(SyncStrategy):
         if not self._synced:
             self.counters["gradients_before_model"] += 1  # our model (adopted next) holds it
             return []
+        out: list[Outgoing] = []
+        if (self.max_lag is not None and not self._awaiting_adopt
+                and msg.step > self._iteration + self.max_lag + 1):
+            # A peer far ahead (we were cut off, or left and came back): catching up step by
+            # step would hold every peer back; ask it for its model instead.
+            self._awaiting_adopt = True
+            self.counters["far_behind"] += 1
+            out.append(self._hello(msg.sender, msg.sender))
         # One optimizer step per peer gradient, weighted b_j / sum b (entries the message
         # does not carry are zero: they come later, from the sender's link residual).
         weight = msg.batch_size / self._global_batch(self.balancer.batch)
@@ -626,7 +636,7 @@ class DLionStrategy(SyncStrategy):
         self.trainer.apply_gradient(full, lr_scale=self.lr_scale * weight)
         self.counters["gradients_applied"] += 1
         self.staleness.record(max(0, self._iteration - msg.step))
-        return []
+        return out
 
     def _note_meta(self, peer: _Peer, msg: UpdateMessage) -> None:
         meta = msg.meta

@@ -412,6 +412,16 @@ def test_a_joiner_asks_for_a_model_and_waits_for_it():
     assert joiner.can_train() and joiner.iteration == 3
 
 
+def test_a_worker_far_behind_a_peer_asks_it_for_its_model_once():
+    strategy = _strategy(max_lag=2)
+    assert strategy.on_message(_gradient_from("b", step=3)) == []  # within max_lag + 1
+    out = strategy.on_message(_gradient_from("b", step=9))
+    assert [(o.to, o.message.kind, o.message.meta["ask"]) for o in out] == [("b", "control", "b")]
+    assert strategy.on_message(_gradient_from("c", step=12)) == []  # asked already
+    strategy.on_message(_model_from("b", seed=3, step=9, adopt=True))
+    assert strategy.iteration == 9 and strategy.counters["adopted_models"] == 1 and strategy.can_train()
+
+
 def test_membership_changes_drop_departed_peers_and_scale_the_total_batch():
     strategy = _strategy(batch_size=10)
     strategy.on_transfer("c", 100, 1.0)
