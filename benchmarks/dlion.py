@@ -1,6 +1,8 @@
 """DLion against BSP and gossip, with its ablations (issue #18; SEEDS.md section 4), on the simulated clock.
 
-N workers (``--nodes``, default 8, 16 and 32), one per device, on heterogeneous hosts:
+N workers (``--nodes``: 8 and 16 by default, about 12 min at ``--jobs 1``; add 32 with
+``--nodes 8,16,32 --resume``, about 20 min more: asynchronous DLion's all-to-all traffic
+makes a 32-node run cost minutes of wall time), one per device, on heterogeneous hosts:
 links ``100 100 20 20 5 5 1 1`` Mbit/s and compute slowdowns ``1 1 2 2 4 4 8 8``, both
 repeated to N (host i has the i-th entry of each), streams at the ScaDLES rates ``92 38
 62 42 48 88 90 22 44 28`` records/s times ``--scale`` (2) repeated to N; digits IID and
@@ -38,17 +40,20 @@ evaluation, for w2's links both ways; the table says how many of the sender's
 iterations the ratio took to get 90 % of the way to its new level.
 
 Parameters: the dlion rows take the strategy's defaults (``min_ratio`` 0.001,
-``budget_safety`` 0.9; ``--min-ratio``, ``--budget-safety`` to change them), with
-``batch_size`` 64 (B_total = 64 N, as BSP's 64 per device) and ``b_i`` in [4, 256].
+``budget_safety`` 0.9; ``--min-ratio``, ``--budget-safety``) except ``max_lag``: None
+(asynchronous, as the gossip rows; ``--max-lag 2`` for the strategy's default, with which
+every node waits for the slowest link most of the time), with ``batch_size`` 64
+(B_total = 64 N, as BSP's 64 per device) and ``b_i`` in [4, 256]; ``--dlion-params``
+sets any other.
 
 Writes benchmarks/results/dlion.{json,md}, dlion_accuracy.png (accuracy vs simulated
 time per row), dlion_scaling.png (TTA ratios and accuracy gaps vs N) and
 dlion_degraded.png (the ratios over time). Never asserts.
 
-    python benchmarks/dlion.py [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--nodes 8,16,32] [--ablation-nodes 8]
+    python benchmarks/dlion.py [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--nodes 8,16] [--ablation-nodes 8]
         [--partitions iid,dirichlet] [--rows ...] [--budget 60] [--acc-budget 30] [--scale 2]
         [--degrade-at 20] [--degrade-host 2] [--degrade-mbit 1] [--no-degraded]
-        [--min-ratio 0.001] [--budget-safety 0.9] [--quick] [--out PATH] [--log RUNS.jsonl [--resume]]
+        [--min-ratio 0.001] [--budget-safety 0.9] [--max-lag none] [--dlion-params max_lag=null,...] [--quick] [--out PATH] [--log RUNS.jsonl [--resume]]
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ from trainers import simclock  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 SLOWDOWNS = (1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 8.0, 8.0)
 LINKS_MBIT = (100.0, 100.0, 20.0, 20.0, 5.0, 5.0, 1.0, 1.0)
-NODES = (8, 16, 32)
+NODES = (8, 16)
 MAIN_ROWS = ("bsp", "gossip", "edgegossip", "dlion")
 ABLATIONS = {"dlion-wb": "weighted batching", "dlion-prio": "prioritised exchange",
              "dlion-kt": "knowledge transfer", "dlion-base": "all three"}
@@ -106,6 +111,9 @@ class Settings:
     edge_window_s: float = 0.3
     dlion_min_ratio: float = matrix.MIN_RATIO
     dlion_budget_safety: float = matrix.BUDGET_SAFETY
+    dlion_max_lag: int | None = matrix.Settings.dlion_max_lag
+    dlion_extra: str = ""
+    """More dlion parameters for every dlion row, ``key=value,...`` (values as JSON), e.g. ``max_lag=null``."""
     degrade_at_s: float = 20.0
     degrade_host: int = 2
     degrade_mbit: float = 1.0
@@ -138,11 +146,23 @@ def mode_for(row: str, streams: simclock.StreamSet, s: Settings, traced: bool = 
     ms = replace(matrix.Settings(), lr=s.lr, momentum=s.momentum, gossip_topology=s.topology,
                  edge_window_s=s.edge_window_s, dlion_min_ratio=s.dlion_min_ratio,
                  dlion_budget_safety=s.dlion_budget_safety)
+    ms = replace(ms, dlion_max_lag=s.dlion_max_lag)
     mode = matrix.row_modes(streams, ms)[row]
+    if mode.strategy == "dlion" and s.dlion_extra:
+        mode = replace(mode, strategy_params={**mode.strategy_params, **extra_params(s.dlion_extra)})
     if traced and mode.strategy == "dlion":
         _register_traced()
         mode = replace(mode, strategy=TRACED)
     return mode
+
+
+def extra_params(text: str) -> dict[str, Any]:
+    """``key=value,...`` with JSON values (``max_lag=null,transfer_every=10``)."""
+    out = {}
+    for item in (x for x in text.split(",") if x):
+        key, _, value = item.partition("=")
+        out[key.strip()] = json.loads(value)
+    return out
 
 
 def _register_traced() -> None:
@@ -211,7 +231,7 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
         "node_acc_at_budget": {w: matrix.accuracy_at([(t, a, 0) for t, a in tl], s.acc_budget_s)
                                for w, tl in report.worker_timelines.items()},
         "accuracy_timeline": [(round(t, 3), round(a, 4)) for t, a, _ in report.timeline],
-        "dlion": obs, "traces": traces, "dlion_code": _code_version("trainers/strategies/dlion.py"),
+        "dlion": obs, "traces": traces, "dlion_code": DLION_CODE,
         "wall_s": time.monotonic() - started,
     }
 
@@ -306,8 +326,9 @@ def main_markdown(cells: dict[str, Any], s: Settings, seeds: list[int], seconds:
         f"charged), digits MLP (held-out 20 %), N workers one per device; host i: link "
         f"{' '.join(f'{x:g}' for x in LINKS_MBIT)} Mbit/s, slowdown {' '.join(f'{x:g}' for x in SLOWDOWNS)} "
         f"(repeated to N), rates ScaDLES x {s.scale:g} repeated. LR {s.lr:g}, momentum {s.momentum:g}; rows as in "
-        f"benchmarks/strategies.py; dlion: {json.dumps(matrix.dlion_params(_ms(s)))} (the rest the strategy's "
-        f"defaults: max_lag 2, transfer every 20 iterations, lambda 0.5, gap 0.02). Accuracy = mean of the nodes' "
+        f"benchmarks/strategies.py; dlion: {json.dumps({**matrix.dlion_params(_ms(s)), **extra_params(s.dlion_extra)})}"
+        f" (the rest the strategy's "
+        f"defaults: transfer every 20 iterations, lambda 0.5, gap 0.02). Accuracy = mean of the nodes' "
         f"held-out accuracies (BSP: its model); target {s.target:.0%} held for 3 evaluations (every "
         f"{s.eval_every_s:g} s), budget {s.budget_s:g} s, accuracy read at {s.acc_budget_s:g} s. Seeds "
         f"{', '.join(map(str, seeds))}: medians (min-max). Ratios < 1 are faster; `>x` / `<x`: censored at the budget "
@@ -360,7 +381,8 @@ def ablation_markdown(cells: dict[str, Any], s: Settings) -> str:
 
 
 def _ms(s: Settings) -> matrix.Settings:
-    return replace(matrix.Settings(), dlion_min_ratio=s.dlion_min_ratio, dlion_budget_safety=s.dlion_budget_safety)
+    return replace(matrix.Settings(), dlion_min_ratio=s.dlion_min_ratio, dlion_budget_safety=s.dlion_budget_safety,
+                   dlion_max_lag=s.dlion_max_lag)
 
 
 def goals(cells: dict[str, Any], s: Settings) -> list[str]:
@@ -584,6 +606,10 @@ def _code_version(path: str) -> str:
     return commit + (" + uncommitted changes" if git("status", "--short", "--", path) else "")
 
 
+#: The strategy's code this process runs (taken at import, as the strategy module is).
+DLION_CODE = _code_version("trainers/strategies/dlion.py")
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -603,6 +629,10 @@ def main() -> None:
     parser.add_argument("--min-ratio", type=float, default=Settings.dlion_min_ratio, help="dlion's min_ratio")
     parser.add_argument("--budget-safety", type=float, default=Settings.dlion_budget_safety,
                         help="dlion's budget_safety")
+    parser.add_argument("--max-lag", type=lambda v: None if v.lower() in ("none", "null", "") else int(v),
+                        default=Settings.dlion_max_lag, help="dlion's max_lag (none: asynchronous, the default here)")
+    parser.add_argument("--dlion-params", default="", metavar="KEY=JSON,...",
+                        help="more parameters of every dlion row, e.g. max_lag=null,transfer_every=10")
     parser.add_argument("--degrade-at", type=float, default=Settings.degrade_at_s, help="simulated s of the drop")
     parser.add_argument("--degrade-host", type=int, default=Settings.degrade_host, help="host index whose link drops")
     parser.add_argument("--degrade-mbit", type=float, default=Settings.degrade_mbit, help="its link after the drop")
@@ -615,7 +645,8 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     s = Settings(budget_s=args.budget, acc_budget_s=min(args.acc_budget, args.budget), scale=args.scale,
-                 dlion_min_ratio=args.min_ratio, dlion_budget_safety=args.budget_safety, degrade_at_s=args.degrade_at,
+                 dlion_min_ratio=args.min_ratio, dlion_budget_safety=args.budget_safety,
+                 dlion_max_lag=args.max_lag, dlion_extra=args.dlion_params, degrade_at_s=args.degrade_at,
                  degrade_host=args.degrade_host, degrade_mbit=args.degrade_mbit, repeats=args.repeats)
     nodes = [int(x) for x in args.nodes.split(",") if x]
     ablation_nodes = [int(x) for x in args.ablation_nodes.split(",") if x]

@@ -26,7 +26,8 @@ ablations, plus the zero-wait oracle:
                            step per gradient at LR 0.3 x b_j / sum b; weighted dynamic batching (B_total = 64 N,
                            window batcher with 0.3 s windows, b_i in [4, 256]), per-link prioritised partial
                            messages with per-link residuals, knowledge transfer (the best node's model merged
-                           with lambda 0.5 into nodes > 2 points worse, every 20 iterations); max_lag 2
+                           with lambda 0.5 into nodes > 2 points worse, every 20 iterations);
+                           asynchronous (max_lag None; the strategy's default is 2)
   dlion-wb                 dlion without weighted batching (fixed b_i = 64 per node: weighted_batching=false)
   dlion-prio               dlion without the prioritised exchange (every peer gets the dense gradient:
                            prioritised=false)
@@ -194,6 +195,7 @@ class Settings:
     edge_window_s: float = 0.3
     dlion_min_ratio: float = MIN_RATIO
     dlion_budget_safety: float = BUDGET_SAFETY
+    dlion_max_lag: int | None = None
     repeats: int = 3
     first_seed: int = 0
 
@@ -260,11 +262,13 @@ def adsp_params(s: Settings) -> dict[str, Any]:
 
 def dlion_params(s: Settings) -> dict[str, Any]:
     """DLion's parameters in every dlion row: b_i = 64 before capacities are known and
-    B_total = 64 N (as BSP's 64 per device), b_i in [4, 256]; ``min_ratio`` and
-    ``budget_safety`` from the settings (benchmarks/dlion.py: why they differ from the
-    strategy's defaults); the rest the strategy's defaults."""
+    B_total = 64 N (as BSP's 64 per device), b_i in [4, 256]; ``min_ratio``,
+    ``budget_safety`` and ``max_lag`` from the settings: asynchronous (``max_lag`` None,
+    as the gossip rows) instead of the strategy's default 2, with which every node waits
+    for the slowest link most of the time (benchmarks/results/dlion.md has both); the rest
+    the strategy's defaults."""
     return {"batch_size": BATCH, "min_batch": 4, "max_batch": 256, "min_ratio": s.dlion_min_ratio,
-            "budget_safety": s.dlion_budget_safety}
+            "budget_safety": s.dlion_budget_safety, "max_lag": s.dlion_max_lag}
 
 
 def _preferred_batcher(name: str) -> str | None:
@@ -611,7 +615,7 @@ def rows_line(s: Settings) -> str:
             f"data- and accuracy-weighted mixing, plateau LR decay; dlion: all-to-all gradients, LR {s.lr:g} x b_j / "
             f"sum b per gradient, b_i = {BATCH} N c_i / sum c through {s.edge_window_s:g} s windows, prioritised partial "
             f"messages (min ratio {s.dlion_min_ratio:g}, budget safety {s.dlion_budget_safety:g}), knowledge transfer, "
-            f"max_lag 2; dlion-wb / -prio / -kt: without weighted batching / prioritised exchange / knowledge "
+            f"max_lag {s.dlion_max_lag}; dlion-wb / -prio / -kt: without weighted batching / prioritised exchange / knowledge "
             f"transfer; gossip and dlion rows' accuracy is the mean of the nodes' "
             f"held-out accuracies (each evaluates its own model) (benchmarks/strategies.py has the details).")
 
