@@ -22,11 +22,14 @@ paper's ideas, not its code; see docs/training.md):
    the worker sends peer ``j`` the largest-magnitude entries of ``residual_ij + g``
    that fit ``budget_safety * bandwidth_ij * compute_time`` bytes (the mean time of its
    recent iterations not held back by the lag bound: communication overlaps the next
-   step) (at least
-   ``min_ratio`` of the entries), a *partial* message: only those entries travel
-   (``meta.sparse``, the driver's lossless sparse encoding), and tensors without any
-   selected entry are left out. What is left stays in ``residual_ij`` and goes later:
-   per link, everything sent plus the residual is exactly the sum of the gradients.
+   step), at least ``min_ratio`` of the entries: a *partial* message, only those
+   entries travel (``meta.sparse``, the driver's lossless sparse encoding), and tensors
+   without any selected entry are left out. What is left stays in ``residual_ij`` and
+   goes later: per link, everything sent plus the residual is exactly the sum of the
+   gradients. A window bounds what is in flight: a peer confirms the newest of our steps
+   it got (``meta.ack``); while more than ``max_in_flight`` of our iterations are
+   unconfirmed, that link carries only the minimum (its queue drains; the rest waits in
+   the residual).
 3. **Direct knowledge transfer** (``knowledge_transfer``). The held-out accuracy of
    the worker's last evaluation (``on_evaluation``) rides in ``meta.score``. Every
    ``transfer_every`` iterations, the worker whose score is the best it knows (ties:
@@ -34,10 +37,10 @@ paper's ideas, not its code; see docs/training.md):
    more than ``transfer_gap`` below it; the receiver merges ``x = (1 - lambda) x +
    lambda x_best`` unless its own score has meanwhile reached the sender's.
 
-Synchronisation: a worker at iteration ``k`` does not start ``k + 1`` while some live
-peer's newest message is older than ``k - max_lag`` (None: never waits). Every gradient,
-its own at the local step and each peer's when it arrives, is one optimizer step with
-the learning rate times ``w_j = b_j / sum b`` (the latest batch size of every member),
+Synchronisation: asynchronous by default; with ``max_lag`` a worker at iteration ``k``
+does not start ``k + 1`` while some live peer's newest message is older than ``k -
+max_lag``. Every gradient, its own at the local step and each peer's when it arrives,
+is one optimizer step with the learning rate times ``w_j = b_j / sum b`` (the latest batch size of every member),
 so the steps of one iteration of all members add up to one step of the trainer's
 learning rate on the sample-weighted mean gradient. Messages carry the sender's
 incarnation; a gradient is applied at most once per ``(sender, incarnation, step)``.
@@ -238,6 +241,8 @@ class _Peer:
     reported_bw: float | None = None
     #: The newest knowledge-transfer round of this peer merged (duplicates are dropped).
     transfer_round: int = 0
+    #: The newest of our steps the peer says it has received (``meta.ack``).
+    acked: int = 0
 
 
 def _as_positive(value: Any) -> float | None:
@@ -274,7 +279,8 @@ class DLionStrategy(SyncStrategy):
         self,
         ctx: StrategyContext,
         *,
-        max_lag: int | None = 2,
+        max_lag: int | None = None,
+        max_in_flight: int | None = 8,
         lr_scale: float = 1.0,
         weighted_batching: bool = True,
         batch_size: int = 32,
@@ -297,7 +303,9 @@ class DLionStrategy(SyncStrategy):
         stats_window: int = 50,
     ) -> None:
         """``max_lag``: iterations a worker may run ahead of its slowest live peer's newest
-        message (None: no bound). ``lr_scale``: factor on the trainer's learning rate.
+        message (None: no bound, asynchronous). ``max_in_flight``: per link, iterations of
+        ours the peer has not confirmed yet beyond which the link carries only the minimum
+        (None: no window). ``lr_scale``: factor on the trainer's learning rate.
         Batching: ``batch_size`` before capacities are known (and always, with
         ``weighted_batching=false``); ``total_batch`` ``B_total`` (None: ``batch_size``
         times the member count); ``min_batch``/``max_batch`` clamp ``b_i``;
@@ -313,6 +321,8 @@ class DLionStrategy(SyncStrategy):
         super().__init__(ctx)
         if max_lag is not None and max_lag < 0:
             raise StrategyError(f"max_lag must be >= 0, got {max_lag}")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise StrategyError(f"max_in_flight must be >= 1, got {max_in_flight}")
         if not (lr_scale > 0 and math.isfinite(lr_scale)):
             raise StrategyError(f"lr_scale must be finite and > 0, got {lr_scale}")
         if batch_size <= 0 or (total_batch is not None and total_batch <= 0) or not 0 < min_batch <= max_batch:
@@ -328,6 +338,7 @@ class DLionStrategy(SyncStrategy):
         if not (initial_bandwidth > 0 and math.isfinite(initial_bandwidth)) or not initial_iteration_s > 0:
             raise StrategyError("initial_bandwidth and initial_iteration_s must be finite and > 0")
         self.max_lag = max_lag
+        self.max_in_flight = max_in_flight
         self.lr_scale = float(lr_scale)
         self.weighted_batching = bool(weighted_batching)
         self.prioritised = bool(prioritised)
@@ -504,6 +515,11 @@ class DLionStrategy(SyncStrategy):
         times = self._work_times
         return math.fsum(times) / len(times) if times else self.initial_iteration_s
 
+    def in_flight(self, peer: str) -> int:
+        """Our iterations the peer has not confirmed receiving (its ``meta.ack``)."""
+        known = self._peers.get(peer)
+        return self._iteration - (0 if known is None else known.acked)
+
     def link_bandwidth(self, peer: str) -> float:
         """Bytes/s of the link to ``peer``: its report, else our produce time, else the default."""
         known = self._peers.get(peer)
@@ -524,14 +540,23 @@ class DLionStrategy(SyncStrategy):
         inbound = self._inbound.get(peer)
         if inbound is not None and inbound.value is not None:
             meta["link_bw"] = inbound.value
+        if peer in self._peers:
+            meta["ack"] = self._newest(peer)
         return meta
 
     def _gradient_to(self, peer: str, gradient: Mapping[str, torch.Tensor], batch: int) -> Outgoing:
         meta = self._meta(peer)
         total = sum(int(t.numel()) for t in gradient.values())
         if self.prioritised:
-            budget = self.budget_safety * self.link_bandwidth(peer) * self.compute_time()
-            k = entries_for_budget(budget, total, len(gradient), max(1, math.ceil(self.min_ratio * total)))
+            least = max(1, math.ceil(self.min_ratio * total))
+            if self.in_flight(peer) > (self.max_in_flight if self.max_in_flight is not None else math.inf):
+                # The peer is behind on what we sent (its link is queueing): only the least goes
+                # until it catches up; the rest waits in the residual.
+                k = least
+                self.counters["window_full"] += 1
+            else:
+                budget = self.budget_safety * self.link_bandwidth(peer) * self.compute_time()
+                k = entries_for_budget(budget, total, len(gradient), least)
             link = self._links.get(peer)
             if link is None:
                 link = self._links[peer] = LinkResidual()
@@ -654,6 +679,9 @@ class DLionStrategy(SyncStrategy):
         reported = _as_positive(meta.get("link_bw"))
         if reported is not None:
             peer.reported_bw = reported
+        ack = meta.get("ack")
+        if isinstance(ack, int) and not isinstance(ack, bool) and ack >= 0:
+            peer.acked = ack
 
     def _take_model(self, msg: UpdateMessage) -> list[Outgoing]:
         if msg.meta.get("adopt") is True and (not self._synced or self._awaiting_adopt):
@@ -783,7 +811,7 @@ class DLionStrategy(SyncStrategy):
             "incarnation": self._incarnation,
             "peers": {name: {"incarnation": p.incarnation, "floor": p.steps.floor, "above": sorted(p.steps.above),
                              "batch": p.batch, "capacity": p.capacity, "score": p.score,
-                             "reported_bw": p.reported_bw, "transfer_round": p.transfer_round}
+                             "reported_bw": p.reported_bw, "transfer_round": p.transfer_round, "acked": p.acked}
                       for name, p in sorted(self._peers.items())},
             "residuals": {name: dict(link.residual) for name, link in sorted(self._links.items())},
             "uplink": {name: e.value for name, e in sorted(self._uplink.items())},
@@ -814,7 +842,7 @@ class DLionStrategy(SyncStrategy):
         self._incarnation = int(state["incarnation"])
         self._peers = {str(name): _Peer(int(p["incarnation"]), StepSet(int(p["floor"]), [int(s) for s in p["above"]]),
                                         p["batch"], p["capacity"], p["score"], p["reported_bw"],
-                                        int(p["transfer_round"]))
+                                        int(p["transfer_round"]), int(p["acked"]))
                        for name, p in state["peers"].items()}
         self._links = {}
         for name, residual in state["residuals"].items():
@@ -874,6 +902,7 @@ class DLionStrategy(SyncStrategy):
             "blocked_seconds": self._blocked_s,
             "score": self._score,
             "links": {name: {"bandwidth_bytes_per_s": self.link_bandwidth(name), "ratio": self._ratio.get(name),
+                             "in_flight": self.in_flight(name),
                              "bytes_sent": self._link_bytes.get(name, 0),
                              "reported": name in self._peers and self._peers[name].reported_bw is not None}
                       for name in self.peers},

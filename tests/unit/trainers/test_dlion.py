@@ -238,6 +238,20 @@ def test_each_link_carries_what_its_bandwidth_allows_and_follows_a_degraded_link
     assert strategy.observations().link_bandwidth == {"b": 1e6, "c": 1800.0}
 
 
+def test_a_link_whose_peer_is_behind_on_our_messages_carries_only_the_minimum():
+    strategy = _strategy(max_in_flight=3, min_ratio=0.1, initial_bandwidth=1e9, hidden=64)
+    for step in range(1, 5):
+        strategy.on_message(_gradient_from("c", step=step, ack=step - 1, hidden=64))  # c keeps up
+        ratios = (_step(strategy), strategy.observations().link_ratio)[1]
+    assert ratios == {"b": pytest.approx(0.1, abs=0.01), "c": 1.0}  # 4 of ours unconfirmed by b
+    assert strategy.stats()["links"]["b"]["in_flight"] == 4 and strategy.counters["window_full"] == 1
+    strategy.on_message(_gradient_from("b", step=1, ack=4, hidden=64))  # b caught up
+    _step(strategy)
+    assert strategy.observations().link_ratio["b"] == 1.0
+    out = {o.to: o.message for o in _step(strategy)}
+    assert out["b"].meta["ack"] == 1 and out["c"].meta["ack"] == 4  # what we got of each
+
+
 def test_before_a_report_the_produce_time_and_then_the_default_size_the_link():
     strategy = _strategy(initial_bandwidth=1e9)
     assert strategy.link_bandwidth("b") == 1e9
@@ -435,7 +449,7 @@ def test_membership_changes_drop_departed_peers_and_scale_the_total_batch():
 @pytest.mark.parametrize("bad", [
     {"max_lag": -1}, {"lr_scale": 0.0}, {"batch_size": 0}, {"min_batch": 9, "max_batch": 8},
     {"rebalance_every": 0}, {"transfer_every": 0}, {"link_alpha": 0.0}, {"budget_safety": 1.5},
-    {"min_ratio": 0.0}, {"transfer_lambda": 2.0}, {"rebalance_threshold": -0.1}, {"initial_bandwidth": math.inf},
+    {"min_ratio": 0.0}, {"transfer_lambda": 2.0}, {"max_in_flight": 0}, {"rebalance_threshold": -0.1}, {"initial_bandwidth": math.inf},
 ])
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(StrategyError):
