@@ -96,6 +96,8 @@ class Settings:
     lr: float = 0.3
     momentum: float = 0.9
     topology: str = "ring"
+    #: More dlion parameters, ``key=value,...`` (values as JSON), e.g. ``max_lag=null``.
+    dlion_extra: str = ""
     eval_every_s: float = 1.0
     duration_s: float = 120.0
     acc_budget_s: float = 110.0
@@ -156,7 +158,7 @@ def job(strategy: str, partition: str, s: Settings, state: Path, tag: str, durat
         if strategy == "gossip":
             overrides.append(f"train.strategy_params=topology={s.topology}")
     elif strategy == "dlion":
-        params = matrix.dlion_params(matrix.Settings())
+        params = {**matrix.dlion_params(matrix.Settings()), **dlion_bench.extra_params(s.dlion_extra)}
         overrides += ["train.strategy=dlion", "batcher.mode=window", f"batcher.window_s={s.window_s}",
                       f"batcher.max_batch={s.max_batch}", f"train.max_step_batch={s.max_batch}",
                       "train.strategy_params=" + ",".join(f"{k}={json.dumps(v)}" for k, v in params.items())]
@@ -194,6 +196,7 @@ class Sampler:
             ratio = {p: sc.get("edgestream_link_ratio", None, worker=name, peer=p) for p in peers}
             bw = {p: sc.get("edgestream_link_bandwidth_bytes_per_second", None, worker=name, peer=p) for p in peers}
             row[name] = {"steps": int(sc.get("edgestream_steps_total", 0, worker=name)),
+                         "live": int(sc.get("edgestream_live_workers", 0, worker=name)),
                          "ratio": {p: v for p, v in ratio.items() if v is not None},
                          "bandwidth": {p: v for p, v in bw.items() if v is not None}}
         if self.testbed is not None and self.degrade is not None:
@@ -237,7 +240,7 @@ def worker_summary(training: dict[str, Any]) -> dict[str, Any]:
     stats = training.get("strategy_stats") or {}
     out = {**matrix.node_traffic(training), "accuracy": training.get("accuracy")}
     for key in ("iteration", "batch_size", "capacity_samples_per_s", "compute_samples_per_s", "stream_samples_per_s",
-                "capacities", "rebalances", "iteration_time_s", "compute_time_s", "blocked_seconds", "score",
+                "capacities", "rebalances", "members", "iteration_time_s", "compute_time_s", "blocked_seconds", "score",
                 "links", "transfers_in", "transfers_out", "counters", "staleness"):
         if key in stats:
             out[key] = stats[key]
@@ -255,7 +258,7 @@ def run_one(session, strategy: str, partition: str, repeat: int, s: Settings, st
     cfg = job(strategy, partition, s, state, tag, duration)
     entry: dict[str, Any] = {"strategy": strategy, "partition": partition, "repeat": repeat, "seed": s.seed,
                              "kind": "degraded" if degrade else "main", "duration_s": duration,
-                             "loadavg_before": os.getloadavg()}
+                             "loadavg_before": os.getloadavg(), "dlion_code": dlion_code()}
     sampler = Sampler(s.names(), s.degrade_sample_every_s if degrade else s.sample_every_s,
                       (s.degrade_host, s.degrade_link, s.degrade_at_s) if degrade else None, session.testbed)
     started = time.monotonic()
@@ -395,9 +398,9 @@ def dlion_workers_markdown(entries: list[dict[str, Any]], s: Settings) -> list[s
             continue
         lines += [f"dlion, {partition} (repeat {e['repeat']}): per worker at the end of the run "
                   "(ratio / bandwidth: its outgoing links, min-median-max over peers)", "",
-                  "| worker | link | slowdown | steps | batch | capacity rec/s | blocked s | iteration s | ratio out "
+                  "| worker | link | slowdown | members seen | steps | batch | capacity rec/s | blocked s | iteration s | ratio out "
                   "| bandwidth out kB/s | MB out | acc | transfers in / out |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]
         for i, name in enumerate(s.names()):
             w = e["workers"].get(name, {})
             links = w.get("links") or {}
@@ -412,7 +415,8 @@ def dlion_workers_markdown(entries: list[dict[str, Any]], s: Settings) -> list[s
                 return "-" if v is None else fmt.format(v)
 
             lines.append("| " + " | ".join([
-                name, s.links[i], f"{s.slowdowns[i]:g}", num(w.get("steps"), "{}"), num(w.get("batch_size"), "{}"),
+                name, s.links[i], f"{s.slowdowns[i]:g}", num(len(w["members"]) if w.get("members") else None, "{}"),
+                num(w.get("steps"), "{}"), num(w.get("batch_size"), "{}"),
                 num(w.get("capacity_samples_per_s"), "{:.0f}"), num(w.get("blocked_seconds"), "{:.1f}"),
                 num(w.get("iteration_time_s"), "{:.3f}"), mmm(ratios, "{:.3f}"), mmm(bws, "{:.0f}"),
                 f"{sum((w.get('bytes_out') or {}).values()) / 1e6:.1f}", num(w.get("accuracy"), "{:.3f}"),
@@ -555,6 +559,18 @@ def _git(*args: str) -> str:
         return ""
 
 
+def dlion_code() -> str:
+    """trainers/strategies/dlion.py as the run's processes load it: the last commit that
+    touched it, and the file's sha256 (differs from the commit's when the tree has edits)."""
+    import hashlib
+
+    path = ROOT / "trainers" / "strategies" / "dlion.py"
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    clean = _git("hash-object", str(path)) == _git("rev-parse", "HEAD:trainers/strategies/dlion.py")
+    return f"{_git('log', '-1', '--format=%h', '--', 'trainers/strategies/dlion.py')} sha256:{sha}" + (
+        "" if clean else " (uncommitted edits)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=Settings.repeats)
@@ -568,6 +584,9 @@ def main() -> None:
     parser.add_argument("--partitions", default=",".join(Settings().partitions))
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--topology", default=Settings.topology, help="gossip's graph (ring, complete, ...)")
+    parser.add_argument("--lr", type=float, default=Settings.lr)
+    parser.add_argument("--momentum", type=float, default=Settings.momentum)
+    parser.add_argument("--dlion-params", default="", help="more dlion parameters: key=value,... (JSON values)")
     parser.add_argument("--no-degraded", action="store_true", help="skip the degraded-link run")
     parser.add_argument("--degrade-at", type=float, default=Settings.degrade_at_s)
     parser.add_argument("--degrade-duration", type=float, default=Settings.degrade_duration_s)
@@ -579,6 +598,7 @@ def main() -> None:
                  target=args.target, hold=args.hold, scale=args.scale,
                  partitions=[x for x in args.partitions.split(",") if x],
                  strategies=[x for x in args.strategies.split(",") if x], topology=args.topology,
+                 lr=args.lr, momentum=args.momentum, dlion_extra=args.dlion_params,
                  degraded=not args.no_degraded, degrade_at_s=args.degrade_at, degrade_duration_s=args.degrade_duration)
     if args.quick:
         s = quick(s)
@@ -619,16 +639,17 @@ def main() -> None:
     commit = _git("log", "-1", "--format=%h %s", "--", "trainers/strategies/dlion.py")
     dirty = bool(_git("status", "--porcelain", "--", "trainers", "pipeline"))
     loads = [e["loadavg_after"][0] for e in entries]
+    codes = sorted({e["dlion_code"] for e in entries if e["strategy"] == "dlion"})
     lines = [
-        f"Command: `{command}`; trainers/strategies/dlion.py at {commit}"
-        f"{' + uncommitted changes under trainers/ or pipeline/' if dirty else ''}.", "",
+        f"Command: `{command}`; trainers/strategies/dlion.py as the dlion runs loaded it: {'; '.join(codes)} "
+        f"(at the end: {commit}{', trainers/ or pipeline/ with uncommitted changes' if dirty else ''}).", "",
         f"Real processes, real Kafka (one node), real links: {s.workers} workers, each on its own testbed host, "
         f"links {' '.join(s.links)} (tbf both ways; devices host and broker unshaped), one device per worker at "
         f"{' '.join(f'{r:g}' for r in s.rates())} records/s (ScaDLES x {s.scale:g}), compute slowdowns "
         f"{' '.join(f'{x:g}' for x in s.slowdowns)} on an emulated step cost of ({s.step_cost[0] * 1000:g} ms + "
         f"{s.step_cost[1] * 1000:g} ms/record) x slowdown (applied by waiting), digits MLP, LR {s.lr}, momentum "
         f"{s.momentum}. Rows: bsp (fixed batch {s.batch} per device), gossip ({s.topology}, fixed batch {s.batch}), "
-        f"dlion ({json.dumps(matrix.dlion_params(matrix.Settings()))}, window {s.window_s:g} s, at most "
+        f"dlion ({json.dumps({**matrix.dlion_params(matrix.Settings()), **dlion_bench.extra_params(s.dlion_extra)})}, window {s.window_s:g} s, at most "
         f"{s.max_batch} records). Accuracy: mean of the workers' own held-out accuracies (every {s.eval_every_s:g} "
         f"s), wall time from the first record. {s.duration_s:g} s of streaming per run, accuracy read at "
         f"{min(s.acc_budget_s, s.duration_s):g} s; {s.repeats} repeat(s) (seed {first_seed}"
