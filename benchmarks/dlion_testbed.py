@@ -81,6 +81,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 LINKS = ("100mbit", "100mbit", "20mbit", "20mbit", "5mbit", "5mbit", "1mbit", "1mbit")
 SLOWDOWNS = (1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0)
 STRATEGIES = ("bsp", "gossip", "dlion")
+#: Accuracy at the budget is also given as the mean over this many seconds before it (one
+#: evaluation of a replica that oscillates is noisy).
+ACC_WINDOW_S = 10.0
 
 
 @dataclass
@@ -258,7 +261,8 @@ def run_one(session, strategy: str, partition: str, repeat: int, s: Settings, st
     cfg = job(strategy, partition, s, state, tag, duration)
     entry: dict[str, Any] = {"strategy": strategy, "partition": partition, "repeat": repeat, "seed": s.seed,
                              "kind": "degraded" if degrade else "main", "duration_s": duration,
-                             "loadavg_before": os.getloadavg(), "dlion_code": dlion_code()}
+                             "loadavg_before": os.getloadavg(), "dlion_code": dlion_code(),
+                             "strategy_params": list(cfg.train.strategy_params)}
     sampler = Sampler(s.names(), s.degrade_sample_every_s if degrade else s.sample_every_s,
                       (s.degrade_host, s.degrade_link, s.degrade_at_s) if degrade else None, session.testbed)
     started = time.monotonic()
@@ -312,6 +316,10 @@ def _same(entries: list[dict[str, Any]], e: dict[str, Any], strategy: str) -> di
 def summarise(entries: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
     cells: dict[str, Any] = {}
     budget = min(s.acc_budget_s, s.duration_s)
+
+    def window(e: dict[str, Any]) -> float | None:
+        xs = [a for t, a in e["timeline"] if budget - ACC_WINDOW_S <= t <= budget]
+        return statistics.mean(xs) if xs else None
     for partition in s.partitions:
         for strategy in s.strategies:
             runs = _runs(entries, strategy, partition)
@@ -322,8 +330,11 @@ def summarise(entries: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
                                               for e in runs],
                                     "mb_sent": [sum(sum(w["bytes_out"].values()) for w in e["workers"].values()) / 1e6
                                                 for e in runs]}
+            cell["acc_window"] = [w for e in runs if (w := window(e)) is not None]
             for base in ("bsp", "gossip"):
                 pairs = [(e, b) for e in runs if (b := _same(entries, e, base)) is not None]
+                cell[f"accw_minus_{base}"] = [100 * (window(e) - window(b)) for e, b in pairs
+                                              if window(e) is not None and window(b) is not None]
                 cell[f"tta_over_{base}"] = matrix.median_bound(
                     [matrix.censored_ratio(e["tta_s"], b["tta_s"], budget) for e, b in pairs])
                 cell[f"acc_minus_{base}"] = [100 * (e["acc_at_budget"] - b["acc_at_budget"]) for e, b in pairs
@@ -342,12 +353,13 @@ def main_markdown(cells: dict[str, Any], s: Settings) -> list[str]:
     for partition in s.partitions:
         lines += [f"### {partition}", "",
                   "| strategy | TTA s | TTA / BSP | TTA / gossip | acc @ budget | vs BSP (points) | vs gossip (points) "
+                  f"| acc, mean of the last {ACC_WINDOW_S:g} s | vs BSP / vs gossip (points, that mean) "
                   "| steps per worker | MB sent (all workers) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for strategy in s.strategies:
             c = cells[f"{partition}/{strategy}"]
             if not c["runs"]:
-                lines.append(f"| {strategy} | no run finished | | | | | | | |")
+                lines.append(f"| {strategy} | no run finished | | | | | | | | | |")
                 continue
             lines.append("| " + " | ".join([
                 strategy, matrix._cell(c["tta"], "{:.1f}"),
@@ -356,6 +368,9 @@ def main_markdown(cells: dict[str, Any], s: Settings) -> list[str]:
                 testbed_bench._spread(c["acc"], "{:.3f}"),
                 "-" if strategy == "bsp" else _points(c["acc_minus_bsp"]),
                 "-" if strategy == "gossip" else _points(c["acc_minus_gossip"]),
+                testbed_bench._spread(c["acc_window"], "{:.3f}"),
+                f"{'-' if strategy == 'bsp' else _points(c['accw_minus_bsp'])} / "
+                f"{'-' if strategy == 'gossip' else _points(c['accw_minus_gossip'])}",
                 testbed_bench._spread(c["steps"], "{:.0f}"), testbed_bench._spread(c["mb_sent"], "{:.1f}")]) + " |")
         lines.append("")
     lines.append(f"TTA: mean accuracy >= {s.target} for {s.hold} consecutive evaluations, censored at the budget "
@@ -384,8 +399,10 @@ def claims(cells: dict[str, Any], s: Settings) -> list[str]:
                 gap = d[f"acc_minus_{base}"]
                 if gap:
                     met = statistics.median(gap) >= 5
+                    window = d[f"accw_minus_{base}"]
                     out.append(f"- {partition}: >= 5 points above {base} at the budget: "
-                               f"{'met' if met else 'NOT met'} ({_points(gap)} points)")
+                               f"{'met' if met else 'NOT met'} ({_points(gap)} points; mean of the last "
+                               f"{ACC_WINDOW_S:g} s: {_points(window)})")
     return out
 
 
@@ -592,7 +609,16 @@ def main() -> None:
     parser.add_argument("--degrade-duration", type=float, default=Settings.degrade_duration_s)
     parser.add_argument("--quick", action="store_true", help="smoke run: " + quick.__doc__)
     parser.add_argument("--out", default=str(RESULTS / "dlion_testbed"), help="output path without suffix")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="run nothing: summarise the runs of an earlier JSON again (tables, plots)")
     args = parser.parse_args()
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        known = {k: v for k, v in data["settings"].items() if k in Settings.__dataclass_fields__}
+        s = Settings(**{k: tuple(v) if k in ("links", "slowdowns", "step_cost") else v for k, v in known.items()})
+        report(data["runs"], s, data["command"], data["seconds"], Path(args.out), data.get("dlion_commit", ""), False,
+               f"scripts/with-venv.sh python -m pipeline bench dlion_testbed --from-json {args.from_json}")
+        return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     s = Settings(repeats=args.repeats, seed=args.seed, duration_s=args.duration, acc_budget_s=args.acc_budget,
                  target=args.target, hold=args.hold, scale=args.scale,
@@ -630,17 +656,27 @@ def main() -> None:
             print(f"  {e.get('error') or ''} in {e['wall_s']} s", flush=True)
             entries.append(e)
     seconds = time.monotonic() - began
+    commit = _git("log", "-1", "--format=%h %s", "--", "trainers/strategies/dlion.py")
+    dirty = bool(_git("status", "--porcelain", "--", "trainers", "pipeline"))
+    report(entries, s, command, seconds, Path(args.out), commit, dirty)
+
+
+def report(entries: list[dict[str, Any]], s: Settings, command: str, seconds: float, out: Path, commit: str,
+           dirty: bool, summarised: str | None = None) -> None:
+    """Tables, claims, plots, JSON and markdown of the runs in ``entries``."""
     cells = summarise(entries, s)
     deg = next((e for e in entries if e["kind"] == "degraded" and "degraded" in e), None)
     figures = degraded_figures(deg, s) if deg is not None else None
     import numpy as np
     import torch
 
-    commit = _git("log", "-1", "--format=%h %s", "--", "trainers/strategies/dlion.py")
-    dirty = bool(_git("status", "--porcelain", "--", "trainers", "pipeline"))
     loads = [e["loadavg_after"][0] for e in entries]
-    codes = sorted({e["dlion_code"] for e in entries if e["strategy"] == "dlion"})
+    codes = sorted({e.get("dlion_code", "not recorded") for e in entries if e["strategy"] == "dlion"})
+    params = next((e["strategy_params"] for e in entries if e["strategy"] == "dlion" and "strategy_params" in e), None)
+    params_text = ", ".join(params) if params is not None else json.dumps(
+        {**matrix.dlion_params(matrix.Settings()), **dlion_bench.extra_params(s.dlion_extra)})
     lines = [
+        *([f"Summarised again from the runs' JSON by `{summarised}`.", ""] if summarised else []),
         f"Command: `{command}`; trainers/strategies/dlion.py as the dlion runs loaded it: {'; '.join(codes)} "
         f"(at the end: {commit}{', trainers/ or pipeline/ with uncommitted changes' if dirty else ''}).", "",
         f"Real processes, real Kafka (one node), real links: {s.workers} workers, each on its own testbed host, "
@@ -649,10 +685,10 @@ def main() -> None:
         f"{' '.join(f'{x:g}' for x in s.slowdowns)} on an emulated step cost of ({s.step_cost[0] * 1000:g} ms + "
         f"{s.step_cost[1] * 1000:g} ms/record) x slowdown (applied by waiting), digits MLP, LR {s.lr}, momentum "
         f"{s.momentum}. Rows: bsp (fixed batch {s.batch} per device), gossip ({s.topology}, fixed batch {s.batch}), "
-        f"dlion ({json.dumps({**matrix.dlion_params(matrix.Settings()), **dlion_bench.extra_params(s.dlion_extra)})}, window {s.window_s:g} s, at most "
+        f"dlion ({params_text}, window {s.window_s:g} s, at most "
         f"{s.max_batch} records). Accuracy: mean of the workers' own held-out accuracies (every {s.eval_every_s:g} "
         f"s), wall time from the first record. {s.duration_s:g} s of streaming per run, accuracy read at "
-        f"{min(s.acc_budget_s, s.duration_s):g} s; {s.repeats} repeat(s) (seed {first_seed}"
+        f"{min(s.acc_budget_s, s.duration_s):g} s; {s.repeats} repeat(s) (seed {s.seed}"
         f"{'+' if s.repeats > 1 else ''}): medians (min-max) when more than one.", "",
         f"Machine: {os.cpu_count()} cores **shared with another helper's simulated-clock benchmarks** during the "
         f"run (1-min load average after each run {min(loads):.1f}-{max(loads):.1f}); the emulated compute is "
@@ -671,7 +707,6 @@ def main() -> None:
                                                f"{e['error']}" for e in failed), ""]
     md = "\n".join(lines)
     print(md)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = plots(entries, s, out)
     out.with_suffix(".json").write_text(json.dumps({
