@@ -363,8 +363,9 @@ def main_markdown(cells: dict[str, Any], s: Settings) -> list[str]:
                 continue
             lines.append("| " + " | ".join([
                 strategy, matrix._cell(c["tta"], "{:.1f}"),
-                "1" if strategy == "bsp" else matrix._cell(c["tta_over_bsp"]),
-                "1" if strategy == "gossip" else matrix._cell(c["tta_over_gossip"]),
+                "1" if strategy == "bsp" else matrix._cell(c["tta_over_bsp"]) if "bsp" in s.strategies else "-",
+                "1" if strategy == "gossip" else matrix._cell(c["tta_over_gossip"]) if "gossip" in s.strategies
+                else "-",
                 testbed_bench._spread(c["acc"], "{:.3f}"),
                 "-" if strategy == "bsp" else _points(c["acc_minus_bsp"]),
                 "-" if strategy == "gossip" else _points(c["acc_minus_gossip"]),
