@@ -29,7 +29,10 @@ paper's ideas, not its code; see docs/training.md):
    gradients. A window bounds what is in flight: a peer confirms the newest of our steps
    it got (``meta.ack``); while more than ``max_in_flight`` of our iterations are
    unconfirmed, that link carries only the minimum (its queue drains; the rest waits in
-   the residual).
+   the residual). The links of one host share its uplink: when the per-link budgets add
+   up to more than the worker's own uplink carries in the compute time (its estimate:
+   bytes of a step's messages so far over the time the latest took, ``on_transfer``),
+   they are scaled down together.
 3. **Direct knowledge transfer** (``knowledge_transfer``). The held-out accuracy of
    the worker's last evaluation (``on_evaluation``) rides in ``meta.score``. Every
    ``transfer_every`` iterations, the worker whose score is the best it knows (ties:
@@ -366,6 +369,10 @@ class DLionStrategy(SyncStrategy):
         self._peers: dict[str, _Peer] = {}
         self._links: dict[str, LinkResidual] = {}
         self._uplink: dict[str, LinkEstimate] = {}    # from on_transfer (produce acknowledged)
+        #: This worker's uplink, shared by all its links: bytes of the step's messages so far
+        #: over the time the latest took from the step (on_transfer), an EWMA.
+        self._own_uplink = LinkEstimate(link_alpha)
+        self._sent_since_step = 0
         self._inbound: dict[str, LinkEstimate] = {}   # from on_arrival: the link peer -> us
         self._ratio: dict[str, float] = {}
         self._link_bytes: Counter[str] = Counter()
@@ -447,7 +454,9 @@ class DLionStrategy(SyncStrategy):
         # after another, and a shared uplink's queue must not always fall on the same links.
         peers = self.peers
         turn = self._iteration % len(peers) if peers else 0
-        out = [self._gradient_to(name, result.gradients, own) for name in peers[turn:] + peers[:turn]]
+        budgets = self._budgets()
+        self._sent_since_step = 0
+        out = [self._gradient_to(name, result.gradients, own, budgets[name]) for name in peers[turn:] + peers[:turn]]
         out.extend(self._transfers())
         return out
 
@@ -544,7 +553,21 @@ class DLionStrategy(SyncStrategy):
             meta["ack"] = self._newest(peer)
         return meta
 
-    def _gradient_to(self, peer: str, gradient: Mapping[str, torch.Tensor], batch: int) -> Outgoing:
+    def _budgets(self) -> dict[str, float]:
+        """Bytes each link may carry this iteration: ``budget_safety x bandwidth x compute
+        time`` per link, scaled down together when they add up to more than the worker's own
+        uplink carries in that time (the links of one host share it)."""
+        span = self.budget_safety * self.compute_time()
+        budgets = {name: span * self.link_bandwidth(name) for name in self.peers}
+        uplink = self._own_uplink.value
+        total = math.fsum(budgets.values())
+        if uplink is not None and total > span * uplink > 0:
+            scale = span * uplink / total
+            budgets = {name: b * scale for name, b in budgets.items()}
+            self.counters["uplink_capped"] += 1
+        return budgets
+
+    def _gradient_to(self, peer: str, gradient: Mapping[str, torch.Tensor], batch: int, budget: float) -> Outgoing:
         meta = self._meta(peer)
         total = sum(int(t.numel()) for t in gradient.values())
         if self.prioritised:
@@ -555,7 +578,6 @@ class DLionStrategy(SyncStrategy):
                 k = least
                 self.counters["window_full"] += 1
             else:
-                budget = self.budget_safety * self.link_bandwidth(peer) * self.compute_time()
                 k = entries_for_budget(budget, total, len(gradient), least)
             link = self._links.get(peer)
             if link is None:
@@ -785,6 +807,8 @@ class DLionStrategy(SyncStrategy):
         if peer is None or peer not in self.peers:
             return
         self._link_bytes[peer] += nbytes
+        self._sent_since_step += nbytes
+        self._own_uplink.observe(self._sent_since_step, seconds)
         estimate = self._uplink.get(peer)
         if estimate is None:
             estimate = self._uplink[peer] = LinkEstimate(self.link_alpha)
@@ -815,6 +839,8 @@ class DLionStrategy(SyncStrategy):
                       for name, p in sorted(self._peers.items())},
             "residuals": {name: dict(link.residual) for name, link in sorted(self._links.items())},
             "uplink": {name: e.value for name, e in sorted(self._uplink.items())},
+            "own_uplink": self._own_uplink.value,
+            "sent_since_step": self._sent_since_step,
             "inbound": {name: e.value for name, e in sorted(self._inbound.items())},
             "ratio": dict(self._ratio),
             "link_bytes": dict(self._link_bytes),
@@ -849,6 +875,8 @@ class DLionStrategy(SyncStrategy):
             link = self._links[str(name)] = LinkResidual()
             link.residual = {n: t.clone() for n, t in residual.items()}
         self._uplink = {str(n): LinkEstimate(self.link_alpha, v) for n, v in state["uplink"].items()}
+        self._own_uplink = LinkEstimate(self.link_alpha, state["own_uplink"])
+        self._sent_since_step = int(state["sent_since_step"])
         self._inbound = {str(n): LinkEstimate(self.link_alpha, v) for n, v in state["inbound"].items()}
         self._ratio = {str(n): float(v) for n, v in state["ratio"].items()}
         self._link_bytes = Counter({str(n): int(v) for n, v in state["link_bytes"].items()})
@@ -899,6 +927,7 @@ class DLionStrategy(SyncStrategy):
             "rebalances": self.balancer.rebalances,
             "iteration_time_s": self.iteration_time(),
             "compute_time_s": self.compute_time(),
+            "uplink_bytes_per_s": self._own_uplink.value,
             "blocked_seconds": self._blocked_s,
             "score": self._score,
             "links": {name: {"bandwidth_bytes_per_s": self.link_bandwidth(name), "ratio": self._ratio.get(name),

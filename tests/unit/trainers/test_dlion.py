@@ -252,6 +252,25 @@ def test_a_link_whose_peer_is_behind_on_our_messages_carries_only_the_minimum():
     assert out["b"].meta["ack"] == 1 and out["c"].meta["ack"] == 4  # what we got of each
 
 
+def test_the_links_of_a_host_share_its_uplink():
+    strategy = _strategy(initial_iteration_s=1.0, min_ratio=0.01, hidden=64, link_alpha=1.0)
+    total = sum(p.numel() for p in strategy.trainer.get_parameters().values())
+    for peer in ("b", "c"):  # each link on its own could take the whole gradient
+        strategy.on_message(_gradient_from(peer, step=1, link_bw=1e6, hidden=64))
+    _step(strategy)
+    assert set(strategy.observations().link_ratio.values()) == {1.0}
+    # Our own uplink: the step's messages left 0.1 s (100 bytes: about the latency) and
+    # 1.1 s (2,500 bytes more) after it: 2,600 bytes in the 1 s beyond the latency.
+    strategy.on_transfer("b", 100, 0.1)
+    strategy.on_transfer("c", 2500, 1.1)
+    assert strategy.stats()["uplink_bytes_per_s"] == pytest.approx(2600.0)
+    _step(strategy)
+    ratios = strategy.observations().link_ratio
+    share = entries_for_budget(0.9 * 2600 / 2, total, 4, math.ceil(0.01 * total)) / total
+    assert ratios == {"b": pytest.approx(share), "c": pytest.approx(share)} and share < 1
+    assert strategy.counters["uplink_capped"] == 1
+
+
 def test_before_a_report_the_produce_time_and_then_the_default_size_the_link():
     strategy = _strategy(initial_bandwidth=1e9)
     assert strategy.link_bandwidth("b") == 1e9
