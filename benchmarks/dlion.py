@@ -1,7 +1,7 @@
 """DLion against BSP and gossip, with its ablations (issue #18; SEEDS.md section 4), on the simulated clock.
 
-N workers (``--nodes``: 8 and 16 by default, about 12 min at ``--jobs 1``; add 32 with
-``--nodes 8,16,32 --resume``, about 20 min more: asynchronous DLion's all-to-all traffic
+N workers (``--nodes``: 8 and 16 by default, about 14 min at ``--jobs 1``; add 32 with
+``--nodes 8,16,32 --resume``, about 35 min more: asynchronous DLion's all-to-all traffic
 makes a 32-node run cost minutes of wall time), one per device, on heterogeneous hosts:
 links ``100 100 20 20 5 5 1 1`` Mbit/s and compute slowdowns ``1 1 2 2 4 4 8 8``, both
 repeated to N (host i has the i-th entry of each), streams at the ScaDLES rates ``92 38
