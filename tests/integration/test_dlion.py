@@ -34,7 +34,7 @@ SLOW = "w2"
 SLOW_LINKS = (("w0", "w2"), ("w1", "w2"), ("w2", "w0"), ("w2", "w1"))
 FAST_LINK = ("w0", "w1")
 #: The most of w2's iterations the per-link shares may take to follow the new link.
-FOLLOW_ITERATIONS = 40
+FOLLOW_ITERATIONS = 60
 
 DLION_JOB = (
     "train.strategy=dlion",
@@ -94,9 +94,9 @@ def degrade_then_kill(ctx: RunContext, seen: dict) -> None:
     def followed() -> dict | None:
         row = sample()
         shares = [_ratio(row, link) for link in SLOW_LINKS]
-        return row if all(0 <= r <= 0.5 for r in shares) else None
+        return row if all(0 <= r <= 0.3 for r in shares) else None
 
-    after = wait_until(followed, 90, f"the shares of {SLOW}'s links to drop below half")
+    after = wait_until(followed, 90, f"the shares of {SLOW}'s links to drop below 0.3")
     seen["after"] = {f"{a}->{b}": _ratio(after, (a, b)) for a, b in (*SLOW_LINKS, FAST_LINK)}
     seen["followed_after_iterations"] = after[SLOW]["steps"] - degraded_at
     # The fast pair keeps its whole gradient (sampled a while after the degradation).
@@ -130,8 +130,10 @@ def test_dlion_in_the_testbed_follows_a_degraded_link_survives_a_kill_and_balanc
 
     assert result.balanced
     assert [d["process"] for d in result.deaths] == ["w1"] and result.restarted == ["w1"]
-    # The shares followed the degraded link within a bounded number of iterations.
-    assert all(v > 0.5 for k, v in seen["before"].items()), seen["before"]
+    # The shares followed the degraded link within a bounded number of iterations (before
+    # it, a link may dip for a moment when its window fills under the machine's load).
+    slow_before = [seen["before"][f"{a}->{b}"] for a, b in SLOW_LINKS]
+    assert sum(slow_before) / len(slow_before) > 0.5, seen["before"]
     assert seen["followed_after_iterations"] <= FOLLOW_ITERATIONS, seen
     assert seen["fast_link_after"] > 0.5, seen
     trained = workers_of(result)

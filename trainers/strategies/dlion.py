@@ -22,7 +22,8 @@ paper's ideas, not its code; see docs/training.md):
    the worker sends peer ``j`` the largest-magnitude entries of ``residual_ij + g``
    that fit ``budget_safety * bandwidth_ij * compute_time`` bytes (the mean time of its
    recent iterations not held back by the lag bound: communication overlaps the next
-   step), at least ``min_ratio`` of the entries: a *partial* message, only those
+   step), at least ``min_ratio`` of the entries and as many as the message's fixed cost
+   buys (``min_entries``): a *partial* message, only those
    entries travel (``meta.sparse``, the driver's lossless sparse encoding), and tensors
    without any selected entry are left out. What is left stays in ``residual_ij`` and
    goes later: per link, everything sent plus the residual is exactly the sum of the
@@ -283,7 +284,7 @@ class DLionStrategy(SyncStrategy):
         ctx: StrategyContext,
         *,
         max_lag: int | None = None,
-        max_in_flight: int | None = 8,
+        max_in_flight: int | None = 16,
         lr_scale: float = 1.0,
         weighted_batching: bool = True,
         batch_size: int = 32,
@@ -524,6 +525,12 @@ class DLionStrategy(SyncStrategy):
         times = self._work_times
         return math.fsum(times) / len(times) if times else self.initial_iteration_s
 
+    def min_entries(self, total: int) -> int:
+        """The fewest entries a partial message carries: ``min_ratio`` of them, and never
+        fewer than the message's fixed cost buys (below that it is mostly overhead, and the
+        residual it leaves grows into large stale entries)."""
+        return min(total, max(math.ceil(self.min_ratio * total), MESSAGE_OVERHEAD_BYTES // SPARSE_ENTRY_BYTES))
+
     def in_flight(self, peer: str) -> int:
         """Our iterations the peer has not confirmed receiving (its ``meta.ack``)."""
         known = self._peers.get(peer)
@@ -571,7 +578,7 @@ class DLionStrategy(SyncStrategy):
         meta = self._meta(peer)
         total = sum(int(t.numel()) for t in gradient.values())
         if self.prioritised:
-            least = max(1, math.ceil(self.min_ratio * total))
+            least = self.min_entries(total)
             if self.in_flight(peer) > (self.max_in_flight if self.max_in_flight is not None else math.inf):
                 # The peer is behind on what we sent (its link is queueing): only the least goes
                 # until it catches up; the rest waits in the residual.

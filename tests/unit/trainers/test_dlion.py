@@ -214,38 +214,38 @@ def test_capacities_ride_in_metadata_and_set_the_batch_every_k_iterations():
 
 
 def test_each_link_carries_what_its_bandwidth_allows_and_follows_a_degraded_link():
-    strategy = _strategy(max_lag=None, initial_iteration_s=1.0, min_ratio=0.01, hidden=64)
+    strategy = _strategy(max_lag=None, initial_iteration_s=1.0, min_ratio=0.01, hidden=512)
     total = sum(p.numel() for p in strategy.trainer.get_parameters().values())
     tensors = len(strategy.trainer.get_parameters())
 
     def expected(bandwidth: float) -> float:  # budget: 0.9 x bandwidth x 1 s iteration
-        return entries_for_budget(0.9 * bandwidth, total, tensors, math.ceil(0.01 * total)) / total
+        return entries_for_budget(0.9 * bandwidth, total, tensors, strategy.min_entries(total)) / total
 
     # b measured our link to it as fast, c as slow (their on_arrival estimates, reported back).
-    strategy.on_message(_gradient_from("b", step=1, link_bw=1e6, hidden=64))
-    strategy.on_message(_gradient_from("c", step=1, link_bw=2500.0, hidden=64))
+    strategy.on_message(_gradient_from("b", step=1, link_bw=1e6, hidden=512))
+    strategy.on_message(_gradient_from("c", step=1, link_bw=5000.0, hidden=512))
     out = {o.to: o.message for o in _step(strategy)}
     assert out["b"].meta.get("compress") is False and sum(t.numel() for t in out["b"].tensors.values()) == total
     assert out["c"].meta["sparse"] is True
     ratios = strategy.observations().link_ratio
-    assert ratios["b"] == 1.0 and ratios["c"] == pytest.approx(expected(2500.0)) and 0 < ratios["c"] < 0.5
+    assert ratios["b"] == 1.0 and ratios["c"] == pytest.approx(expected(5000.0)) and 0 < ratios["c"] < 0.5
     # c's link degrades further: its share follows at the next iteration; b's stays.
-    strategy.on_message(_gradient_from("c", step=2, link_bw=1800.0, hidden=64))
-    strategy.on_message(_gradient_from("b", step=2, link_bw=1e6, hidden=64))
+    strategy.on_message(_gradient_from("c", step=2, link_bw=3000.0, hidden=512))
+    strategy.on_message(_gradient_from("b", step=2, link_bw=1e6, hidden=512))
     _step(strategy)
     after = strategy.observations().link_ratio
-    assert after["c"] == pytest.approx(expected(1800.0)) and after["c"] < ratios["c"] and after["b"] == 1.0
-    assert strategy.observations().link_bandwidth == {"b": 1e6, "c": 1800.0}
+    assert after["c"] == pytest.approx(expected(3000.0)) and after["c"] < ratios["c"] and after["b"] == 1.0
+    assert strategy.observations().link_bandwidth == {"b": 1e6, "c": 3000.0}
 
 
 def test_a_link_whose_peer_is_behind_on_our_messages_carries_only_the_minimum():
-    strategy = _strategy(max_in_flight=3, min_ratio=0.1, initial_bandwidth=1e9, hidden=64)
+    strategy = _strategy(max_in_flight=3, min_ratio=0.1, initial_bandwidth=1e9, hidden=512)
     for step in range(1, 5):
-        strategy.on_message(_gradient_from("c", step=step, ack=step - 1, hidden=64))  # c keeps up
+        strategy.on_message(_gradient_from("c", step=step, ack=step - 1, hidden=512))  # c keeps up
         ratios = (_step(strategy), strategy.observations().link_ratio)[1]
     assert ratios == {"b": pytest.approx(0.1, abs=0.01), "c": 1.0}  # 4 of ours unconfirmed by b
     assert strategy.stats()["links"]["b"]["in_flight"] == 4 and strategy.counters["window_full"] == 1
-    strategy.on_message(_gradient_from("b", step=1, ack=4, hidden=64))  # b caught up
+    strategy.on_message(_gradient_from("b", step=1, ack=4, hidden=512))  # b caught up
     _step(strategy)
     assert strategy.observations().link_ratio["b"] == 1.0
     out = {o.to: o.message for o in _step(strategy)}
@@ -266,7 +266,7 @@ def test_the_links_of_a_host_share_its_uplink():
     assert strategy.stats()["uplink_bytes_per_s"] == pytest.approx(2600.0)
     _step(strategy)
     ratios = strategy.observations().link_ratio
-    share = entries_for_budget(0.9 * 2600 / 2, total, 4, math.ceil(0.01 * total)) / total
+    share = entries_for_budget(0.9 * 2600 / 2, total, 4, strategy.min_entries(total)) / total
     assert ratios == {"b": pytest.approx(share), "c": pytest.approx(share)} and share < 1
     assert strategy.counters["uplink_capped"] == 1
 
