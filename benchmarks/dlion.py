@@ -67,7 +67,6 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -236,12 +235,6 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
     }
 
 
-def _init() -> None:
-    from trainers.local import limit_torch_threads
-
-    limit_torch_threads(1)
-
-
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["kind"], r["partition"], r["nodes"], r["seed"], r["row"])
 
@@ -249,36 +242,15 @@ def _key(r: dict[str, Any]) -> tuple[Any, ...]:
 def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every task's result, each appended to ``log`` (JSON lines) as it ends; tasks already in
     ``done`` (an earlier log of the same settings) are not run again."""
-    have = {_key(r): r for r in done}
-    out = [have[_key(asdict(t))] for t in tasks if _key(asdict(t)) in have]
-    todo = [t for t in tasks if _key(asdict(t)) not in have]
-    if out:
-        print(f"reusing {len(out)} runs from {log}, {len(todo)} to go", flush=True)
-    begun = time.monotonic()
 
-    def keep(i: int, r: dict[str, Any]) -> None:
-        out.append(r)
-        with log.open("a") as f:
-            f.write(json.dumps(r, default=str) + "\n")
+    def line(i: int, count: int, r: dict[str, Any], begun: float) -> str:
         elapsed = time.monotonic() - begun
-        print(f"[{i}/{len(todo)}] {r['kind']} {r['partition']} N={r['nodes']} seed {r['seed']} {r['row']}: TTA "
-              f"{gossip_bench._s(r['tta_s'])}, acc@{s.acc_budget_s:g}s {gossip_bench._f3(r['acc_at_budget'])}, "
-              f"blocked {r['blocked_mean']:.0%} ({r['wall_s']:.1f} s; {elapsed / 60:.1f} min, "
-              f"~{elapsed / i * (len(todo) - i) / 60:.1f} min left)", flush=True)
+        return (f"[{i}/{count}] {r['kind']} {r['partition']} N={r['nodes']} seed {r['seed']} {r['row']}: TTA "
+                f"{gossip_bench._s(r['tta_s'])}, acc@{s.acc_budget_s:g}s {gossip_bench._f3(r['acc_at_budget'])}, "
+                f"blocked {r['blocked_mean']:.0%} ({r['wall_s']:.1f} s; {elapsed / 60:.1f} min, "
+                f"~{elapsed / i * (count - i) / 60:.1f} min left)")
 
-    if jobs <= 1:
-        _init()
-        for i, task in enumerate(todo, 1):
-            keep(i, run_task(task, s))
-    else:
-        import multiprocessing
-
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init) as pool:
-            futures = [pool.submit(run_task, task, s) for task in todo]
-            for i, future in enumerate(as_completed(futures), 1):
-                keep(i, future.result())
-    order = {_key(asdict(t)): i for i, t in enumerate(tasks)}
-    return sorted(out, key=lambda r: order[_key(r)])
+    return gossip_bench.run_logged(run_task, tasks, s, jobs, log, done, _key, line)
 
 
 # -- summary -------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -228,9 +229,19 @@ def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path | None = None,
             done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every task's result; each one is also appended to ``log`` (JSON lines) as it ends, and
     tasks whose result is in ``done`` (an earlier log of the same settings) are not run again."""
-    have = {_key(r): r for r in done or []}
-    out: list[dict[str, Any]] = [have[_key(asdict(t))] for t in tasks if _key(asdict(t)) in have]
-    todo = [t for t in tasks if _key(asdict(t)) not in have]
+    return run_logged(run_task, tasks, s, jobs, log, done or [], _key, _line)
+
+
+def run_logged(run: Callable[[Any, Any], dict[str, Any]], tasks: list[Any], s: Any, jobs: int,
+               log: Path | None, done: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple[Any, ...]],
+               line: Callable[[int, int, dict[str, Any], float], str]) -> list[dict[str, Any]]:
+    """``run(task, s)`` for every task not in ``done`` (by ``key``), in this process at
+    ``jobs`` 1, else in a pool of spawned processes (one torch thread each); every result is
+    appended to ``log`` as it ends and announced with ``line(i, count, result, begun)``.
+    Returns the results (``done``'s included) in the order of ``tasks``."""
+    have = {key(r): r for r in done}
+    out: list[dict[str, Any]] = [have[key(asdict(t))] for t in tasks if key(asdict(t)) in have]
+    todo = [t for t in tasks if key(asdict(t)) not in have]
     if out:
         print(f"reusing {len(out)} runs from the log, {len(todo)} to go", flush=True)
     begun = time.monotonic()
@@ -240,21 +251,21 @@ def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path | None = None,
         if log is not None:
             with log.open("a") as f:
                 f.write(json.dumps(result, default=str) + "\n")
-        print(_line(i, len(todo), result, begun), flush=True)
+        print(line(i, len(todo), result, begun), flush=True)
 
     if jobs <= 1:
         _init()
         for i, task in enumerate(todo, 1):
-            keep(i, run_task(task, s))
+            keep(i, run(task, s))
     else:
         import multiprocessing
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init) as pool:
-            futures = [pool.submit(run_task, task, s) for task in todo]
+            futures = [pool.submit(run, task, s) for task in todo]
             for i, future in enumerate(as_completed(futures), 1):
                 keep(i, future.result())
-    order = {_key(asdict(t)): i for i, t in enumerate(tasks)}
-    return sorted(out, key=lambda r: order[_key(r)])
+    order = {key(asdict(t)): i for i, t in enumerate(tasks)}
+    return sorted(out, key=lambda r: order[key(r)])
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
