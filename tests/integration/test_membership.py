@@ -138,6 +138,9 @@ def test_asp_worker_joins_leaves_and_dies_while_the_server_trains_on(kafka_boots
     assert server["counters"]["snapshots_sent"] >= 2
     assert trained["w2"]["joining"] and trained["w2"]["counters"]["snapshots_adopted"] >= 1
     # The rejoining w0 went on after the last step the server had of it (from its checkpoint
-    # or from the step the server's snapshot named): none of its gradients was a duplicate.
-    assert server["counters"].get("duplicates", 0) == 0
+    # or from the step the server's snapshot named). A restart quicker than the server's
+    # membership timeout gets no snapshot: the steps it redoes after its checkpoint (at most
+    # checkpoint_every_steps) reach the server again and its duplicate filter drops them,
+    # so none is applied twice.
+    assert server["counters"].get("duplicates", 0) <= cfg.train.checkpoint_every_steps
     assert server["version"] > 0 and server["staleness"]["count"] > 0
