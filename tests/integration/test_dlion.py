@@ -35,7 +35,7 @@ SLOW_LINKS = (("w0", "w2"), ("w1", "w2"), ("w2", "w0"), ("w2", "w1"))
 FAST_LINK = ("w0", "w1")
 #: Seconds the per-link shares may take to follow the new link (its iterations are
 #: reported: on this 2-core machine 10-66 of them, depending on the load).
-FOLLOW_S = 60
+FOLLOW_S = 90
 
 DLION_JOB = (
     "train.strategy=dlion",
