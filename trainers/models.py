@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -179,3 +180,80 @@ def _build_digits_cnn(input_shape: tuple[int, ...], num_classes: int, width: int
     if math.prod(input_shape) != 64 or input_shape not in ((64,), (1, 8, 8), (8, 8)):
         raise ModelConfigError(f"digits_cnn expects input_shape (64,) or (1, 8, 8), got {input_shape}")
     return DigitsCNN(num_classes, width=width)
+
+
+# -- stageable models ------------------------------------------------------------------
+#
+# Each is an ``nn.Sequential`` of named blocks (no BatchNorm, no dropout): the block names
+# are the boundaries ``trainers.stages.split_model`` can cut at, and a stage's output
+# depends only on its input and parameters.
+
+
+class Reshape(nn.Module):
+    """Reshape ``[N, ...]`` to ``[N, *shape]`` (no parameters)."""
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        super().__init__()
+        self.shape = tuple(int(d) for d in shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], *self.shape)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}"
+
+
+def _conv_block(conv: Callable[..., nn.Module], c_in: int, c_out: int, kernel: int) -> list[nn.Module]:
+    """Two ``conv`` (same padding) + ReLU layers: ``c_in -> c_out -> c_out``."""
+    pad = kernel // 2
+    return [conv(c_in, c_out, kernel, padding=pad), nn.ReLU(), conv(c_out, c_out, kernel, padding=pad), nn.ReLU()]
+
+
+def _check_stageable_options(name: str, width: int, hidden: int) -> None:
+    if width < 1 or hidden < 1:
+        raise ModelConfigError(f"{name}: width and hidden must be >= 1, got width={width}, hidden={hidden}")
+
+
+@register_model("conv8")
+def _build_conv8(input_shape: tuple[int, ...], num_classes: int, width: int = 8, hidden: int = 64) -> nn.Module:
+    """6 conv (3x3) + 2 FC layers for 8x8 single-channel images, blocks block1..block3, fc1, fc2.
+
+    Activations per sample: block1 [c, 8, 8], block2 [2c, 4, 4], block3 [4c, 2, 2],
+    fc1 [hidden], fc2 [num_classes] (c = ``width``).
+    """
+    if input_shape not in ((64,), (1, 8, 8), (8, 8)):
+        raise ModelConfigError(f"conv8 expects input_shape (64,), (8, 8) or (1, 8, 8), got {input_shape}")
+    _check_stageable_options("conv8", width, hidden)
+    c = width
+    blocks = OrderedDict(
+        block1=nn.Sequential(Reshape((1, 8, 8)), *_conv_block(nn.Conv2d, 1, c, 3)),
+        block2=nn.Sequential(nn.MaxPool2d(2), *_conv_block(nn.Conv2d, c, 2 * c, 3)),
+        block3=nn.Sequential(nn.MaxPool2d(2), *_conv_block(nn.Conv2d, 2 * c, 4 * c, 3)),
+        fc1=nn.Sequential(nn.Flatten(), nn.Linear(4 * c * 2 * 2, hidden), nn.ReLU()),
+        fc2=nn.Linear(hidden, num_classes),
+    )
+    return nn.Sequential(blocks)
+
+
+@register_model("conv8_1d")
+def _build_conv8_1d(input_shape: tuple[int, ...], num_classes: int, width: int = 8, hidden: int = 64) -> nn.Module:
+    """6 conv (kernel 5) + 2 FC layers over sensor windows ``[C, T]`` (T >= 4 at build time).
+
+    Blocks block1..block3 (max-pool by 2 opening block2 and block3), fc1 (global average
+    pool over time + Linear + ReLU), fc2. Activations per sample: block1 [c, T],
+    block2 [2c, T//2], block3 [4c, T//4], fc1 [hidden], fc2 [num_classes].
+    """
+    if len(input_shape) != 2:
+        raise ModelConfigError(f"conv8_1d expects input_shape (channels, time), got {input_shape}")
+    if input_shape[1] < 4:
+        raise ModelConfigError(f"conv8_1d needs time >= 4 (two max-pools by 2), got {input_shape}")
+    _check_stageable_options("conv8_1d", width, hidden)
+    c = width
+    blocks = OrderedDict(
+        block1=nn.Sequential(*_conv_block(nn.Conv1d, input_shape[0], c, 5)),
+        block2=nn.Sequential(nn.MaxPool1d(2), *_conv_block(nn.Conv1d, c, 2 * c, 5)),
+        block3=nn.Sequential(nn.MaxPool1d(2), *_conv_block(nn.Conv1d, 2 * c, 4 * c, 5)),
+        fc1=nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(4 * c, hidden), nn.ReLU()),
+        fc2=nn.Linear(hidden, num_classes),
+    )
+    return nn.Sequential(blocks)
