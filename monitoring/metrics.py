@@ -42,7 +42,8 @@ OBSERVATIONS = ("commit_target", "committed_local_steps", "blocked_seconds", "cl
                 *(f"fit_{param}" for param in LOSS_FIT_PARAMS),
                 "idle_fraction", "iteration_time_s", "iteration_time_cv", "neighbour_lag", "mixing_weights",
                 "model_sketch", "link_bandwidth", "link_ratio", "link_bytes", "batch_size", "capacity",
-                "knowledge_transfers")
+                "knowledge_transfers", "stage", "stage_samples", "synthesizer_loss", "boundary_in_flight",
+                "queued_inputs")
 
 
 class Metrics:
@@ -306,6 +307,31 @@ class Metrics:
             "Models of sender `peer` merged into the worker's model (direct knowledge transfer; DLion)",
             ["worker", "peer"], registry=r,
         )
+        # --- synthetic gradients (stage-split models) ------------------------------------------
+        self.stage = Gauge(
+            "edgestream_worker_stage", "Which stage of the split model the worker holds (0 reads the streams)",
+            ["worker"], registry=r,
+        )
+        self.stage_samples = Counter(
+            "edgestream_stage_samples_total",
+            "Samples the worker's stage trained on (stage 0: stream records; later stages: received activations)",
+            ["worker"], registry=r,
+        )
+        self.synthesizer_loss = Gauge(
+            "edgestream_synthesizer_loss",
+            "MSE of the stage's synthetic gradient against the last true gradient, per-sample scale (DNI)",
+            ["worker"], registry=r,
+        )
+        self.boundary_in_flight = Gauge(
+            "edgestream_boundary_in_flight_messages",
+            "Activations the stage sent on that still wait for their true gradient (its output boundary)",
+            ["worker"], registry=r,
+        )
+        self.stage_queue = Gauge(
+            "edgestream_stage_queue_messages",
+            "Activations and gradients received and waiting for the stage's step (its input boundary)",
+            ["worker"], registry=r,
+        )
         self._observed_totals: dict[tuple[str, ...], float] = {}
         #: (worker, observation) -> label values of the children last set for a keyed observation
         self._observed_keys: dict[tuple[str, str], set[str]] = {}
@@ -446,6 +472,11 @@ class Metrics:
             "batch_size": (self.step_batch, ()),
             "capacity": (self.capacity, ()),
             "knowledge_transfers": (self.knowledge_transfers, ()),
+            "stage": (self.stage, ()),
+            "stage_samples": (self.stage_samples, ()),
+            "synthesizer_loss": (self.synthesizer_loss, ()),
+            "boundary_in_flight": (self.boundary_in_flight, ()),
+            "queued_inputs": (self.stage_queue, ()),
         })
         return out
 

@@ -175,7 +175,9 @@ def parse_cpu_list(text: str) -> set[int]:
 class TrainSection:
     #: false: ingest only (batches are counted); true: workers train online.
     enabled: bool = False
-    model: str = "mlp"  # mlp | cnn1d | digits_cnn
+    model: str = "mlp"  # mlp | cnn1d | digits_cnn | conv8 | conv8_1d (`edgestream models`)
+    #: Options of the model, e.g. ["hidden=[128, 64]"] (mlp) or ["norm=batch", "width=8"] (conv8).
+    model_params: list[str] = field(default_factory=list)
     strategy: str = "bsp"  # a registered strategy (trainers.strategies.names())
     lr: float = 0.1
     momentum: float = 0.9
@@ -229,6 +231,10 @@ class TrainSection:
     #: The workers a job starts with (the strategy's initial members); others enter with
     #: ``edgestream worker --join``. [] = every configured worker.
     initial_workers: list[str] = field(default_factory=list)
+    #: Cut the model into stages after these of its top-level blocks (``edgestream models``
+    #: lists them), one worker per stage: w0 holds stage 0 and reads every device, w1 the next
+    #: stage, ... Needs a stage-split strategy (pipeline_bp, dni, cdni). [] = not split.
+    stages: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -373,7 +379,14 @@ class JobConfig:
                 f"train.initial_workers names {unknown}, not workers of this job ({self.worker_names()})"
             )
         _choice("train.compression_controller", self.train.compression_controller, ("none", "accordion", "budget"))
-        for key in ("codec_params", "strategy_params", "controller_params"):
+        if self.train.stages:
+            if len(self.train.stages) + 1 != self.workers.count:
+                raise ConfigError(
+                    f"train.stages = {self.train.stages} cuts the model into {len(self.train.stages) + 1} stages, "
+                    f"one worker each: set workers.count = {len(self.train.stages) + 1} (it is {self.workers.count})")
+            if self.train.initial_workers:
+                raise ConfigError("train.initial_workers cannot be used with train.stages (every stage is needed)")
+        for key in ("codec_params", "strategy_params", "controller_params", "model_params"):
             for item in getattr(self.train, key):
                 if "=" not in item:
                     raise ConfigError(f"train.{key} entries look like name=value (got {item!r})")
@@ -419,6 +432,8 @@ class JobConfig:
         if worker not in names:
             raise ConfigError(f"unknown worker {worker!r}; this job has {names}")
         index = names.index(worker)
+        if self.train.stages:  # a split model: its first stage reads every device
+            return self.devices.device_ids() if index == 0 else []
         return self.devices.device_ids()[index :: self.workers.count]
 
     def state_path(self) -> Path:

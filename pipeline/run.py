@@ -87,6 +87,9 @@ class RunResult:
     left: list[str] = field(default_factory=list)
     #: Workers started after the run began (``RunContext.start_worker``), in order.
     joined: list[str] = field(default_factory=list)
+    #: A stage-split job (``train.stages``): the stages' final checkpoints put together and
+    #: evaluated on the held-out set (``pipeline.training.assembled_evaluation``).
+    assembled: dict | None = None
 
     def to_dict(self) -> dict:
         return self.__dict__
@@ -450,10 +453,20 @@ def run_job(
     result = RunResult(produced, garbage, accounting, balanced, time.monotonic() - t_start,
                        {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
                        list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined))
+    if training and cfg.train.stages:
+        from pipeline.simulate import job_fleet_data
+        from pipeline.training import assembled_evaluation  # torch: only for training runs
+
+        result.assembled = assembled_evaluation(
+            cfg, job_fleet_data(cfg), {name: state / "workers" / name for name in cfg.worker_names()})
     (state / "summary.json").write_text(json.dumps(result.to_dict(), indent=2))
     console.print(summary_table(result, training))
     if training:
         console.print(training_table(result))
+    if result.assembled is not None:
+        console.print(f"assembled model (stages {' -> '.join(result.assembled['versions'])}, from their final "
+                      f"checkpoints at versions {', '.join(map(str, result.assembled['versions'].values()))}): "
+                      f"held-out accuracy {result.assembled['accuracy']:.3f}, loss {result.assembled['loss']:.3f}")
     if result.deaths:
         console.print(deaths_table(result))
     return result

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import JobConfig
+from pipeline.config import ConfigError, JobConfig
 from pipeline.simulate import job_fleet_data
+from pipeline.training import parse_params
 from trainers.simclock import RunConfig, StreamSet
 
 
@@ -32,8 +33,12 @@ def run_config_from_job(cfg: JobConfig, **overrides: Any) -> RunConfig:
     ``overrides`` are ``RunConfig`` fields that win over the job's (e.g. ``time_budget_s``).
     """
     train = cfg.train
+    if train.stages:
+        raise ConfigError("the simulated clock runs whole-model strategies; a stage-split job (train.stages) "
+                          "runs on the broker: edgestream run")
     values: dict[str, Any] = {
         "model": train.model,
+        "model_options": parse_params(train.model_params),
         "lr": train.lr,
         "momentum": train.momentum,
         "seed": cfg.job.seed,

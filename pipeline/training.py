@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -62,12 +63,19 @@ from streams.simulator import FleetData
 from trainers import LocalTrainer, build_model, limit_torch_threads
 from trainers.checkpoint import CheckpointStore
 from trainers.driver import DriverConfig, Outbound, Stepped, TrainingDriver
-from trainers.errors import CheckpointNotFound, CheckpointRefused
+from trainers.errors import (
+    CheckpointNotFound,
+    CheckpointRefused,
+    ModelConfigError,
+    NoUsableCheckpoint,
+)
+from trainers.evaluation import evaluate
 from trainers.guard import StepRejection
 from trainers.injection import DataInjector, shared_pool
 from trainers.membership import HEARTBEAT, LEAVE, OPS, Liveness, is_stale
 from trainers.messages import UpdateMessage
-from trainers.strategies import StrategyContext, create
+from trainers.stages import compose, stage_trainer
+from trainers.strategies import StrategyContext, create, stage_split_names
 from trainers.wire import (
     HEADER_CODEC,
     HEADER_KIND,
@@ -181,9 +189,7 @@ def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "wor
     (``StrategyContext.joining``; its members are then the others).
     Raises ``ConfigError`` naming the key when the strategy or codec cannot be built.
     """
-    model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
-                        standardize=data.input_stats)
-    trainer = LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
+    trainer = build_trainer(cfg, name, data)
     members = tuple(w for w in initial_workers(cfg) if not (joining and w == name))
     try:
         strategy = create(
@@ -208,6 +214,43 @@ def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "wor
         return TrainingDriver(name, trainer, strategy, driver_config(cfg), injector=injector)
     except Exception as exc:
         raise ConfigError(f"train.codec={cfg.train.codec!r} with train.strategy={cfg.train.strategy!r}: {exc}") from exc
+
+
+def build_trainer(cfg: JobConfig, name: str, data: FleetData) -> LocalTrainer:
+    """The model of process ``name``: the whole model, or its stage (``train.stages``)."""
+    model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
+                        standardize=data.input_stats, **parse_params(cfg.train.model_params))
+    if not cfg.train.stages:
+        return LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
+    if cfg.train.strategy not in stage_split_names():
+        raise ConfigError(f"train.stages splits the model; train.strategy={cfg.train.strategy!r} trains whole "
+                          f"models: use one of {', '.join(stage_split_names())}")
+    try:
+        return stage_trainer(model, cfg.train.stages, cfg.worker_names().index(name), data.feature_shape,
+                             data.num_classes, lr=cfg.train.lr, momentum=cfg.train.momentum)
+    except ModelConfigError as exc:
+        raise ConfigError(f"train.stages = {cfg.train.stages} for train.model={cfg.train.model!r}: {exc}") from None
+
+
+def assembled_evaluation(cfg: JobConfig, data: FleetData, state_dirs: dict[str, Path]) -> dict[str, Any]:
+    """A stage-split job's model put together from each stage's newest checkpoint (worker
+    ``w<k>`` holds stage k; ``state_dirs``: worker -> its state directory), evaluated on the
+    held-out set: ``{"accuracy", "loss", "versions": {worker: version}}``. ``ConfigError``
+    if a stage has no usable checkpoint."""
+    trainers: list[LocalTrainer] = []
+    versions = {}
+    for name in cfg.worker_names():
+        driver = build_driver(cfg, name, data)
+        store = CheckpointStore(state_dirs[name] / "checkpoints", keep=cfg.train.checkpoint_keep,
+                                legacy_path=state_dirs[name] / "checkpoint.bin")
+        try:
+            store.restore(driver.trainer, driver.strategy)
+        except (CheckpointNotFound, NoUsableCheckpoint) as exc:
+            raise ConfigError(f"stage {name} has no usable checkpoint in {state_dirs[name]}: {exc}") from exc
+        trainers.append(driver.trainer)
+        versions[name] = driver.trainer.version
+    result = evaluate(compose([t.model for t in trainers]), data.heldout.features, data.heldout.labels)
+    return {"accuracy": float(result.accuracy), "loss": float(result.loss), "versions": versions}
 
 
 def has_checkpoint(cfg: JobConfig, state_dir: Path) -> bool:
@@ -622,7 +665,11 @@ class TrainingRuntime:
                 await self._drain_inbox()
                 await self._send(await self._call(self.driver.poll, time.monotonic()))
                 trained = False
-                if await self._call(self.driver.can_train):
+                if await self._call(self.driver.queued_steps):
+                    # A later stage of a split model: a step on a received activation (or gradient).
+                    await self._step_queued()
+                    trained = True
+                elif await self._call(self.driver.can_train):
                     if not self.pending.records:
                         if self._ready_since is None:
                             self._ready_since = time.monotonic()  # allowed to train, no data yet
@@ -729,6 +776,34 @@ class TrainingRuntime:
         self._log_vote(stepped.vote_switched_to)
         # Once its update is published, the batch's records are settled.
         await self._send(stepped.outbound, settle=parts)
+        await self._count_towards_checkpoint()
+
+    async def _step_queued(self) -> None:
+        """One step on an input the strategy received in a message: no stream records are
+        involved (a rejected one is counted; its input is dropped by the strategy)."""
+        started = time.monotonic()
+        stepped: Stepped = await self._call(self.driver.step_queued)
+        compute_s = time.monotonic() - started
+        if stepped.rejection is not None:
+            self.stats.rejected_steps += 1
+            reason = stepped.rejection.reason
+            self.stats.rejected_by_reason[reason] = self.stats.rejected_by_reason.get(reason, 0) + 1
+            self.metrics.rejected_steps.labels(self.name, reason).inc()
+            log.warning("%s: queued step rejected (%s): %s", self.name, reason, stepped.rejection.detail)
+            return
+        emulated_s = emulated_wait_s(compute_s, stepped.samples, self.cfg.workers.step_base_s,
+                                     self.cfg.workers.step_per_record_s, self.slowdown)
+        if emulated_s > 0.0:
+            await asyncio.sleep(emulated_s)
+        self.stats.steps += 1
+        if math.isfinite(stepped.loss):
+            self.stats.loss = float(stepped.loss)
+        self.metrics.record_step(self.name, step_s=time.monotonic() - started, wait_s=0.0, records=0,
+                                 loss=self.stats.loss)
+        for versions in stepped.staleness:
+            self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=0.0)
+        self._record_prequential([], stepped)
+        await self._send(stepped.outbound)
         await self._count_towards_checkpoint()
 
     def _record_prequential(self, parts: list[Batch], stepped: Stepped) -> None:

@@ -129,9 +129,11 @@ def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
 
     data = job_fleet_data(cfg)
     try:
-        build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed)
+        build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
+                    **parse_params(cfg.train.model_params))
     except Exception as exc:
-        raise ConfigError(f"train.model={cfg.train.model!r}: {exc}") from exc
+        given = f" with train.model_params={cfg.train.model_params}" if cfg.train.model_params else ""
+        raise ConfigError(f"train.model={cfg.train.model!r}{given}: {exc}") from exc
     try:
         compressors.create(cfg.train.codec, **parse_params(cfg.train.codec_params))
     except Exception as exc:

@@ -137,6 +137,10 @@ class Stepped:
     #: Samples the injector added to the batch (trained on, not scored).
     injected: int = 0
     vote_switched_to: bool | None = None
+    #: Samples the step trained on (a queued step trains on a received activation: 0 records).
+    samples: int = 0
+    #: Staleness of the updates the strategy applied during the step (queued steps).
+    staleness: tuple[int, ...] = ()
 
 
 @dataclass
@@ -258,7 +262,10 @@ class TrainingDriver:
             return Handled(rejection=exc)
         if transit_s is not None and math.isfinite(transit_s) and transit_s > 0:
             self.strategy.on_arrival(msg.sender, len(value), float(transit_s))
-        out = self.strategy.on_message(msg)
+        try:
+            out = self.strategy.on_message(msg)
+        except MessageRejected as exc:  # the strategy's own checks (it changed nothing)
+            return Handled(rejection=exc)
         return Handled(self.encode(out), message=msg, staleness=tuple(self.strategy.staleness.take_new()),
                        vote_switched_to=self._decision_switch())
 
@@ -297,6 +304,11 @@ class TrainingDriver:
     def can_train(self) -> bool:
         return self.strategy.role == "worker" and self.strategy.can_train()
 
+    def queued_steps(self) -> int:
+        """Steps the strategy can take now on inputs that came in messages (a later stage of
+        a split model): the adapter runs them with :meth:`step_queued`, before stream steps."""
+        return self.strategy.queued_steps() if self.strategy.role == "worker" else 0
+
     def batch_limit(self) -> int:
         """Most records the next local step takes."""
         wanted = self.strategy.batch_size_wanted()
@@ -319,6 +331,7 @@ class TrainingDriver:
             return self._rejected(self.guard.reject_batch(exc), records)
         rejection = self.guard.check(result)
         if rejection is not None:
+            self.strategy.local_step_rejected()
             return self._rejected(rejection, records)
         mask = None if result.correct is None else np.asarray(result.correct[:records], dtype=bool)
         if mask is not None:
@@ -334,7 +347,28 @@ class TrainingDriver:
         self.accepted_steps += 1
         if any(o.compressed and o.kind in ("gradient", "delta") for o in encoded):
             self.compressed_steps += 1
-        return Stepped(None, encoded, records, result.loss, mask, injected, self._decision_switch())
+        return Stepped(None, encoded, records, result.loss, mask, injected, self._decision_switch(),
+                       samples=result.batch_size, staleness=tuple(self.strategy.staleness.take_new()))
+
+    def step_queued(self) -> Stepped:
+        """One step on the strategy's next queued input (``queued_steps() > 0``): no stream
+        records; the guard, the prequential score (if the step can tell) and the encoding as
+        in :meth:`step`. A rejected one publishes nothing (its input is dropped, counted)."""
+        try:
+            result = self.strategy.local_step(self.trainer, None, None)
+        except BatchError as exc:
+            return self._rejected(self.guard.reject_batch(exc), 0)
+        rejection = self.guard.check(result)
+        if rejection is not None:
+            self.strategy.local_step_rejected()
+            return self._rejected(rejection, 0)
+        mask = None if result.correct is None else np.asarray(result.correct, dtype=bool)
+        if mask is not None:
+            self.prequential.add(len(mask), int(mask.sum()), result.loss)
+        encoded = self.encode(self.strategy.on_local_step(result))
+        self.accepted_steps += 1
+        return Stepped(None, encoded, 0, result.loss, mask, samples=result.batch_size,
+                       staleness=tuple(self.strategy.staleness.take_new()))
 
     def _rejected(self, rejection: StepRejection, records: int) -> Stepped:
         return Stepped(rejection, [], records)

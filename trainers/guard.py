@@ -78,7 +78,10 @@ class StepGuard:
         rejection = self._judge(result)
         if rejection is None:
             self.accepted += 1
-            self._norms.append(self._last_norm)
+            # A step without a gradient (a stage's forward-only step) or with an all-zero one (a
+            # stage whose synthetic gradient is still zero) says nothing of the scale to expect.
+            if self._last_norm > 0:
+                self._norms.append(self._last_norm)
         else:
             self.rejected += 1
         return rejection

@@ -33,7 +33,8 @@ def boundary_names(model: nn.Module) -> list[str]:
 
 
 def split_model(model: nn.Module, boundaries: Sequence[str]) -> list[nn.Sequential]:
-    """Cut ``model`` after each of ``boundaries`` (in model order) into ``len(boundaries) + 1`` stages.
+    """Cut ``model`` after each of ``boundaries`` (in model order) into ``len(boundaries) + 1`` stages
+    (no boundaries: one stage, the whole model, which is then its own top).
 
     Stage k holds the children after ``boundaries[k-1]`` up to and including
     ``boundaries[k]``. The modules are shared with ``model`` (same Parameter objects) and
@@ -42,8 +43,6 @@ def split_model(model: nn.Module, boundaries: Sequence[str]) -> list[nn.Sequenti
     """
     valid = boundary_names(model)
     cuts = list(boundaries)
-    if not cuts:
-        raise ModelConfigError(f"no boundaries given; valid boundaries: {', '.join(valid)}")
     position = {name: i for i, name in enumerate(valid)}
     for name in cuts:
         if name not in position:
@@ -139,6 +138,20 @@ def _install_standardizer(module: nn.Module, standardizer: InputStandardizer) ->
     module.input_standardizer = standardizer
 
 
+def stage_trainer(model: nn.Module, boundaries: Sequence[str], stage: int, input_shape: Sequence[int],
+                  num_classes: int, **trainer_kwargs: Any) -> StageTrainer:
+    """The :class:`StageTrainer` of stage ``stage`` of ``model`` (a whole model, as
+    ``build_model`` made it) cut at ``boundaries``, with its boundary shapes filled in.
+    ``ModelConfigError`` for bad boundaries or a stage out of range."""
+    stages = split_model(model, boundaries)
+    if not 0 <= stage < len(stages):
+        raise ModelConfigError(f"stage {stage} out of range: {len(boundaries)} boundaries make {len(stages)} stages")
+    shapes = [tuple(int(d) for d in input_shape), *boundary_shapes(model, boundaries, input_shape)]
+    output = shapes[stage + 1] if stage + 1 < len(shapes) else (int(num_classes),)
+    return StageTrainer(stages[stage], stage=stage, stages=len(stages), input_shape=shapes[stage],
+                        output_shape=output, num_classes=num_classes, **trainer_kwargs)
+
+
 @dataclass
 class StageForward:
     """One stage's forward pass, kept until its backward (one backward per forward)."""
@@ -168,7 +181,11 @@ class StageTrainer(LocalTrainer):
     their change reported as ``buffer_deltas``.
     """
 
-    def __init__(self, model: nn.Module, *, stage: int, stages: int, **trainer_kwargs: Any) -> None:
+    def __init__(self, model: nn.Module, *, stage: int, stages: int, input_shape: Sequence[int] = (),
+                 output_shape: Sequence[int] = (), num_classes: int = 0, **trainer_kwargs: Any) -> None:
+        """``input_shape`` / ``output_shape``: per-sample shapes at the stage's input and
+        output boundaries; ``num_classes``: the model's classes (what the labels a stage
+        receives may be). Strategies read them to validate and synthesise."""
         if stages < 1 or not 0 <= stage < stages:
             raise ValueError(f"stage {stage} out of range for {stages} stages")
         if not any(p.requires_grad for p in model.parameters()):
@@ -178,6 +195,9 @@ class StageTrainer(LocalTrainer):
         super().__init__(model, **trainer_kwargs)
         self.stage = int(stage)
         self.stages = int(stages)
+        self.input_shape = tuple(int(d) for d in input_shape)
+        self.output_shape = tuple(int(d) for d in output_shape)
+        self.num_classes = int(num_classes)
 
     @property
     def top(self) -> bool:
@@ -202,14 +222,28 @@ class StageTrainer(LocalTrainer):
                 raise BatchError("activation contains NaN or infinity")
             x.requires_grad_(True)
         self.model.train()
-        float_buffers = self._float_buffers()
-        before = {name: b.detach().clone() for name, b in float_buffers.items()}
-        output = self.model(x)
+        # The forward runs on copies of the floating-point buffers (BatchNorm's running
+        # statistics), which the graph may keep for the backward; the model's own buffers are
+        # left as they were, and what the forward would have done to them is reported.
+        originals: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+        for module in self.model.modules():
+            for key, buffer in module._buffers.items():
+                if buffer is not None and buffer.is_floating_point():
+                    originals.append((module._buffers, key, buffer))
+                    module._buffers[key] = buffer.detach().clone()
+        try:
+            output = self.model(x)
+        finally:
+            copies = [(table, key, table[key]) for table, key, _ in originals]
+            for table, key, buffer in originals:
+                table[key] = buffer
         deltas = {}
+        by_id = {id(buffer): name for name, buffer in self._float_buffers().items()}
         with torch.no_grad():
-            for name, buffer in float_buffers.items():
-                deltas[name] = (buffer - before[name]).to("cpu", torch.float32)
-                buffer.copy_(before[name])
+            for (_, _, buffer), (_, _, copy) in zip(originals, copies, strict=True):
+                name = by_id.get(id(buffer))
+                if name is not None:
+                    deltas[name] = (copy - buffer).to("cpu", torch.float32)
         if output.shape[0] != x.shape[0]:
             raise BatchError(
                 f"stage output {tuple(output.shape)} lost the batch dimension of {tuple(x.shape)}"

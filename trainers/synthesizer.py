@@ -27,6 +27,18 @@ class Synthesizer:
     gradient is about 1/N of a per-sample quantity. The module regresses ``N * dL/dh``
     (independent of N) and :meth:`predict` divides by N, so one module serves any batch size.
     ``y`` (integer labels [N]) is required when ``conditioned`` and ignored otherwise.
+
+    Normalised: the module sees ``h`` divided by a running RMS of the activations and
+    regresses targets divided by a running RMS of the targets (both exponential averages,
+    rate ``stats_rate``), so its optimizer's step (Adam moves each weight by about ``lr``
+    whatever the scale) means the same at every boundary. Without it the first updates of
+    a synthesiser over large activations predict gradients many times the true ones, and
+    the stage that follows them kills its ReLUs within a few steps (seen on ``conv8``).
+
+    :attr:`trust` (0..1) is ``1 - relative error``: the running MSE of the predictions
+    (measured on each target before learning from it) over the running mean square of the
+    targets, clamped. 0 until the first target; a synthesiser no better than predicting
+    zero has trust 0.
     """
 
     def __init__(
@@ -39,6 +51,7 @@ class Synthesizer:
         lr: float = 1e-3,
         seed: int = 0,
         optimizer: str = "adam",
+        stats_rate: float = 0.05,
     ) -> None:
         self.shape = tuple(int(d) for d in shape)
         if not self.shape or any(d <= 0 for d in self.shape):
@@ -59,6 +72,13 @@ class Synthesizer:
         self.optimizer_name = optimizer
         self.width = math.prod(self.shape)
         self.updates = 0
+        if not 0 < stats_rate <= 1:
+            raise ValueError(f"stats_rate must be in (0, 1], got {stats_rate}")
+        self.stats_rate = float(stats_rate)
+        self.h_rms = 0.0  # running RMS of h (0: not seen yet)
+        self.target_rms = 0.0  # running RMS of N * dL/dh
+        self.error_ms = 0.0  # running MSE of the predictions, per-sample scale
+        self.target_ms = 0.0  # running mean square of the targets, per-sample scale
         in_features = self.width + (self.num_classes if self.conditioned else 0)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
@@ -92,7 +112,14 @@ class Synthesizer:
         """Synthetic dL/dh for the batch ``h``: float32, shape of ``h``, no graph."""
         with torch.no_grad():
             x = self._inputs(h, y)
-            return (self.module(x) / h.shape[0]).reshape(h.shape).contiguous()
+            return (self.module(x) * (self.target_rms / h.shape[0])).reshape(h.shape).contiguous()
+
+    @property
+    def trust(self) -> float:
+        """``1 - relative error`` of recent predictions, in [0, 1] (0 before any target)."""
+        if self.target_ms <= 0:
+            return 0.0
+        return min(1.0, max(0.0, 1.0 - self.error_ms / self.target_ms))
 
     def update(self, h: torch.Tensor, y: torch.Tensor | None, target: torch.Tensor) -> float:
         """One optimizer step of MSE(module(h, y), N * target); return that MSE before the step."""
@@ -103,16 +130,26 @@ class Synthesizer:
             )
         if not bool(torch.isfinite(target).all()):
             raise ValueError("target contains NaN or infinity")
-        x = self._inputs(h, y)
         goal = target.to(torch.float32).reshape(h.shape[0], self.width) * h.shape[0]
+        rate = self.stats_rate if self.updates else 1.0
+        with torch.no_grad():
+            # The error of what predict would have said, before learning from this target.
+            error = float(F.mse_loss(self.module(self._inputs(h, y)) * self.target_rms, goal))
+            goal_ms = float(goal.pow(2).mean())
+            self.error_ms += rate * (error - self.error_ms)
+            self.target_ms += rate * (goal_ms - self.target_ms)
+            self.target_rms += rate * (math.sqrt(goal_ms) - self.target_rms)
+            h_rms = float(h.detach().to(torch.float32).pow(2).mean().sqrt())
+            self.h_rms += rate * (h_rms - self.h_rms)
+        x = self._inputs(h, y)
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.mse_loss(self.module(x), goal)
+        loss = F.mse_loss(self.module(x), goal / max(self.target_rms, 1e-12))
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
-        return float(loss.detach())
+        return error
 
     def state_dict(self) -> dict[str, Any]:
         """Module, optimizer, update count and configuration; tensors and primitives only."""
@@ -127,6 +164,7 @@ class Synthesizer:
             "module": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "updates": self.updates,
+            "stats": [self.h_rms, self.target_rms, self.error_ms, self.target_ms],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -146,6 +184,7 @@ class Synthesizer:
             self.module.load_state_dict(state["module"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.updates = int(state["updates"])
+            self.h_rms, self.target_rms, self.error_ms, self.target_ms = (float(v) for v in state["stats"])
         except (KeyError, TypeError, RuntimeError) as exc:
             raise ValueError(f"synthesizer state does not fit: {exc}") from exc
 
@@ -156,6 +195,7 @@ class Synthesizer:
         flat = h.detach().to(torch.float32).reshape(h.shape[0], self.width)
         if not bool(torch.isfinite(flat).all()):
             raise ValueError("h contains NaN or infinity")
+        flat = flat / max(self.h_rms, 1e-12) if self.h_rms > 0 else flat
         if not self.conditioned:
             return flat
         if y is None:

@@ -1,6 +1,6 @@
 """Sync strategies, one module each; importing this package registers them all."""
 
-from trainers.strategies import adsp, asp, bsp, dlion, gossip, localsgd, scadles, ssp  # noqa: F401  (registry entries: one line per strategy)
+from trainers.strategies import adsp, asp, bsp, dlion, gossip, localsgd, scadles, ssp, staged  # noqa: F401  (registry entries: one line per strategy)
 from trainers.strategies.base import (
     Observations,
     Outgoing,
@@ -11,6 +11,7 @@ from trainers.strategies.base import (
     names,
     register,
     roles,
+    stage_split_names,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "names",
     "register",
     "roles",
+    "stage_split_names",
 ]

@@ -111,6 +111,16 @@ class Observations:
     """Level: measured samples per second this worker can train (DLion)."""
     knowledge_transfers: Mapping[str, float] | None = None
     """Total per sender: models merged into this worker's from that peer (direct knowledge transfer; DLion)."""
+    stage: int | None = None
+    """Level: which stage of a split model this worker holds (0 reads the streams; synthetic gradients)."""
+    stage_samples: int | None = None
+    """Total: samples this stage trained on (forward and update), whoever fed them (synthetic gradients)."""
+    synthesizer_loss: float | None = None
+    """Level: MSE of this stage's synthetic gradient against the last true gradient, per-sample scale (DNI)."""
+    boundary_in_flight: int | None = None
+    """Level: this stage's activations sent on and still waiting for their true gradient (synthetic gradients)."""
+    queued_inputs: int | None = None
+    """Level: activations (and gradients) received and waiting for this stage's step (synthetic gradients)."""
 
 
 class SyncStrategy(ABC):
@@ -185,6 +195,9 @@ class SyncStrategy(ABC):
     #: whatever the delivery order and duplicates (BSP, ScaDLES); the conformance suite
     #: (tests/unit/trainers/test_strategy_conformance.py) checks it when True.
     replicas_identical: ClassVar[bool] = False
+    #: Whether each worker holds one stage of a split model (``train.stages``; its trainer is a
+    #: ``trainers.stages.StageTrainer``, one worker per stage, stage 0 reads every device).
+    stage_split: ClassVar[bool] = False
 
     def compression_signal_ratio(self) -> float | None:
         """Top-k ratio at which the driver computes the compression signal of every new
@@ -221,6 +234,19 @@ class SyncStrategy(ABC):
         """The local step on one batch. Default: full-model cross-entropy
         (``trainer.compute_gradient``); a stage trainer overrides it (synthetic gradients)."""
         return trainer.compute_gradient(features, labels)
+
+    def local_step_rejected(self) -> None:
+        """The step guard refused the result :meth:`local_step` just returned: nothing of it
+        is applied or published (a strategy that prepared messages in ``local_step`` drops
+        them). Default: nothing."""
+        return None
+
+    def queued_steps(self) -> int:
+        """Local steps this worker can take now on inputs it received in messages rather than
+        from its streams (a later stage of a split model: activations); the adapter runs them
+        (``local_step`` with ``features`` and ``labels`` None) before stream steps, whatever
+        :meth:`can_train` says. Default 0."""
+        return 0
 
     def on_evaluation(self, accuracy: float, loss: float) -> list[Outgoing]:
         """The held-out evaluation of this process's model (accuracy-aware mixing:
@@ -330,6 +356,11 @@ def roles(name: str) -> tuple[Role, ...]:
         return _REGISTRY[name].roles
     except KeyError:
         raise UnknownStrategyError(name, names()) from None
+
+
+def stage_split_names() -> list[str]:
+    """Registered strategies whose workers each hold one stage of a split model (``stage_split``)."""
+    return sorted(n for n, e in _REGISTRY.items() if getattr(e.factory, "stage_split", False))
 
 
 def create(name: str, ctx: StrategyContext, **params: Any) -> SyncStrategy:

@@ -21,7 +21,7 @@ ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "s
 # sketch, in the model's parameter units.
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",
                  "_up", "_ready", "_workers", "_paused", "_version", "_loss", "_vote", "_commits", "_steps",
-                 "_fit", "_sketch", "_per_second")
+                 "_fit", "_sketch", "_per_second", "_stage")
 
 
 @pytest.mark.parametrize("metric", Metrics().metric_objects(), ids=lambda m: m._name)

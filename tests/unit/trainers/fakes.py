@@ -253,6 +253,8 @@ class Event:
             out = driver.handle(*self.args).outbound
         elif self.op == "step":
             out = driver.step(*self.args).outbound
+        elif self.op == "step_queued":
+            out = driver.step_queued().outbound
         elif self.op == "poll":
             out = driver.poll(*self.args)
         elif self.op == "membership":
@@ -296,6 +298,8 @@ class Node:
     step_rejections: list[StepRejection] = field(default_factory=list)
     receipts: list[Receipt] = field(default_factory=list)
     journal: list[Event] | None = None
+    #: Staleness values the driver reported for queued steps (a stage applying a true gradient).
+    step_staleness: list[int] = field(default_factory=list)
 
     @property
     def trainer(self) -> LocalTrainer:
@@ -336,6 +340,15 @@ class Node:
             self.step_rejections.append(stepped.rejection)
         else:
             self.steps_trained += 1
+        return stepped
+
+    def step_queued(self) -> Stepped:
+        """``driver.step_queued``: a step on an input the strategy received (a later stage)."""
+        stepped = self.driver.step_queued()
+        self._log("step_queued", (), stepped.outbound)
+        if stepped.rejection is not None:
+            self.step_rejections.append(stepped.rejection)
+        self.step_staleness.extend(stepped.staleness)
         return stepped
 
     def poll(self, now: float) -> list[Outbound]:
@@ -396,6 +409,18 @@ def pump(
         handed += 1
         bus.publish(node.name, handled.outbound, now=at)
     return handed
+
+
+def run_queued(bus: FakeBus, node: Node, *, now: float = 0.0, delay: float = 0.0) -> int:
+    """Run every step the node's strategy can take on inputs it received (a later stage of a
+    split model); publish what they return. Returns how many ran."""
+    ran = 0
+    while node.driver.queued_steps():
+        stepped = node.step_queued()
+        ran += 1
+        if stepped.rejection is None:
+            bus.publish(node.name, stepped.outbound, now=now, delay=delay)
+    return ran
 
 
 def train_once(bus: FakeBus, node: Node, *, now: float = 0.0, delay: float = 0.0) -> bool:
@@ -548,7 +573,7 @@ def drive(
         if (
             all(n.steps_trained >= steps for n in workers)
             and bus.in_flight() == 0
-            and all(bus.backlog(n.name) == 0 for n in nodes)
+            and all(bus.backlog(n.name) == 0 and n.driver.queued_steps() == 0 for n in nodes)
         ):
             return round_index
         now = float(round_index)
@@ -559,6 +584,8 @@ def drive(
             poll(bus, node, now)
             moved += pump(bus, node, now=now, limit=None if rng is None else int(rng.integers(1, 4)))
             period = periods.get(node.name, 1)
+            if round_index % period == 0:
+                moved += run_queued(bus, node, now=now, delay=float(period))
             if node.steps_trained < steps and round_index % period == 0:
                 moved += train_once(bus, node, now=now, delay=float(period))
             moved += node.trainer.version != version_before

@@ -10,9 +10,27 @@ from tests.unit.trainers.test_checkpoint import _assert_same_tree
 from trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
 from trainers.errors import StrategyError, UnknownStrategyError
 from trainers.messages import CHANNELS
-from trainers.strategies import StrategyContext, SyncStrategy, create, names, register, roles
+from trainers.stages import stage_trainer
+from trainers.strategies import (
+    StrategyContext,
+    SyncStrategy,
+    create,
+    names,
+    register,
+    roles,
+    stage_split_names,
+)
 
 ALL_ROLES = [(name, role) for name in names() for role in roles(name)]
+
+
+def _trainer_for(name, make_trainer, seed=0):
+    """The trainer strategy ``name`` runs on alone: the whole model, as a one-stage split
+    for the strategies whose workers hold one stage each."""
+    trainer = make_trainer(seed=seed)
+    if name in stage_split_names():
+        return stage_trainer(trainer.model, [], 0, (64,), 10, lr=0.1, momentum=0.9)
+    return trainer
 
 
 def test_the_issue_strategies_are_registered_with_their_roles():
@@ -52,7 +70,8 @@ def test_unknown_strategy_parameters_are_refused(make_trainer):
 
 @pytest.mark.parametrize(("name", "role"), ALL_ROLES)
 def test_conformance_fresh_instance_subscribes_and_reports_json_stats(make_trainer, name, role):
-    strategy = create(name, StrategyContext(worker_id="n0", trainer=make_trainer(), role=role, members=("n0",)))
+    strategy = create(name, StrategyContext(worker_id="n0", trainer=_trainer_for(name, make_trainer), role=role,
+                                            members=("n0",)))
 
     assert isinstance(strategy, SyncStrategy)
     assert strategy.role == role and strategy.name == name
@@ -67,13 +86,13 @@ def test_conformance_fresh_instance_subscribes_and_reports_json_stats(make_train
 
 @pytest.mark.parametrize(("name", "role"), ALL_ROLES)
 def test_conformance_state_round_trips_through_a_checkpoint(tmp_path, make_trainer, digits, name, role):
-    trainer = make_trainer()
+    trainer = _trainer_for(name, make_trainer)
     strategy = create(name, StrategyContext(worker_id="n0", trainer=trainer, role=role, members=("n0",)))
     if strategy.can_train():
         for outgoing in strategy.on_local_step(trainer.compute_gradient(digits.x_train[:8], digits.y_train[:8])):
             strategy.on_message(outgoing.message)
     save_training_checkpoint(tmp_path / "s.ckpt", trainer, strategy, offsets={"t:0": 1})
-    fresh_trainer = make_trainer(seed=3)
+    fresh_trainer = _trainer_for(name, make_trainer, seed=3)
     fresh = create(name, StrategyContext(worker_id="n0", trainer=fresh_trainer, role=role, members=("n0",)))
 
     restore_training_checkpoint(tmp_path / "s.ckpt", fresh_trainer, fresh)

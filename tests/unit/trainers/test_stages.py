@@ -128,12 +128,20 @@ def test_boundary_names_are_all_children_but_the_last():
 
 
 @pytest.mark.parametrize(
-    "boundaries", [[], ["block9"], ["fc2"], ["block2", "block2"], ["block3", "block1"]]
+    "boundaries", [["block9"], ["fc2"], ["block2", "block2"], ["block3", "block1"]]
 )
 def test_bad_boundaries_raise_naming_the_valid_ones(boundaries):
     model = build_model("conv8", (64,), 10, seed=0)
     with pytest.raises(ModelConfigError, match="valid boundaries: block1, block2, block3, fc1"):
         split_model(model, boundaries)
+
+
+def test_no_boundaries_is_one_stage_holding_the_whole_model():
+    model = build_model("conv8", (64,), 10, seed=0)
+
+    (whole,) = split_model(model, [])
+
+    assert dict(whole.named_parameters()) == dict(model.named_parameters())
 
 
 def test_build_stage_equals_the_full_models_slice_and_checks_the_stage_index():

@@ -30,7 +30,8 @@ from trainers.evaluation import evaluate
 from trainers.local import LocalTrainer
 from trainers.messages import UpdateMessage
 from trainers.models import build_model
-from trainers.strategies import StrategyContext, create, names, roles
+from trainers.stages import compose, stage_trainer
+from trainers.strategies import StrategyContext, create, names, roles, stage_split_names
 from trainers.wire import encode_update
 
 NAMES = names()
@@ -38,6 +39,8 @@ NAMES = names()
 
 def _promises_identical_replicas(name: str) -> bool:
     """Read from a worker of the strategy (class attribute ``replicas_identical``)."""
+    if name in stage_split_names():
+        return False  # each worker holds a different stage: there are no replicas
     probe = LocalTrainer(build_model("mlp", (FEATURES,), CLASSES, 0))
     return create(name, StrategyContext("probe", probe, members=("probe",))).replicas_identical
 
@@ -82,7 +85,18 @@ def toy() -> Toy:
     return Toy(shards, x_test, y_test)
 
 
-def _trainer(seed: int = 0) -> LocalTrainer:
+#: Strategies whose workers each hold one stage of a split model (class attribute ``stage_split``):
+#: worker i holds stage i of an MLP cut in three; w0 reads every shard (the streams).
+SPLIT = set(stage_split_names())
+SPLIT_HIDDEN, SPLIT_BOUNDARIES = (16, 16), ("2", "4")
+
+
+def _trainer(seed: int = 0, strategy: str | None = None, worker: str = WORKERS[0]) -> LocalTrainer:
+    if strategy in SPLIT:
+        model = build_model("mlp", (FEATURES,), CLASSES, seed=seed, hidden=SPLIT_HIDDEN)
+        # One reader of every record, a deeper model: a larger step than the replicas' 0.05.
+        return stage_trainer(model, SPLIT_BOUNDARIES, WORKERS.index(worker), (FEATURES,), CLASSES,
+                             lr=0.1, momentum=0.9)
     return LocalTrainer(build_model("mlp", (FEATURES,), CLASSES, seed=seed), lr=0.05, momentum=0.5)
 
 
@@ -91,10 +105,15 @@ def _node(bus: FakeBus | None, name: str, strategy: str, toy: Toy | None, *, see
     if name == "server":
         return build_node(bus, name, strategy, _trainer(seed), role="server", members=WORKERS)
     batches = None
-    if toy is not None:
+    if toy is not None and strategy in SPLIT:
+        if name == WORKERS[0]:  # the first stage reads every device
+            features = np.concatenate([toy.shards[w][0] for w in WORKERS])
+            labels = np.concatenate([toy.shards[w][1] for w in WORKERS])
+            batches = BatchStream(features, labels, BATCH_SIZES["w2"], seed=0)
+    elif toy is not None:
         features, labels = toy.shards[name]
         batches = BatchStream(features, labels, BATCH_SIZES[name], seed=WORKERS.index(name))
-    return build_node(bus, name, strategy, _trainer(seed), members=WORKERS, batches=batches)
+    return build_node(bus, name, strategy, _trainer(seed, strategy, name), members=WORKERS, batches=batches)
 
 
 def _cluster(bus: FakeBus, strategy: str, toy: Toy | None) -> list[Node]:
@@ -159,6 +178,10 @@ def _assert_converged(nodes: list[Node], toy: Toy) -> None:
         if node.strategy.evaluates_model:
             accuracy = evaluate(node.trainer.model, toy.x_test, toy.y_test).accuracy
             assert accuracy >= MIN_ACCURACY, (node.name, accuracy)
+    stages = [n for n in nodes if n.strategy.stage_split]
+    if stages:  # the stages assembled in order are the model
+        accuracy = evaluate(compose([n.trainer.model for n in stages]), toy.x_test, toy.y_test).accuracy
+        assert accuracy >= MIN_ACCURACY, ("stages", accuracy)
 
 
 def _promised_replicas(nodes: list[Node]) -> list[Node]:
@@ -170,12 +193,19 @@ def _assert_staleness_accounted(node: Node) -> None:
     reported each one: ``Handled.staleness`` holds every value the strategy recorded
     while handling the record (a BSP step applies every member's gradient when the last
     one arrives), and only a record that moved the model records any."""
+    split = node.strategy.stage_split
     for receipt in node.receipts:
         assert sorted(receipt.staleness) == list(receipt.recorded), (node.name, receipt)
-        if receipt.recorded:
+        if receipt.recorded and not split:  # a stage's true gradient may train its synthesiser only
             assert receipt.version_after > receipt.version_before, (node.name, receipt)
-    updates = {(r.sender, r.step) for r in node.receipts if r.kind in ("gradient", "delta")}
-    reported = sum(len(r.staleness) for r in node.receipts)
+    if split:
+        # The updates a stage takes from peers: the true gradients of its activations, one
+        # per activation, from the next stage (a queued step may apply it: step_staleness).
+        following = WORKERS[WORKERS.index(node.name) + 1:][:1]
+        updates = {(r.sender, r.step) for r in node.receipts if r.kind == "activation" and r.sender in following}
+    else:
+        updates = {(r.sender, r.step) for r in node.receipts if r.kind in ("gradient", "delta")}
+    reported = sum(len(r.staleness) for r in node.receipts) + len(node.step_staleness)
     assert node.strategy.staleness.summary()["count"] == len(updates) == reported, node.name
 
 
@@ -217,7 +247,7 @@ def test_state_dict_round_trips_into_a_fresh_instance(name, when, clean_run):
         buffer = io.BytesIO()
         torch.save(state, buffer)  # what a checkpoint does: tensors and primitives only
         loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
-        ctx = StrategyContext(worker_id=node.name, trainer=_trainer(seed=1), role=node.strategy.role,
+        ctx = StrategyContext(worker_id=node.name, trainer=_trainer(1, name, node.name), role=node.strategy.role,
                               members=WORKERS)
         fresh = create(name, ctx)
 
@@ -424,7 +454,8 @@ def _strategy_sources(name: str) -> list[Path]:
     """The module files of every project class a role of ``name`` is built from (its MRO)."""
     files: set[Path] = set()
     for role in roles(name):
-        strategy = create(name, StrategyContext(worker_id="x", trainer=_trainer(), role=role, members=WORKERS))
+        strategy = create(name, StrategyContext(worker_id=WORKERS[0], trainer=_trainer(0, name), role=role,
+                                                members=WORKERS))
         for cls in type(strategy).__mro__:
             if cls.__module__.split(".")[0] == "trainers":
                 files.add(Path(inspect.getfile(cls)))
