@@ -51,7 +51,7 @@ KAFKA_CONNECTION_ERRORS = frozenset({
 
 #: Modules that add subcommands: each has ``register(subparsers, add_job_args)``, which
 #: adds its parsers with ``set_defaults(func=...)``; ``func(args) -> int``.
-EXTENSIONS: tuple[str, ...] = ("monitoring.cli", "pipeline.record_cli", "pipeline.testbed_cli")
+EXTENSIONS: tuple[str, ...] = ("monitoring.cli", "pipeline.record_cli", "pipeline.testbed_cli", "pipeline.models_cli")
 
 
 class CommandError(Exception):

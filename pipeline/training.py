@@ -923,6 +923,17 @@ class TrainingRuntime:
 
     async def _evaluate(self) -> None:
         if not self.strategy.evaluates_model:
+            # No model of its own to evaluate (a stage of a split model): the timeline still
+            # gets its steps, prequential scores (the top stage's) and the strategy's numbers.
+            observed = await self._call(lambda: dataclasses.asdict(self.strategy.observations()))
+            preq = self.driver.prequential
+            with open(self.evaluations_path, "a") as out:
+                out.write(json.dumps({"t": time.time(), "version": self.trainer.version, "steps": self.stats.steps,
+                                      "prequential_records": preq.records,
+                                      "prequential_accuracy": preq.accuracy,
+                                      "prequential_recent_accuracy": preq.window_accuracy,
+                                      "observations": {k: v for k, v in observed.items() if v is not None}},
+                                     default=float) + "\n")
             return
         result, outbound = await self._call(self.driver.evaluate, self.data.heldout.features,
                                             self.data.heldout.labels)
