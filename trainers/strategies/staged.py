@@ -29,6 +29,13 @@ Modes (class attributes, never name checks):
   activations wait for their true gradient, which then trains ``M_k`` (MSE). The gradient a
   stage sends back is back-propagated through it from its own synthetic gradient (the
   bootstrapped target of DNI), or from the loss at the top stage.
+- Trust gate (``trust_gate``, on by default; our addition): a stage's step along its
+  synthetic gradient is scaled by its synthesiser's ``trust`` (1 - relative error of its
+  recent predictions, ``trainers.synthesizer``) as a learning-rate scale (at least
+  ``MIN_TRUST_STEP``); the gradient it sends back is not scaled. Without it, ``conv8``'s
+  lower stages followed their early, poor synthetic gradients and lost their activations
+  within a few steps (chance accuracy); the step guard then sees the synthetic gradient at
+  its own scale, not shrunk by a trust near 0 (whose growth it would take for spikes).
 
 Every computation is a local step (:meth:`local_step`): a stage-0 step on stream records
 (``can_train``), or a *queued* step (:meth:`queued_steps`) on a received activation, or
@@ -68,6 +75,8 @@ from trainers.wire import MessageRejected
 __all__ = ["CDNIStrategy", "DNIStrategy", "PipelineBPStrategy", "StagedStrategy"]
 
 Key = tuple[int, int]  # (incarnation, sequence number) of one forward message
+#: The step scale of a stage whose synthesiser has no trust yet (apply_gradient needs > 0).
+MIN_TRUST_STEP = 1e-6
 
 
 @dataclass
@@ -160,6 +169,7 @@ class StagedStrategy(SyncStrategy):
         self._outgoing: list[Outgoing] = []
         self._deferred: list[tuple[str, Key]] = []  # inputs to give up at the next poll or step
         self._step_key: Key | None = None
+        self._step_scale = 1.0  # the learning-rate scale of the step in progress (the trust gate)
         self._step_source: tuple[str, Key] | None = None  # the input of the step in progress
         self._samples = 0
         self._synth_loss: float | None = None
@@ -210,6 +220,7 @@ class StagedStrategy(SyncStrategy):
     def local_step(self, trainer: Any, features: Any, labels: Any) -> StepResult:
         """A stage-0 step on records, else the next queued gradient (pipeline_bp) or activation."""
         self._outgoing, self._step_key, self._step_source = [], None, None
+        self._step_scale = 1.0
         if features is not None:
             y = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
             return self._forward_step(self.st.forward(features), y, source=None,
@@ -234,10 +245,9 @@ class StagedStrategy(SyncStrategy):
         key = (self._incarnation, self._sequence + 1)
         if self.decoupled:
             assert self.synth is not None
-            synthetic = self.synth.predict(h, y if self.conditioned else None)
+            result, grad_in = self.st.backward(fwd, self.synth.predict(h, y if self.conditioned else None))
             if self.trust_gate:  # follow the synthesiser only as far as it predicts well
-                synthetic = synthetic * self.synth.trust
-            result, grad_in = self.st.backward(fwd, synthetic)
+                self._step_scale = max(self.synth.trust, MIN_TRUST_STEP)
             if source is not None and grad_in is not None:
                 self._answer(source, grad_in, fwd.base_version)
             pending = _Pending(fwd.base_version, self._now, h, y)
@@ -292,7 +302,7 @@ class StagedStrategy(SyncStrategy):
 
     def on_local_step(self, result: StepResult) -> list[Outgoing]:
         if result.gradients:
-            self.trainer.apply_gradient(result.gradients, buffer_deltas=result.buffer_deltas)
+            self.trainer.apply_gradient(result.gradients, lr_scale=self._step_scale, buffer_deltas=result.buffer_deltas)
         out = [self._drop(source) for source in self._deferred] + self._outgoing
         self._outgoing, self._deferred = [], []
         return out
@@ -436,7 +446,8 @@ class StagedStrategy(SyncStrategy):
     # -- observability ---------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
-        stats.update({"stage": self.stage, "samples": self._samples, "in_flight": len(self._pending),
+        stats.update({"stage": self.stage, "incarnation": self._incarnation, "samples": self._samples,
+                      "in_flight": len(self._pending),
                       "queued": len(self._inputs) + len(self._answers), "synth_loss": self._synth_loss,
                       "synth_trust": self.synth.trust if self.synth is not None else None})
         return stats
