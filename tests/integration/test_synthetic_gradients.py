@@ -23,7 +23,15 @@ from monitoring.scrape import scrape
 from pipeline.kafka_io import producer
 from pipeline.run import RunContext, run_job
 from pipeline.training import channel_topic
-from tests.integration.jobs import dead_letter_reasons, quiet, show, steps_of, train_job, wait_until, workers_of
+from tests.integration.jobs import (
+    dead_letter_reasons,
+    quiet,
+    show,
+    steps_of,
+    train_job,
+    wait_until,
+    workers_of,
+)
 from trainers.messages import UpdateMessage
 from trainers.wire import encode_update
 
