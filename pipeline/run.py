@@ -7,6 +7,7 @@ error and on Ctrl-C.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -849,6 +850,11 @@ def deaths_table(result: RunResult) -> Table:
     return table
 
 
+def _shown(value: float) -> str:
+    """A score, or "-" for one the process does not export (a stage of a split model)."""
+    return "-" if math.isnan(value) else f"{value:.3f}"
+
+
 def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
     table = Table(title=f"training: {cfg.train.strategy}, model {cfg.train.model}, codec {cfg.train.codec}")
     for col in ("process", "steps", "trained", "version", "held-out acc", "prequential acc (recent)",
@@ -861,9 +867,9 @@ def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
             name, str(int(s.get("edgestream_steps_total", worker=name))),
             str(int(s.get("edgestream_trained_records_total", worker=name))),
             str(int(s.get("edgestream_model_version", worker=name))),
-            f"{s.get('edgestream_accuracy_ratio', worker=name, split='heldout'):.3f}",
-            f"{s.get('edgestream_accuracy_ratio', worker=name, split='prequential'):.3f} "
-            f"({s.get('edgestream_accuracy_ratio', worker=name, split='prequential_recent'):.3f})",
+            _shown(s.get('edgestream_accuracy_ratio', math.nan, worker=name, split='heldout')),
+            f"{_shown(s.get('edgestream_accuracy_ratio', math.nan, worker=name, split='prequential'))} "
+            f"({_shown(s.get('edgestream_accuracy_ratio', math.nan, worker=name, split='prequential_recent'))})",
             f"{s.get('edgestream_loss', worker=name, split='train'):.3f}",
             f"{total / count:.2f}" if count else "-",
             str(int(s.get("edgestream_compressed_steps_total", worker=name))),
@@ -888,7 +894,8 @@ def training_table(result: RunResult) -> Table:
         if t.get("rejected_by_reason"):
             rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(t["rejected_by_reason"].items())) + ")"
         table.add_row(name, str(steps), str(t["trained_records"]), str(t.get("injected_records", 0)),
-                      str(t["version"]), f"{t['accuracy']:.3f}", prequential,
+                      str(t["version"]), f"{t['accuracy']:.3f}" if t.get("evaluates_model", True) else "-",
+                      prequential,
                       f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
                       f"{compressed} ({compressed / steps:.0%})" if steps else "0",
                       rejected, str(t["updates_rejected"]),

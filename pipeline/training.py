@@ -965,6 +965,7 @@ class TrainingRuntime:
             "worker": self.name, "role": self.role, "strategy": self.strategy.name,
             "version": self.trainer.version, "digest": digest, "steps": self.stats.steps,
             "trained_records": self.stats.trained_records, "accuracy": self.stats.accuracy,
+            "evaluates_model": self.strategy.evaluates_model,
             "injected_records": self.driver.injected_records, "bytes_sent": self.stats.bytes_sent,
             "vote_log": [{"version": v, "compress": c} for v, c in self.driver.vote_log],
             "compressed_steps": self.driver.compressed_steps,
