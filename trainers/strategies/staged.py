@@ -172,6 +172,8 @@ class StagedStrategy(SyncStrategy):
         self._step_scale = 1.0  # the learning-rate scale of the step in progress (the trust gate)
         self._step_source: tuple[str, Key] | None = None  # the input of the step in progress
         self._samples = 0
+        self._step_samples = 0  # samples of the step in progress, counted once it is applied
+        self._restamp = False  # restored: waiting times restart at the next poll
         self._synth_loss: float | None = None
 
     # -- what may arrive ------------------------------------------------------------------------
@@ -208,6 +210,10 @@ class StagedStrategy(SyncStrategy):
 
     def poll(self, now: float) -> list[Outgoing]:
         self._now = float(now)
+        if self._restamp:  # restored: the checkpoint's times are another process's clock
+            for pending in self._pending.values():
+                pending.sent_at = self._now
+            self._restamp = False
         for key in [k for k, p in self._pending.items() if now - p.sent_at > self.ack_timeout_s]:
             pending = self._pending.pop(key)
             self.counters["expired"] += 1
@@ -220,7 +226,7 @@ class StagedStrategy(SyncStrategy):
     def local_step(self, trainer: Any, features: Any, labels: Any) -> StepResult:
         """A stage-0 step on records, else the next queued gradient (pipeline_bp) or activation."""
         self._outgoing, self._step_key, self._step_source = [], None, None
-        self._step_scale = 1.0
+        self._step_scale, self._step_samples = 1.0, 0
         if features is not None:
             y = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
             return self._forward_step(self.st.forward(features), y, source=None,
@@ -235,7 +241,7 @@ class StagedStrategy(SyncStrategy):
 
     def _forward_step(self, fwd: StageForward, y: torch.Tensor, *, source: tuple[str, Key] | None,
                       inputs: torch.Tensor) -> StepResult:
-        self._samples += fwd.batch_size
+        self._step_samples = fwd.batch_size
         if self.next is None:  # the top stage: the loss, and the true gradient back
             result, grad_in = self.st.loss_backward(fwd, y)
             if source is not None and grad_in is not None:
@@ -303,6 +309,8 @@ class StagedStrategy(SyncStrategy):
     def on_local_step(self, result: StepResult) -> list[Outgoing]:
         if result.gradients:
             self.trainer.apply_gradient(result.gradients, lr_scale=self._step_scale, buffer_deltas=result.buffer_deltas)
+        self._samples += self._step_samples
+        self._step_samples = 0
         out = [self._drop(source) for source in self._deferred] + self._outgoing
         self._outgoing, self._deferred = [], []
         return out
@@ -389,6 +397,7 @@ class StagedStrategy(SyncStrategy):
         """A new incarnation: what we send from now on cannot be confused with the old run's."""
         self._incarnation += 1
         self._sequence = 0
+        self._restamp = True
         return []
 
     # -- state ------------------------------------------------------------------------------------------
