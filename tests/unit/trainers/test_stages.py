@@ -335,3 +335,73 @@ def test_one_stage_split_matches_compute_gradient():
     assert result.loss == pytest.approx(reference.loss, abs=1e-7)
     for n, g in reference.gradients.items():
         assert torch.allclose(result.gradients[n], g, atol=1e-7)
+
+
+# -- BatchNorm (conv8 norm="batch") ------------------------------------------------------------------
+
+NORMED = [
+    ((64,), {"norm": "batch"}, ["block1", "block3"]),
+    ((64,), {"norm": "batch"}, ["block2", "fc1"]),
+    ((1, 8, 8), {"width": 4, "norm": "batch"}, ["block1", "block2", "block3", "fc1"]),
+]
+
+
+@pytest.mark.parametrize(("input_shape", "options", "boundaries"), NORMED)
+def test_batch_norm_stages_give_the_unsplit_models_gradients_and_buffer_changes(
+    input_shape, options, boundaries
+):
+    x, y = _batch(input_shape, n=16)
+    reference = LocalTrainer(build_model("conv8", input_shape, 10, seed=3, **options)).compute_gradient(x, y)
+    probe = build_model("conv8", input_shape, 10, seed=3, **options)
+    probe.train()
+    before = {n: b.clone() for n, b in probe.named_buffers() if b.is_floating_point()}
+    with torch.no_grad():
+        probe(torch.from_numpy(x))  # what one forward does to the running statistics
+    moved = {n: b - before[n] for n, b in probe.named_buffers() if b.is_floating_point()}
+    assert moved and any(float(d.abs().max()) > 0 for d in moved.values())
+    full = build_model("conv8", input_shape, 10, seed=3, **options)
+    stages = split_model(full, boundaries)
+    trainers = [StageTrainer(s, stage=k, stages=len(stages)) for k, s in enumerate(stages)]
+    own = {n: b.clone() for n, b in full.named_buffers() if b.is_floating_point()}
+
+    _, results = _chain(trainers, x, y)
+
+    # The forward ran on copies: the running statistics are as they were (the integer
+    # num_batches_tracked counts forwards, as in LocalTrainer, and is left out of digests).
+    for n, b in full.named_buffers():
+        if b.is_floating_point():
+            assert torch.equal(b, own[n]), n
+    merged, deltas = {}, {}
+    for result in results:
+        merged.update(result.gradients)
+        assert not (deltas.keys() & result.buffer_deltas.keys())
+        deltas.update(result.buffer_deltas)
+    assert merged.keys() == reference.gradients.keys()
+    for param, grad in reference.gradients.items():
+        assert float((grad - merged[param]).abs().max()) <= 1e-6, param
+    assert deltas.keys() == moved.keys() == reference.buffer_deltas.keys()
+    for name, delta in moved.items():
+        assert float((deltas[name] - delta).abs().max()) <= 1e-6, name
+        assert float((reference.buffer_deltas[name] - delta).abs().max()) <= 1e-6, name
+
+
+def test_backward_after_a_batch_norm_forward_works_and_applying_moves_the_buffers():
+    stages = split_model(build_model("conv8", (64,), 10, seed=0, norm="batch"), ["block2"])
+    bottom, top = (StageTrainer(s, stage=k, stages=2, lr=0.1, momentum=0.0) for k, s in enumerate(stages))
+    x, y = _batch((64,), n=8)
+    fwd = bottom.forward(x)
+    tf = top.forward(fwd.activation())
+    top_result, grad = top.loss_backward(tf, y)
+    bottom_result, none = bottom.backward(fwd, grad)
+
+    assert none is None and grad.shape == fwd.output.shape
+    assert any(float(g.abs().max()) > 0 for g in bottom_result.gradients.values())
+    assert bottom_result.buffer_deltas and bottom_result.buffer_deltas == fwd.buffer_deltas
+    before = {n: b.clone() for n, b in bottom.model.named_buffers() if b.is_floating_point()}
+    bottom.apply_gradient(bottom_result.gradients, buffer_deltas=bottom_result.buffer_deltas)
+    for name, delta in bottom_result.buffer_deltas.items():
+        assert torch.allclose(dict(bottom.model.named_buffers())[name], before[name] + delta, atol=1e-6)
+    # Two forwards in a row, then their backwards in order: each has its own buffer copies.
+    first, second = bottom.forward(x), bottom.forward(x[::-1].copy())
+    bottom.backward(first, torch.ones(first.output.shape))
+    bottom.backward(second, torch.ones(second.output.shape))

@@ -134,3 +134,94 @@ def test_bad_inputs_raise_value_error():
     sgd = Synthesizer((4,), CLASSES, conditioned=False, optimizer="sgd", lr=0.1)
     sgd.update(h, None, h / 3)
     assert torch.count_nonzero(sgd.predict(h)) > 0
+
+
+# -- trust and normalisation ----------------------------------------------------------------------
+
+
+def _linear_map(seed: int = 0, width: int = 8):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(width, width, generator=gen) / width**0.5
+
+    def batch(scale_h: float = 1.0, scale_g: float = 1.0, n: int = N):
+        h = torch.randn(n, width, generator=gen)
+        return h * scale_h, (h @ a) * scale_g / n
+
+    return batch
+
+
+def test_trust_is_zero_before_any_target_and_for_a_useless_synthesizer():
+    gen = torch.Generator().manual_seed(0)
+    synth = Synthesizer((8,), CLASSES, conditioned=False, lr=1e-2)
+    assert synth.trust == 0.0
+    h = torch.randn(N, 8, generator=gen)
+    synth.predict(h)
+    assert synth.trust == 0.0  # predicting is no evidence
+
+    for _ in range(200):  # targets independent of h: nothing to learn, at best zero is predicted
+        synth.update(torch.randn(N, 8, generator=gen), None, torch.randn(N, 8, generator=gen) / N)
+
+    assert synth.updates == 200
+    assert 0.0 <= synth.trust < 0.1, synth.trust
+
+
+@pytest.mark.parametrize("hidden", [0, 32])
+def test_trust_rises_towards_one_on_a_learnable_map(hidden):
+    batch = _linear_map()
+    synth = Synthesizer((8,), CLASSES, conditioned=False, hidden=hidden, lr=1e-2, seed=1)
+    trusts = []
+    for _ in range(400):
+        synth.update(*_no_labels(batch()))
+        trusts.append(synth.trust)
+
+    assert trusts[0] < 0.1  # the first target is measured against the zero prediction
+    assert trusts[50] < trusts[-1]
+    assert trusts[-1] > 0.9, trusts[-1]
+    assert trusts[-1] <= 1.0
+
+
+def _no_labels(pair):
+    h, target = pair
+    return h, None, target
+
+
+@pytest.mark.parametrize("hidden", [0, 32])
+def test_the_same_map_is_learned_as_well_at_any_activation_and_gradient_scale(hidden):
+    errors = {}
+    for scale in (1e-3, 1.0, 1e3):
+        batch = _linear_map(seed=2)
+        synth = Synthesizer((8,), CLASSES, conditioned=False, hidden=hidden, lr=1e-2, seed=1)
+        h, target = batch(scale, 1 / scale)
+        synth.update(h, None, target)
+        h, target = batch(scale, 1 / scale)
+        first = synth.predict(h)
+        # After one update the prediction is of the targets' order, not many times it.
+        assert float(first.pow(2).mean().sqrt()) < 3 * float(target.pow(2).mean().sqrt()), scale
+        for _ in range(300):
+            synth.update(h, None, target)
+            h, target = batch(scale, 1 / scale)
+        errors[scale] = _relative_error(synth, h, None, target)
+
+    assert max(errors.values()) < 0.05, errors
+    assert max(errors.values()) < 3 * min(errors.values()) + 1e-3, errors
+
+
+def test_state_dict_round_trips_the_running_statistics():
+    batch = _linear_map(seed=3)
+    synth = Synthesizer((8,), CLASSES, conditioned=False, lr=1e-2, seed=1)
+    for _ in range(20):
+        synth.update(*_no_labels(batch(5.0, 0.1)))
+    buffer = io.BytesIO()
+    torch.save(synth.state_dict(), buffer)
+    buffer.seek(0)
+    restored = Synthesizer((8,), CLASSES, conditioned=False, lr=1e-2, seed=7)
+
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+
+    for name in ("h_rms", "target_rms", "error_ms", "target_ms"):
+        assert getattr(restored, name) == getattr(synth, name) and getattr(synth, name) > 0, name
+    assert restored.trust == synth.trust > 0
+    h, target = batch(5.0, 0.1)
+    assert torch.equal(restored.predict(h), synth.predict(h))  # the same normalisation
+    assert restored.update(h, None, target) == synth.update(h, None, target)
+    assert (restored.h_rms, restored.target_rms) == (synth.h_rms, synth.target_rms)
