@@ -17,7 +17,8 @@ Messages (kind ``activation``, on the recipient's ``inbox``):
 Validation: the driver checks names, shapes (batch dim free) and finiteness against
 :meth:`tensor_spec`; this module refuses (``MessageRejected``, dead-lettered by the
 adapter) a forward whose labels are not class ids, whose batch dims disagree or exceed
-``max_batch``, and a message without a direction. Nothing is changed before a refusal.
+``max_batch``, and a message without a direction. Nothing but the ``refused`` counter changes
+before a refusal.
 
 Modes (class attributes, never name checks):
 
