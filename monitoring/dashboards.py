@@ -266,6 +266,7 @@ def training() -> Dashboard:
             Panel("Workers ready", (Query(f"max by (worker) ({n(m.worker_ready)}{{{WRK}}})", "{{worker}}"),),
                   "ingest", kind="stat", width=12, height=4),
             *_dlion_panels(),
+            *_synthetic_gradient_panels(),
         ),
     )
 
@@ -299,6 +300,49 @@ def _dlion_panels() -> tuple[Panel, ...]:
             "training", row=row,
             description="Models of each sender (peer) merged into each worker's model (direct knowledge "
                         "transfer), over the rate interval"),
+    )
+
+
+def _per_stage(expr: str) -> str:
+    """``expr`` (one series per ``worker``) with the worker's ``stage`` label added from
+    ``edgestream_worker_stage`` (its value made a label): only stage-split workers remain."""
+    stage = f'group by (worker, stage) (count_values by (worker) ("stage", {n(_M.stage)}{{{WRK}}}))'
+    return f"{expr} * on (worker) group_left (stage) {stage}"
+
+
+def _synthetic_gradient_panels() -> tuple[Panel, ...]:
+    """The synthetic gradients row (stage-split strategies pipeline_bp, dni, cdni): samples,
+    synthesiser loss, activations in flight and queued, staleness of the true gradients,
+    each series labelled with its stage (``Observations`` of the stage strategies)."""
+    m = _M
+    row = "Synthetic gradients"
+    legend = "stage {{stage}} ({{worker}})"
+    return (
+        Panel("Samples / s per stage", (
+            Query(_per_stage(_rate(m.stage_samples, "worker", WRK)), legend),),
+            "training", "rps", row=row,
+            description="Samples each stage trains on: stage 0 from the streams, later stages from the "
+                        "activations they receive"),
+        Panel("Synthesiser loss per stage", (
+            Query(_per_stage(f"max by (worker) ({n(m.synthesizer_loss)}{{{WRK}}})"), legend),),
+            "training", row=row,
+            description="MSE of the stage's synthetic gradient against the last true gradient that came "
+                        "back, per-sample scale (dni, cdni; none for the top stage)"),
+        Panel("Activations in flight and queued per stage", (
+            Query(_per_stage(f"max by (worker) ({n(m.boundary_in_flight)}{{{WRK}}})"),
+                  "stage {{stage}} ({{worker}}) in flight"),
+            Query(_per_stage(f"max by (worker) ({n(m.stage_queue)}{{{WRK}}})"),
+                  "stage {{stage}} ({{worker}}) queued")),
+            "training", row=row,
+            description="In flight: activations a stage sent on that still wait for their true gradient "
+                        "(its output boundary, at most max_in_flight). Queued: activations (pipeline_bp: "
+                        "and gradients) received and waiting for the stage's step"),
+        Panel("True-gradient staleness (versions) per stage", (
+            Query(_per_stage(_quantile(0.5, m.staleness_versions, "worker", WRK)), f"{legend} p50"),
+            Query(_per_stage(_quantile(0.95, m.staleness_versions, "worker", WRK)), f"{legend} p95")),
+            "training", row=row,
+            description="Versions a stage moved on between its forward and the true gradient of that "
+                        "activation (dni, cdni: how far behind the synthesiser's target is; pipeline_bp: 0)"),
     )
 
 

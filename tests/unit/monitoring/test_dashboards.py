@@ -87,23 +87,38 @@ def test_committed_json_parses():
         assert json.loads(path.read_text())["panels"]
 
 
-def test_the_dlion_row_sits_below_every_other_panel_of_the_training_dashboard():
+#: The training dashboard's rows, top to bottom: each row's panels and the metrics they use.
+TRAINING_ROWS = {
+    "DLion": (6, "(DLion)", {"edgestream_link_bandwidth_bytes_per_second", "edgestream_link_ratio",
+                             "edgestream_link_bytes_total", "edgestream_step_batch_records",
+                             "edgestream_capacity_samples_per_second", "edgestream_knowledge_transfers_total"}),
+    "Synthetic gradients": (4, "per stage", {"edgestream_worker_stage", "edgestream_stage_samples_total",
+                                             "edgestream_synthesizer_loss",
+                                             "edgestream_boundary_in_flight_messages",
+                                             "edgestream_stage_queue_messages",
+                                             "edgestream_staleness_versions_bucket"}),
+}
+
+
+def test_the_rows_sit_below_every_other_panel_of_the_training_dashboard():
     from monitoring.dashboards import training
 
     dash = training()
     doc = to_grafana(dash)
     rows = [p for p in doc["panels"] if p["type"] == "row"]
-    assert [r["title"] for r in rows] == ["DLion"]
-    row = rows[0]
-    assert row["gridPos"] == {"h": 1, "w": 24, "x": 0, "y": row["gridPos"]["y"]}
-    index = doc["panels"].index(row)
-    above, below = doc["panels"][:index], doc["panels"][index + 1:]
-    assert all(p["gridPos"]["y"] + p["gridPos"]["h"] <= row["gridPos"]["y"] for p in above)
-    assert all(p["gridPos"]["y"] > row["gridPos"]["y"] for p in below)
-    assert all("(DLion)" in p["title"] for p in below) and len(below) == 6
-    dlion = [p for p in dash.panels if p.row == "DLion"]
-    assert [p.title for p in dlion] == [p["title"] for p in below]
-    used = set().union(*(p.metric_names() for p in dlion))
-    assert used == {"edgestream_link_bandwidth_bytes_per_second", "edgestream_link_ratio",
-                    "edgestream_link_bytes_total", "edgestream_step_batch_records",
-                    "edgestream_capacity_samples_per_second", "edgestream_knowledge_transfers_total"}
+    assert [r["title"] for r in rows] == list(TRAINING_ROWS)
+    first = doc["panels"].index(rows[0])
+    assert all(p["gridPos"]["y"] + p["gridPos"]["h"] <= rows[0]["gridPos"]["y"] for p in doc["panels"][:first])
+    for k, row in enumerate(rows):
+        count, marker, metrics = TRAINING_ROWS[row["title"]]
+        assert row["gridPos"] == {"h": 1, "w": 24, "x": 0, "y": row["gridPos"]["y"]}
+        index = doc["panels"].index(row)
+        end = doc["panels"].index(rows[k + 1]) if k + 1 < len(rows) else len(doc["panels"])
+        below = doc["panels"][index + 1:end]
+        assert all(p["gridPos"]["y"] > row["gridPos"]["y"] for p in below)
+        if k + 1 < len(rows):
+            assert all(p["gridPos"]["y"] + p["gridPos"]["h"] <= rows[k + 1]["gridPos"]["y"] for p in below)
+        assert all(marker in p["title"] for p in below) and len(below) == count
+        panels = [p for p in dash.panels if p.row == row["title"]]
+        assert [p.title for p in panels] == [p["title"] for p in below]
+        assert set().union(*(p.metric_names() for p in panels)) == metrics
