@@ -433,10 +433,12 @@ class Metrics:
         if compressed:
             self.compressed_steps.labels(worker).inc()
 
-    def record_applied(self, worker: str, *, staleness_versions: int, staleness_s: float) -> None:
-        """A gradient (or model delta) applied by ``worker`` with its staleness."""
+    def record_applied(self, worker: str, *, staleness_versions: int, staleness_s: float | None) -> None:
+        """A gradient (or model delta) applied by ``worker`` with its staleness (``staleness_s``
+        None: not known, e.g. applied during a local step; only the versions are recorded)."""
         self.staleness_versions.labels(worker).observe(staleness_versions)
-        self.staleness_seconds.labels(worker).observe(staleness_s)
+        if staleness_s is not None:
+            self.staleness_seconds.labels(worker).observe(staleness_s)
 
     def record_sent(self, worker: str, codec: str, wire_bytes: int, dense_bytes: int) -> None:
         """A gradient or delta message put on the wire: one commit; updates bytes and the

@@ -330,7 +330,7 @@ class JobConfig:
             parse_profile(self.devices.profile, 1.0)
         except ValueError as exc:
             raise ConfigError(f"devices.profile: {exc}") from None
-        if self.workers.count > self.devices.count:
+        if self.workers.count > self.devices.count and not self.train.stages:  # a split model: w0 reads all
             raise ConfigError(
                 f"workers.count={self.workers.count} exceeds devices.count={self.devices.count}: "
                 "every worker needs at least one device stream"

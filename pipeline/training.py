@@ -772,6 +772,8 @@ class TrainingRuntime:
                                  loss=self.stats.loss, compressed=compressed)
         if stepped.injected:
             self.metrics.injected_records.labels(self.name).inc(stepped.injected)
+        for versions in stepped.staleness:  # updates the strategy applied in the step itself
+            self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=None)
         self._record_prequential(parts, stepped)
         self._log_vote(stepped.vote_switched_to)
         # Once its update is published, the batch's records are settled.
@@ -801,7 +803,7 @@ class TrainingRuntime:
         self.metrics.record_step(self.name, step_s=time.monotonic() - started, wait_s=0.0, records=0,
                                  loss=self.stats.loss)
         for versions in stepped.staleness:
-            self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=0.0)
+            self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=None)
         self._record_prequential([], stepped)
         await self._send(stepped.outbound)
         await self._count_towards_checkpoint()
