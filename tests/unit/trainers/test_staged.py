@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.unit.trainers.fakes import JOB, BatchStream, FakeBus, Node, drive, pump, run_queued
+from tests.unit.trainers.test_checkpoint import _assert_same_tree
 from trainers.driver import DriverConfig, Handled, TrainingDriver
 from trainers.errors import StrategyError
 from trainers.evaluation import evaluate
@@ -104,21 +105,6 @@ def _handle(node: Node, msg: UpdateMessage | bytes) -> Handled:
 def _decoded(node: Node, value: bytes) -> UpdateMessage:
     return decode_update(value, expected_shapes=lambda kind: node.strategy.tensor_spec(kind, node.spec),
                          max_bytes=16 * 1024 * 1024, job=JOB, partial=lambda kind: True)
-
-
-def _assert_same_tree(left: object, right: object, where: str = "state") -> None:
-    if isinstance(left, torch.Tensor):
-        assert isinstance(right, torch.Tensor) and torch.equal(left, right), where
-    elif isinstance(left, dict):
-        assert isinstance(right, dict) and left.keys() == right.keys(), where
-        for key in left:
-            _assert_same_tree(left[key], right[key], f"{where}[{key!r}]")
-    elif isinstance(left, list | tuple):
-        assert isinstance(right, list | tuple) and len(left) == len(right), where
-        for index, (a, b) in enumerate(zip(left, right, strict=True)):
-            _assert_same_tree(a, b, f"{where}[{index}]")
-    else:
-        assert left == right, f"{where}: {left!r} != {right!r}"
 
 
 def _through_torch_save(state: dict) -> dict:
