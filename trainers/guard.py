@@ -50,7 +50,9 @@ class StepGuard:
     Rules, in order: the loss is finite; every gradient and buffer delta is finite;
     the gradient norm is at most ``max_norm`` (0: no bound); once ``warmup`` steps
     were accepted, the norm is at most ``spike_factor`` times the median norm of the
-    last ``window`` accepted steps (0: off).
+    last ``window`` accepted steps (0: off). A synthetic gradient (``StepResult.synthetic``:
+    a prediction whose scale grows as its predictor learns) is held to the first three
+    rules only and does not enter the window.
 
     Invariant: only accepted steps enter the window, so a burst of bad batches cannot
     raise the bar for the next one.
@@ -80,7 +82,7 @@ class StepGuard:
             self.accepted += 1
             # A step without a gradient (a stage's forward-only step) or with an all-zero one (a
             # stage whose synthetic gradient is still zero) says nothing of the scale to expect.
-            if self._last_norm > 0:
+            if self._last_norm > 0 and not result.synthetic:
                 self._norms.append(self._last_norm)
         else:
             self.rejected += 1
@@ -117,7 +119,8 @@ class StepGuard:
                 "gradient_norm", f"gradient norm {norm:.4g} exceeds train.max_grad_norm={self.max_norm:g}", norm
             )
         median = self.median_norm()
-        if self.spike_factor and self.accepted >= self.warmup and median and norm > self.spike_factor * median:
+        if (self.spike_factor and not result.synthetic and self.accepted >= self.warmup and median
+                and norm > self.spike_factor * median):
             return StepRejection(
                 "gradient_spike",
                 f"gradient norm {norm:.4g} is {norm / median:.0f}x the median {median:.4g} of recent steps "

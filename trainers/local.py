@@ -50,6 +50,10 @@ class StepResult:
     #: Per sample, whether the model (before this step) predicted its label: the
     #: prequential (test-then-train) score of the batch. None if the step cannot tell.
     correct: np.ndarray | None = None
+    #: The gradient follows a prediction, not a loss (a stage updated from its synthetic
+    #: gradient): its scale grows as the predictor learns, so the step guard's spike rule
+    #: (against recent norms) does not apply; its absolute bound does.
+    synthetic: bool = False
 
 
 class LocalTrainer:

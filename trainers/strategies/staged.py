@@ -56,6 +56,7 @@ gradient (``dni``: how far behind the synthesiser's target is; ``pipeline_bp``: 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -253,6 +254,7 @@ class StagedStrategy(SyncStrategy):
         if self.decoupled:
             assert self.synth is not None
             result, grad_in = self.st.backward(fwd, self.synth.predict(h, y if self.conditioned else None))
+            result = dataclasses.replace(result, synthetic=True)  # the guard's spike rule does not apply
             if self.trust_gate:  # follow the synthesiser only as far as it predicts well
                 self._step_scale = max(self.synth.trust, MIN_TRUST_STEP)
             if source is not None and grad_in is not None:

@@ -101,3 +101,25 @@ def test_the_record_that_crashed_bsp_is_rejected_by_the_guard():
     clean = x.copy()
     clean[5, 17] = 0.5
     assert guard.check(trainer.compute_gradient(clean, y)) is None
+
+
+def test_a_synthetic_gradient_is_not_held_to_the_spike_rule_nor_remembered():
+    import dataclasses
+
+    guard = StepGuard(max_norm=1e4, spike_factor=10.0, warmup=2)
+    tiny = _result_of_norm(1e-8)
+    for _ in range(4):  # a synthesiser's first predictions: tiny gradients
+        assert guard.check(dataclasses.replace(tiny, synthetic=True)) is None
+    assert guard.median_norm() is None  # none of them entered the window
+
+    # Its predictions grew 10^6-fold as it learned: still accepted ...
+    assert guard.check(dataclasses.replace(_result_of_norm(1e-2), synthetic=True)) is None
+    # ... but the absolute bound holds for it, and a loss-driven step is judged as before.
+    assert guard.check(dataclasses.replace(_result_of_norm(1e5), synthetic=True)).reason == "gradient_norm"
+    for _ in range(2):
+        assert guard.check(_result_of_norm(1.0)) is None
+    assert guard.check(_result_of_norm(100.0)).reason == "gradient_spike"
+
+
+def _result_of_norm(norm: float) -> StepResult:
+    return StepResult(gradients={"w": torch.tensor([norm])}, loss=0.5, batch_size=4, base_version=0)
