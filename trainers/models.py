@@ -217,6 +217,13 @@ def _conv_block(conv: Callable[..., nn.Module], c_in: int, c_out: int, kernel: i
     return layers
 
 
+def _dense_block(n_in: int, n_out: int, batch_norm: bool) -> list[nn.Module]:
+    """Linear + ReLU; with ``batch_norm`` Linear -> BatchNorm1d -> ReLU."""
+    if batch_norm:
+        return [nn.Linear(n_in, n_out, bias=False), nn.BatchNorm1d(n_out), nn.ReLU()]
+    return [nn.Linear(n_in, n_out), nn.ReLU()]
+
+
 def _norm_class(name: str, norm: str, batch_norm: type[nn.Module]) -> type[nn.Module] | None:
     if norm not in ("none", "batch"):
         raise ModelConfigError(f"{name}: norm must be none or batch, got {norm!r}")
@@ -246,7 +253,8 @@ def _build_conv8(input_shape: tuple[int, ...], num_classes: int, width: int = 8,
     """6 conv (3x3) + 2 FC layers for 8x8 single-channel images, blocks block1..block3, fc1, fc2.
 
     Activations per sample: block1 [c, 8, 8], block2 [2c, 4, 4], block3 [4c, 2, 2],
-    fc1 [hidden], fc2 [num_classes] (c = ``width``).
+    fc1 [hidden], fc2 [num_classes] (c = ``width``). ``norm="batch"``: BatchNorm after every
+    conv and after fc1's linear layer (a stage fed synthetic gradients keeps its scale).
     """
     if input_shape not in ((64,), (1, 8, 8), (8, 8)):
         raise ModelConfigError(f"conv8 expects input_shape (64,), (8, 8) or (1, 8, 8), got {input_shape}")
@@ -257,7 +265,7 @@ def _build_conv8(input_shape: tuple[int, ...], num_classes: int, width: int = 8,
         block1=nn.Sequential(Reshape((1, 8, 8)), *_conv_block(nn.Conv2d, 1, c, 3, bn)),
         block2=nn.Sequential(nn.MaxPool2d(2), *_conv_block(nn.Conv2d, c, 2 * c, 3, bn)),
         block3=nn.Sequential(nn.MaxPool2d(2), *_conv_block(nn.Conv2d, 2 * c, 4 * c, 3, bn)),
-        fc1=nn.Sequential(nn.Flatten(), nn.Linear(4 * c * 2 * 2, hidden), nn.ReLU()),
+        fc1=nn.Sequential(nn.Flatten(), *_dense_block(4 * c * 2 * 2, hidden, norm == "batch")),
         fc2=nn.Linear(hidden, num_classes),
     )
     return _he_init(nn.Sequential(blocks))
@@ -283,7 +291,7 @@ def _build_conv8_1d(input_shape: tuple[int, ...], num_classes: int, width: int =
         block1=nn.Sequential(*_conv_block(nn.Conv1d, input_shape[0], c, 5, bn)),
         block2=nn.Sequential(nn.MaxPool1d(2), *_conv_block(nn.Conv1d, c, 2 * c, 5, bn)),
         block3=nn.Sequential(nn.MaxPool1d(2), *_conv_block(nn.Conv1d, 2 * c, 4 * c, 5, bn)),
-        fc1=nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(4 * c, hidden), nn.ReLU()),
+        fc1=nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), *_dense_block(4 * c, hidden, norm == "batch")),
         fc2=nn.Linear(hidden, num_classes),
     )
     return _he_init(nn.Sequential(blocks))
