@@ -302,8 +302,8 @@ def markdown(table: dict[str, Any], runs: list[dict], s: Settings, meta: dict[st
         f"({meta['parameters']:,} parameters); {s.devices} devices at {s.rate_hz:g} records/s each (constant profile, "
         f"{s.message_interval_s:g} s messages) for {s.duration_s:g} s = **N = {s.n()} samples** per run "
         f"({s.per_device()} per device; the 5-stage runs: {s.deep_devices} devices at "
-        f"{s.rate_hz * s.devices / s.deep_devices:g} records/s, the same N, because the config refuses more "
-        f"workers than devices), then drained (drain timeout {s.drain_timeout_s:g} s) until every "
+        f"{s.rate_hz * s.devices / s.deep_devices:g} records/s, the same N: the stream of the first "
+        f"runs of this benchmark, when a job could not have more workers than devices), then drained (drain timeout {s.drain_timeout_s:g} s) until every "
         f"record is trained; fixed batches of {BATCH}, max_step_batch {BATCH}, LR {s.lr}, momentum {s.momentum}, "
         f"torch_threads 1, train.grad_norm_spike {s.grad_norm_spike:g} (0 = the spike guard off, every arm), every process slowed x{s.slowdown:g} by waiting (workers.slowdown). Stage split "
         f"3 stages: cut after {', '.join(SPLIT3)}; 5 stages: after {', '.join(SPLIT5)}; dni/cdni max_in_flight "
@@ -311,8 +311,8 @@ def markdown(table: dict[str, Any], runs: list[dict], s: Settings, meta: dict[st
         f"{s.synth_hidden} (`synth_hidden`), `cdni_linear` = cdni with the default linear synthesiser.",
         f"Measured compute of one step of 32 (this machine, 1 thread, before the slowdown): "
         f"{meta['step_ms']}.", "",
-        f"Machine: {meta['machine']['cpus']} cores **shared** with other helpers running short tests during the "
-        f"benchmark (1-min load average after the runs {meta['load_min']:.1f}-{meta['load_max']:.1f}); Python "
+        f"Machine: {meta['machine']['cpus']} cores (1-min load average after the runs "
+        f"{meta['load_min']:.1f}-{meta['load_max']:.1f}: the broker, the processes of the run and any other work); Python "
         f"{meta['machine']['python']}, torch {meta['versions']['torch']}, numpy {meta['versions']['numpy']}, "
         f"Kafka {meta['versions']['kafka']}, {meta['machine']['platform']}.", "",
         "Accuracy at N samples = the final weights on the held-out set (stage arms: the run's `assembled` entry "
@@ -620,8 +620,7 @@ def main() -> None:
             "ended": time.strftime("%H:%M", time.gmtime()), "commit": _git("rev-parse", "--short", "HEAD"),
             "step_ms": step_ms, "skipped": skipped, "parameters": parameters, "load_min": min(loads), "load_max": max(loads),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                        "cpus": os.cpu_count(), "processor": platform.processor(),
-                        "shared": "with other helpers running short tests"},
+                        "cpus": os.cpu_count(), "processor": platform.processor()},
             "versions": {"torch": torch.__version__, "numpy": np.__version__, "kafka": kafka_version()}}
     write(runs, s, meta, Path(args.out) / args.name)
     failed = [e for e in runs if "error" in e]
