@@ -19,6 +19,10 @@ the order a worker does it:
    encode every outgoing message on its own link's codec. A rejected step publishes
    nothing; the adapter dead-letters its records. An accepted one: the adapter
    publishes, then acknowledges the records behind it.
+   ``queued_steps()`` / ``step_queued()``: the same on an input the strategy received in a
+   message instead of stream records (a later stage of a split model); the adapter runs
+   them before stream steps. A refused step of either kind calls
+   ``strategy.local_step_rejected``.
 5. ``evaluate(features, labels)``: held-out evaluation, handed to the strategy.
 
 Checkpoints (``trainers.checkpoint.CheckpointStore``) hold the trainer and strategy;
@@ -328,6 +332,7 @@ class TrainingDriver:
         try:
             result = self.strategy.local_step(self.trainer, x, y)
         except BatchError as exc:
+            self.strategy.local_step_rejected()
             return self._rejected(self.guard.reject_batch(exc), records)
         rejection = self.guard.check(result)
         if rejection is not None:
@@ -357,6 +362,7 @@ class TrainingDriver:
         try:
             result = self.strategy.local_step(self.trainer, None, None)
         except BatchError as exc:
+            self.strategy.local_step_rejected()
             return self._rejected(self.guard.reject_batch(exc), 0)
         rejection = self.guard.check(result)
         if rejection is not None:

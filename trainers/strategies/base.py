@@ -236,9 +236,9 @@ class SyncStrategy(ABC):
         return trainer.compute_gradient(features, labels)
 
     def local_step_rejected(self) -> None:
-        """The step guard refused the result :meth:`local_step` just returned: nothing of it
-        is applied or published (a strategy that prepared messages in ``local_step`` drops
-        them). Default: nothing."""
+        """The step :meth:`local_step` just computed (or failed to: a ``BatchError``) is
+        refused: nothing of it is applied or published (a strategy that prepared messages in
+        ``local_step`` drops them). Default: nothing."""
         return None
 
     def queued_steps(self) -> int:
