@@ -302,21 +302,34 @@ class LocalTrainer:
         return {name: b for name, b in self._buffers.items() if b.is_floating_point()}
 
     def _to_tensors(self, features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self._features_tensor(features)
+        return inputs, self._labels_tensor(labels, inputs.shape[0])
+
+    def _features_tensor(self, features: Any) -> torch.Tensor:
+        """Raw numeric features ``[N, ...]`` (N > 0, finite; numpy or torch) as float32 on the device."""
+        if isinstance(features, torch.Tensor):
+            features = features.detach().cpu().numpy()
         features = np.asarray(features)
-        labels = np.asarray(labels)
         if features.ndim < 2 or features.shape[0] == 0:
             raise BatchError(f"features must be [N, ...] with N > 0, got shape {features.shape}")
-        if labels.shape != (features.shape[0],):
-            raise BatchError(f"labels shape {labels.shape} does not match {features.shape[0]} samples")
+        if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)):
+            raise BatchError(f"features must be numeric, got {features.dtype}")
+        if not np.all(np.isfinite(features)):
+            raise BatchError("features contain NaN or infinity")
+        return torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(self.device)
+
+    def _labels_tensor(self, labels: Any, count: int) -> torch.Tensor:
+        """Integer class ids ``[count]`` (>= 0; numpy or torch) as int64 on the device."""
+        if isinstance(labels, torch.Tensor):
+            labels = labels.detach().cpu().numpy()
+        labels = np.asarray(labels)
+        if labels.shape != (count,):
+            raise BatchError(f"labels shape {labels.shape} does not match {count} samples")
         if not np.issubdtype(labels.dtype, np.integer):
             raise BatchError(f"labels must be integers, got {labels.dtype}")
         if labels.min() < 0:
             raise BatchError(f"negative label {int(labels.min())}")
-        if not np.all(np.isfinite(features)):
-            raise BatchError("features contain NaN or infinity")
-        inputs = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(self.device)
-        targets = torch.from_numpy(labels.astype(np.int64)).to(self.device)
-        return inputs, targets
+        return torch.from_numpy(labels.astype(np.int64)).to(self.device)
 
     @staticmethod
     def _check_names(named: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], what: str) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -207,7 +206,7 @@ class StageTrainer(LocalTrainer):
     def forward(self, inputs: Any) -> StageForward:
         """Run the stage in train mode on raw features (stage 0) or the previous boundary's activation."""
         if self.stage == 0:
-            x = self._features(inputs)
+            x = self._features_tensor(inputs)
         else:
             if not isinstance(inputs, torch.Tensor):
                 raise BatchError(
@@ -362,32 +361,9 @@ class StageTrainer(LocalTrainer):
             )
         return gradients, input_grad
 
-    def _features(self, features: Any) -> torch.Tensor:
-        """Stage 0 input: raw float features ``[N, ...]``, validated as in ``LocalTrainer``."""
-        if isinstance(features, torch.Tensor):
-            features = features.detach().cpu().numpy()
-        features = np.asarray(features)
-        if features.ndim < 2 or features.shape[0] == 0:
-            raise BatchError(f"features must be [N, ...] with N > 0, got shape {features.shape}")
-        if not (
-            np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)
-        ):
-            raise BatchError(f"features must be numeric, got {features.dtype}")
-        if not np.all(np.isfinite(features)):
-            raise BatchError("features contain NaN or infinity")
-        return torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(self.device)
-
     def _labels(self, labels: Any, count: int, classes: int) -> torch.Tensor:
         """Integer class ids ``[count]`` in ``[0, classes)`` as an int64 tensor on the device."""
-        if isinstance(labels, torch.Tensor):
-            labels = labels.detach().cpu().numpy()
-        labels = np.asarray(labels)
-        if labels.shape != (count,):
-            raise BatchError(f"labels shape {labels.shape} does not match {count} samples")
-        if not np.issubdtype(labels.dtype, np.integer):
-            raise BatchError(f"labels must be integers, got {labels.dtype}")
-        if labels.min() < 0:
-            raise BatchError(f"negative label {int(labels.min())}")
-        if labels.max() >= classes:
-            raise BatchError(f"label {int(labels.max())} out of range for {classes} classes")
-        return torch.from_numpy(labels.astype(np.int64)).to(self.device)
+        targets = self._labels_tensor(labels, count)
+        if int(targets.max()) >= classes:
+            raise BatchError(f"label {int(targets.max())} out of range for {classes} classes")
+        return targets
