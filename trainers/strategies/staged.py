@@ -67,9 +67,9 @@ import torch
 from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
+from trainers.seen import StepSet
 from trainers.stages import StageForward, StageTrainer
 from trainers.strategies.base import Observations, StrategyContext, SyncStrategy, register
-from trainers.strategies.dlion import StepSet
 from trainers.synthesizer import Synthesizer
 from trainers.validation import TensorSpec
 from trainers.wire import MessageRejected
