@@ -665,11 +665,12 @@ class TrainingRuntime:
                 await self._drain_inbox()
                 await self._send(await self._call(self.driver.poll, time.monotonic()))
                 trained = False
-                if await self._call(self.driver.queued_steps):
+                allowed = await self._call(self.driver.next_step)  # one hop to the training thread
+                if allowed == "queued":
                     # A later stage of a split model: a step on a received activation (or gradient).
                     await self._step_queued()
                     trained = True
-                elif await self._call(self.driver.can_train):
+                elif allowed == "stream":
                     if not self.pending.records:
                         if self._ready_since is None:
                             self._ready_since = time.monotonic()  # allowed to train, no data yet

@@ -313,6 +313,13 @@ class TrainingDriver:
         a split model): the adapter runs them with :meth:`step_queued`, before stream steps."""
         return self.strategy.queued_steps() if self.strategy.role == "worker" else 0
 
+    def next_step(self) -> str | None:
+        """What the next local step may be: ``"queued"`` (``queued_steps() > 0``, run first),
+        ``"stream"`` (``can_train()``: a step on stream records, if there are any) or None."""
+        if self.queued_steps():
+            return "queued"
+        return "stream" if self.can_train() else None
+
     def batch_limit(self) -> int:
         """Most records the next local step takes."""
         wanted = self.strategy.batch_size_wanted()

@@ -149,3 +149,27 @@ def test_on_arrival_not_called_for_rejected_or_skipped_records():
     (wrong,) = sender.encode([Outgoing("gradients", bad)])
     assert receiver.handle(wrong.value, transit_s=1.0).rejection is not None
     assert receiver.strategy.arrivals == [] and receiver.strategy.messages == []
+
+
+def test_next_step_says_queued_before_stream_and_none_when_neither_is_allowed():
+    class Gate:
+        queued, allowed = 0, False
+
+    gate = Gate()
+
+    class Probe:
+        def queued_steps(self) -> int:
+            return gate.queued
+
+        def can_train(self) -> bool:
+            return gate.allowed
+
+    driver = TrainingDriver.__new__(TrainingDriver)
+    driver.queued_steps = Probe().queued_steps  # type: ignore[method-assign]
+    driver.can_train = Probe().can_train  # type: ignore[method-assign]
+
+    assert driver.next_step() is None
+    gate.allowed = True
+    assert driver.next_step() == "stream"
+    gate.queued = 2
+    assert driver.next_step() == "queued"
