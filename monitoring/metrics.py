@@ -20,8 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
+
+from monitoring.health import DEFAULT_LIVENESS_TIMEOUT_S, Health
+from monitoring.health import serve as serve_health
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -49,8 +52,10 @@ OBSERVATIONS = ("commit_target", "committed_local_steps", "blocked_seconds", "cl
 class Metrics:
     """The metric objects of one process."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, health: Health | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        #: What the process's ``/healthz`` and ``/readyz`` answer (``serve``).
+        self.health = health or Health()
         r = self.registry
         # --- ingest ---------------------------------------------------------------
         self.records_in = Counter(
@@ -613,17 +618,19 @@ def consumer_lag(
 
 
 def serve(metrics: Metrics, port: int, host: str = "127.0.0.1") -> int:
-    """Serve ``/metrics`` of ``metrics`` on ``host:port`` (port 0 picks one); return the port."""
-    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
-    return server.server_address[1]
+    """Serve ``/metrics`` of ``metrics``, and ``/healthz`` / ``/readyz`` of ``metrics.health``,
+    on ``host:port`` (port 0 picks one); return the port."""
+    return serve_health(metrics.registry, metrics.health, port, host)
 
 
-def serve_process(port: int = 0, host: str = "127.0.0.1") -> tuple[Metrics, str]:
-    """A process's ``Metrics``, served at once; returns it with its ``/metrics`` URL.
+def serve_process(port: int = 0, host: str = "127.0.0.1",
+                  liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> tuple[Metrics, str]:
+    """A process's ``Metrics``, served at once (with ``/healthz`` and ``/readyz``); returns
+    it with its ``/metrics`` URL.
 
     For the processes that are not workers (simulator, replayer): record
     ``records_produced`` on it and list the URL in the run's file-SD targets.
     """
-    metrics = Metrics()
+    metrics = Metrics(health=Health(liveness_timeout_s))
     bound = serve(metrics, port, host)
     return metrics, f"http://{host}:{bound}/metrics"

@@ -16,13 +16,14 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 from typing import NoReturn
 
 from rich.console import Console
 
-from pipeline.config import JobConfig, load_config
+from pipeline.config import LOG_FORMATS, JobConfig, load_config
 
 log = logging.getLogger("edgestream")
 
@@ -313,25 +314,44 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from monitoring.metrics import serve_process
+    from pipeline.service import ProcessService
     from pipeline.simulate import check_stream_options, stream_devices
 
     cfg = job_config(args)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_log_format(args, cfg)
     check_stream_options(cfg, args.garbage)
+    if args.forever and args.duration:
+        raise CommandError("simulate: --forever and --duration exclude each other", EXIT_CONFIG)
     bootstrap = need_bootstrap(args, cfg)
-    duration = args.duration or cfg.run.duration_s
-    metrics, metrics_url = serve_process(args.metrics_port, cfg.workers.metrics_host)
+    duration = math.inf if args.forever else (args.duration or cfg.run.duration_s)
+    metrics, metrics_url = serve_process(args.metrics_port, cfg.workers.metrics_host,
+                                         liveness_timeout_s=cfg.service.liveness_timeout_s)
+    metrics.health.require("producing")
+    stop = threading.Event()
+    service = ProcessService("simulate", cfg.job.name, metrics.health, cfg.service.shutdown_grace_s)
+    service.signals.on_stop = lambda _signum: stop.set()
     Console().print(f"simulator /metrics: {metrics_url}")
-    with Progress(TextColumn("simulating {task.fields[devices]} devices"), BarColumn(),
-                  TextColumn("{task.fields[records]} records"), TimeElapsedColumn()) as progress:
-        task = progress.add_task("sim", total=duration, devices=cfg.devices.count, records=0)
+    try:
+        with Progress(TextColumn("simulating {task.fields[devices]} devices"), BarColumn(),
+                      TextColumn("{task.fields[records]} records"), TimeElapsedColumn()) as progress:
+            task = progress.add_task("sim", total=None if args.forever else duration,
+                                     devices=cfg.devices.count, records=0)
 
-        def on_progress(report):
-            progress.update(task, completed=report.duration_s, records=sum(report.records.values()))
+            def on_progress(report):
+                if not metrics.health.readiness()[1]["checks"]["producing"]["ok"]:
+                    metrics.health.set("producing", True, "devices streaming")
+                metrics.health.beat()
+                progress.update(task, completed=report.duration_s, records=sum(report.records.values()))
 
-        report = stream_devices(cfg, bootstrap, duration, garbage_per_device=args.garbage,
-                                progress=on_progress, report_path=args.report, metrics=metrics)
+            report = stream_devices(cfg, bootstrap, duration, garbage_per_device=args.garbage, stop=stop,
+                                    progress=on_progress, report_path=args.report, metrics=metrics)
+    finally:
+        service.close()
+    stopped = " (stopped by a signal; everything sent was flushed)" if stop.is_set() else ""
     Console().print(f"produced {sum(report.records.values())} records in "
-                    f"{sum(report.messages.values())} messages ({report.bytes} bytes) in {report.duration_s:.1f}s")
+                    f"{sum(report.messages.values())} messages ({report.bytes} bytes) in {report.duration_s:.1f}s"
+                    + stopped)
     return 0
 
 
@@ -378,6 +398,7 @@ def _process_config(args: argparse.Namespace, name: str) -> tuple[JobConfig, str
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_tracebacks(logging.getLogger(), level)
     cfg = job_config(args)
+    use_log_format(args, cfg)
     if name != SERVER_NAME:
         cfg.devices_of(name)  # a worker of this job
     args.exit_file = worker_state_dir(cfg, name) / EXIT_FILE
@@ -385,6 +406,23 @@ def _process_config(args: argparse.Namespace, name: str) -> tuple[JobConfig, str
     bootstrap = need_bootstrap(args, cfg)  # before torch is imported: unreachable is reported in seconds
     process_topics(cfg, name)
     return cfg, bootstrap
+
+
+def use_log_format(args: argparse.Namespace, cfg: JobConfig) -> None:
+    """``--log-format`` (else ``service.log_format``) for this process's log lines; the
+    choice is written back to ``cfg`` (a Faust process keeps its own handlers for JSON)."""
+    from pipeline.service import use_json_logs
+
+    fmt = getattr(args, "log_format", None) or cfg.service.log_format
+    cfg.service.log_format = fmt
+    if fmt == "json":
+        use_json_logs()
+
+
+def add_service_args(p: argparse.ArgumentParser) -> None:
+    """Flags of the long-running commands (worker, server, simulate, replay)."""
+    p.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                   help="log lines as text or one JSON object a line (default: service.log_format, text)")
 
 
 # --- run --------------------------------------------------------------------------------
@@ -487,8 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N",
                    help="also send N malformed messages per device (tests the dead-letter path)")
     p.add_argument("--report", type=Path, help="write what was produced as JSON here")
+    p.add_argument("--forever", action="store_true",
+                   help="stream until stopped (SIGTERM/SIGINT), as a service does; excludes --duration")
     p.add_argument("--metrics-port", type=port, default=0,
-                   help="serve /metrics (records produced per device) on this port (0: a free one)")
+                   help="serve /metrics (records produced per device), /healthz and /readyz on this port "
+                        "(0: a free one)")
+    add_service_args(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("worker", help="run one worker (a Faust worker) until stopped")
@@ -501,6 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=port, default=0, help="/metrics port (0: a free one)")
     p.add_argument("--loglevel", default="warning", type=str.lower, choices=LOGLEVELS,
                    help="log level; debug also logs the traceback of a crash (default: %(default)s)")
+    add_service_args(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("server", help="run the parameter server of a strategy that has one (asp)")
@@ -508,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=port, default=0, help="/metrics port (0: a free one)")
     p.add_argument("--loglevel", default="warning", type=str.lower, choices=LOGLEVELS,
                    help="log level; debug also logs the traceback of a crash (default: %(default)s)")
+    add_service_args(p)
     p.set_defaults(func=cmd_server)
 
     p = sub.add_parser("run", help="broker + simulated devices + workers, with a live view")

@@ -22,6 +22,8 @@ SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
 DATA_SOURCES = ("digits", "synthetic", "recording")
 #: Values of ``kafka.ingest_source``.
 INGEST_SOURCES = ("direct", "faust")
+#: Values of ``service.log_format`` and ``--log-format``.
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -252,6 +254,22 @@ class RunSection:
 
 
 @dataclass
+class ServiceSection:
+    """How a long-running process (worker, server, simulate, replay) behaves as a managed
+    service (docs/deploy.md)."""
+
+    #: After SIGTERM/SIGINT the process checkpoints, commits, leaves its group and exits 0
+    #: within this many seconds; past it, it exits 1 at once. Below Kubernetes' default 30 s.
+    shutdown_grace_s: float = 20.0
+    #: ``/healthz`` fails (and the systemd watchdog is no longer fed) when the process's
+    #: main loop has not turned for this many seconds.
+    liveness_timeout_s: float = 30.0
+    #: Log lines: ``text`` or ``json`` (one object a line: ts, level, logger, msg, job,
+    #: process, step); ``--log-format`` overrides.
+    log_format: str = "text"
+
+
+@dataclass
 class LimitsSection:
     max_record_message_bytes: int = 1 << 20
     max_records_per_message: int = 65_536
@@ -292,6 +310,7 @@ class JobConfig:
     workers: WorkersSection = field(default_factory=WorkersSection)
     run: RunSection = field(default_factory=RunSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
+    service: ServiceSection = field(default_factory=ServiceSection)
     train: TrainSection = field(default_factory=TrainSection)
     testbed: TestbedSection = field(default_factory=TestbedSection)
 
@@ -318,6 +337,9 @@ class JobConfig:
         _positive("devices.time_scale", self.devices.time_scale)
         _positive("devices.message_interval_s", self.devices.message_interval_s)
         _positive("workers.count", self.workers.count)
+        _positive("service.shutdown_grace_s", self.service.shutdown_grace_s)
+        _positive("service.liveness_timeout_s", self.service.liveness_timeout_s)
+        _choice("service.log_format", self.service.log_format, LOG_FORMATS)
         if self.devices.ids and len(self.devices.ids) != self.devices.count:
             raise ConfigError(
                 f"devices.ids lists {len(self.devices.ids)} ids but devices.count is {self.devices.count}"

@@ -122,6 +122,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return _fail(console, "replay", exc, hint)
     except (RecordingError, ReplayError) as exc:
         return _fail(console, "replay", exc)
+    from pipeline.cli import job_config, use_log_format
+
+    cfg = job_config(args)
+    use_log_format(args, cfg)
     bootstrap, max_bytes = _bootstrap(args)
     looping = args.loop
     with Progress(TextColumn("replaying" + (" (loop)" if looping else "")),
@@ -139,11 +143,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         stop = threading.Event()
         from monitoring.metrics import serve_process
+        from pipeline.service import ProcessService
 
-        metrics, metrics_url = serve_process(args.metrics_port)
+        metrics, metrics_url = serve_process(args.metrics_port, cfg.workers.metrics_host,
+                                             liveness_timeout_s=cfg.service.liveness_timeout_s)
         console.print(f"replayer /metrics: {metrics_url}")
+        # Ready once it runs (the recording was read, the cluster answered); SIGTERM/SIGINT
+        # stop it between messages (flushed), a second signal at once.
+        service = ProcessService("replay", cfg.job.name, metrics.health, cfg.service.shutdown_grace_s)
+        service.signals.on_stop = lambda _signum: stop.set()
         try:
-            with _ctrl_c_sets(stop):
+            with contextlib.closing(service):
                 report = replay(args.directory, bootstrap, speed=speed, loop=looping, metrics=metrics,
                                 max_passes=args.max_passes, rename=args.rename or [],
                                 rewrite_timestamps=args.rewrite_timestamps,
@@ -156,7 +166,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return _fail(console, "replay", exc)
     out = Console()
     if stop.is_set():
-        out.print("stopped by Ctrl-C; everything sent so far was flushed")
+        out.print("stopped by a signal; everything sent so far was flushed")
     for t in report.truncated:
         out.print(f"[yellow]replayed the intact prefix only:[/yellow] {t['path']} damaged at byte "
                   f"{t['position']}: {t['reason']}")
@@ -267,7 +277,10 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
                    help="replay the intact prefix of a truncated or corrupt recording")
     p.add_argument("--report", type=Path, help="write the replay summary as JSON here")
     p.add_argument("--metrics-port", type=port, default=0,
-                   help="serve /metrics (records produced per device) on 127.0.0.1:PORT (0: a free port)")
+                   help="serve /metrics (records produced per device), /healthz and /readyz on "
+                        "workers.metrics_host:PORT (0: a free port)")
+    p.add_argument("--log-format", choices=("text", "json"), default=None,
+                   help="log lines as text or one JSON object a line (default: service.log_format, text)")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("import", help="turn a labelled CSV / NumPy / Parquet table into a recording, "

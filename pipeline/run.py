@@ -131,16 +131,19 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 20.0) -> li
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + timeout_s
-    return [stop_process(proc, max(0.0, deadline - time.monotonic())) for proc in procs]
+    return [stop_process(proc, max(0.0, deadline - time.monotonic()), signalled=True) for proc in procs]
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 20.0) -> int | None:
-    """SIGTERM the process group, SIGKILL it after ``timeout_s``; return the exit code."""
+def stop_process(proc: subprocess.Popen, timeout_s: float = 20.0, signalled: bool = False) -> int | None:
+    """SIGTERM the process group (unless ``signalled``: it was sent already, and a second
+    stop signal makes an edgestream process exit at once), SIGKILL it after ``timeout_s``;
+    return the exit code."""
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        if not signalled:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -10,7 +10,9 @@ accounting balances against.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -141,14 +143,17 @@ def simulate(
     )
     prod = producer(bootstrap, cfg.kafka.max_message_bytes)
     interval = cfg.devices.message_interval_s
-    ticks = max(1, int(round(duration_s / interval)))
+    # duration_s = inf (`simulate --forever`): until ``stop``; garbage, if any, in the first minute.
+    ticks = max(1, int(round((duration_s if math.isfinite(duration_s) else 60.0) / interval)))
     garbage_at = _garbage_schedule(ticks, garbage_per_device)
+    if not math.isfinite(duration_s):
+        ticks = None
     start_mono = time.monotonic()
     wall_origin = time.time()
     report.started_at = wall_origin
     try:
-        for tick in range(ticks):
-            if stop.is_set():
+        for tick in itertools.count():
+            if stop.is_set() or (ticks is not None and tick >= ticks):
                 break
             t0, t1 = tick * interval, (tick + 1) * interval
             for sim in sims:

@@ -61,7 +61,7 @@ from streams.buffering import concat
 from streams.offsets import OffsetTracker
 from streams.simulator import FleetData
 from trainers import LocalTrainer, build_model, limit_torch_threads
-from trainers.checkpoint import CheckpointStore
+from trainers.checkpoint import SHAPE_MISMATCH, CheckpointStore
 from trainers.driver import DriverConfig, Outbound, Stepped, TrainingDriver
 from trainers.errors import (
     CheckpointNotFound,
@@ -389,6 +389,18 @@ class TrainingRuntime:
             restored = self.executor.submit(self.checkpoints.restore, self.trainer, self.strategy).result()
         except CheckpointNotFound:
             return
+        except NoUsableCheckpoint as exc:
+            if exc.rejected and all(SHAPE_MISMATCH in reason for _, reason in exc.rejected):
+                # An upgrade or a job file that changed the model: a configuration error, not
+                # a crash a restart could cure (exit 2; systemd's RestartPreventExitStatus).
+                given = f" (train.model_params={self.cfg.train.model_params})" if self.cfg.train.model_params else ""
+                raise ConfigError(
+                    f"the {len(exc.rejected)} checkpoint(s) in {exc.path} hold a model that does not fit "
+                    f"train.model={self.cfg.train.model!r}{given} or train.strategy={self.cfg.train.strategy!r}: "
+                    "this version or job file changed the model, so it cannot resume them; go back to the "
+                    f"previous settings (or version), or move {exc.path} aside to start this worker from scratch"
+                ) from exc
+            raise
         checkpoint = restored.checkpoint  # the store logged a warning for each file it skipped
         offsets = checkpoint.offsets
         sensors = {k: int(v) for k, v in offsets.get("sensors", {}).items()}

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import faust
 
+from monitoring.health import Health
 from monitoring.metrics import Metrics, serve
 from pipeline import memory
 from pipeline.app import (
@@ -31,6 +33,7 @@ from pipeline.kafka_io import (
     sensor_topics_for,
     set_group_offsets,
 )
+from pipeline.service import CONTEXT, ProcessService, StopSignals
 from pipeline.simulate import job_fleet_data
 from streams import topics
 
@@ -62,17 +65,23 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
-def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str]) -> tuple[Path, Metrics]:
+def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str],
+           ready_when: tuple[str, ...]) -> tuple[Path, Metrics]:
+    """State dir, metrics and health endpoints of process ``name``; readiness waits for
+    ``ready_when`` (Kafka was reached before this: that one holds already)."""
     state = worker_state_dir(cfg, name)
     state.mkdir(parents=True, exist_ok=True)
-    metrics = Metrics()
+    metrics = Metrics(health=Health(cfg.service.liveness_timeout_s))
+    metrics.health.require("kafka", *ready_when)
+    metrics.health.set("kafka", True, "topics created")
     port = serve(metrics, metrics_port, cfg.workers.metrics_host)
     metrics.worker_up.labels(name).set(1)
     metrics.worker_ready.labels(name).set(0)
     write_json_atomic(
         state / "endpoint.json",
         {"worker": name, "pid": os.getpid(), "metrics": f"http://{cfg.workers.metrics_host}:{port}/metrics",
-         "devices": devices},
+         "health": f"http://{cfg.workers.metrics_host}:{port}/healthz",
+         "ready": f"http://{cfg.workers.metrics_host}:{port}/readyz", "devices": devices},
     )
     return state, metrics
 
@@ -179,36 +188,54 @@ def quiet_tracebacks(logger: logging.Logger, level: int) -> None:
 
 class _FaustWorker(faust.Worker):
     """``faust.Worker`` whose log handlers (set up by Faust) hide tracebacks above debug,
-    and which calls ``on_signal`` the moment SIGTERM/SIGINT arrives (before Faust's
-    shutdown hooks run): a training process freezes there."""
+    and whose SIGTERM/SIGINT go to ``stop_signals``: the first calls ``on_signal`` at once
+    (before Faust's shutdown hooks run: a training process freezes there) and starts
+    Faust's shutdown under the grace timer; a second exits at once."""
 
     on_signal: Callable[[], None] | None = None
+    stop_signals: StopSignals | None = None
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         super().on_setup_root_logger(logger, level)
         quiet_tracebacks(logger, level)
 
-    def _on_sigterm(self) -> None:
+    def _stop(self, signum: int) -> None:
         if self.on_signal is not None:
             self.on_signal()
-        super()._on_sigterm()
+        if signum == signal.SIGINT:
+            super()._on_sigint()
+        else:
+            super()._on_sigterm()
+
+    def _on_sigterm(self) -> None:
+        self._signalled(signal.SIGTERM)
 
     def _on_sigint(self) -> None:
-        if self.on_signal is not None:
-            self.on_signal()
-        super()._on_sigint()
+        self._signalled(signal.SIGINT)
+
+    def _signalled(self, signum: int) -> None:
+        if self.stop_signals is None:
+            self._stop(signum)
+            return
+        self.stop_signals.on_stop = self._stop
+        self.stop_signals(signum)
 
 
-def _execute(app: faust.App, loglevel: str, on_signal: Callable[[], None] | None = None) -> None:
+def _execute(app: faust.App, loglevel: str, on_signal: Callable[[], None] | None = None,
+             stop_signals: StopSignals | None = None, own_logging: bool = False) -> None:
     """Run ``app`` until it stops; raise ``ProcessCrashed`` if it stopped on an error.
+
+    ``own_logging``: keep the process's log handlers (JSON lines) instead of Faust's.
 
     ``Worker.execute_from_commandline`` always ends in ``SystemExit``: code 1 after a
     crash (mode re-raises the crash reason, or the start-up error, inside its
     ``exiting()`` guard, so it is the exit's ``__context__``), 0 after a signal.
     """
     memory.freeze_startup_objects()
-    runner = _FaustWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    runner = _FaustWorker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False,
+                          override_logging=not own_logging)
     runner.on_signal = on_signal
+    runner.stop_signals = stop_signals
     code: object = 0
     cause: BaseException | None = None
     try:
@@ -288,7 +315,9 @@ def run_worker(
         log.info("%s pinned to CPUs %s", worker, sorted(cpus))
     devices = cfg.devices_of(worker)
     ensure_topics(bootstrap, process_topics(cfg, worker))
-    state, metrics = _start(cfg, worker, metrics_port, devices)
+    state, metrics = _start(cfg, worker, metrics_port, devices,
+                            ("restored", "assigned") if cfg.train.enabled else ("assigned",))
+    service = ProcessService(worker, cfg.job.name, metrics.health, cfg.service.shutdown_grace_s)
     data = job_fleet_data(cfg)
     runtime = None
     if cfg.train.enabled:
@@ -296,6 +325,7 @@ def run_worker(
 
         joining, why = join_decision(cfg, worker, bootstrap, state, join)
         runtime = TrainingRuntime(cfg, worker, data, metrics, state, joining=joining)
+        CONTEXT.step = lambda: runtime.stats.steps
         subscribes = tuple(runtime.strategy.subscribes)
         if runtime.own_topics():  # its inbox, if its strategy reads one
             ensure_topics(bootstrap, runtime.own_topics())
@@ -329,6 +359,8 @@ def run_worker(
         runtime.start_fresh(group_positions(bootstrap, sensor_group(cfg, worker), sensor_topics),
                             group_positions(bootstrap, app_id(cfg, worker),
                                             update_topics(cfg, worker, tuple(runtime.strategy.subscribes))))
+    if runtime is not None:
+        metrics.health.set("restored", True, restored_detail(runtime))
     app, core = create_app(
         cfg, worker, bootstrap, sink, metrics,
         datadir=state / "faust", devices=devices,
@@ -336,7 +368,7 @@ def run_worker(
         value_range=data.value_range,
         restored_ledger=runtime.restored_ledger if runtime else None,
         require_labels=runtime is not None,
-        on_ready=lambda: metrics.worker_ready.labels(worker).set(1),
+        on_ready=lambda: _assigned(metrics, worker),
         tracker=runtime.sensor_offsets if runtime else None,
         extend=runtime.attach if runtime else None,
     )
@@ -346,13 +378,16 @@ def run_worker(
         async def final(app_: faust.App, **kwargs) -> None:
             summary.update(await runtime.shutdown())
 
+    _beat(app, metrics.health)
     try:
-        _execute(app, loglevel, on_signal=runtime.begin_stop if runtime is not None else None)
+        _execute(app, loglevel, on_signal=runtime.begin_stop if runtime is not None else None,
+                 stop_signals=service.signals, own_logging=cfg.service.log_format == "json")
     finally:
         metrics.worker_up.labels(worker).set(0)
         write_json_atomic(state / "accounting.json", {"worker": worker, "devices": core.accounting()})
         if summary:
             write_json_atomic(state / "training.json", summary)
+        service.close()
 
 
 def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: str = "warning") -> None:
@@ -364,9 +399,11 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     from pipeline.training import TrainingRuntime
 
     ensure_topics(bootstrap, process_topics(cfg, SERVER_NAME))
-    state, metrics = _start(cfg, SERVER_NAME, metrics_port, [])
+    state, metrics = _start(cfg, SERVER_NAME, metrics_port, [], ("restored", "assigned"))
+    service = ProcessService(SERVER_NAME, cfg.job.name, metrics.health, cfg.service.shutdown_grace_s)
     data = job_fleet_data(cfg)
     runtime = TrainingRuntime(cfg, SERVER_NAME, data, metrics, state, role="server")
+    CONTEXT.step = lambda: runtime.stats.steps
     if runtime.own_topics():
         ensure_topics(bootstrap, runtime.own_topics())
     runtime.ensure_topics = lambda wanted: ensure_topics(bootstrap, wanted)
@@ -374,11 +411,12 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     if runtime.restored_from is None:
         runtime.start_fresh({}, group_positions(bootstrap, app_id(cfg, SERVER_NAME),
                                                 update_topics(cfg, SERVER_NAME, tuple(runtime.strategy.subscribes))))
+    metrics.health.set("restored", True, restored_detail(runtime))
     app = new_faust_app(cfg, SERVER_NAME, bootstrap, state / "faust")
 
     @app.on_partitions_assigned.connect
     async def assigned(app_: faust.App, assigned, **kwargs) -> None:
-        metrics.worker_ready.labels(SERVER_NAME).set(1)
+        _assigned(metrics, SERVER_NAME)
 
     runtime.attach(app)
 
@@ -389,9 +427,38 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
         summary.update(await runtime.shutdown())
 
     _ = assigned  # registered by its decorator
+    _beat(app, metrics.health)
     try:
-        _execute(app, loglevel, on_signal=runtime.begin_stop)
+        _execute(app, loglevel, on_signal=runtime.begin_stop, stop_signals=service.signals,
+                 own_logging=cfg.service.log_format == "json")
     finally:
         metrics.worker_up.labels(SERVER_NAME).set(0)
         if summary:
             write_json_atomic(state / "training.json", summary)
+        service.close()
+
+
+def _assigned(metrics: Metrics, name: str) -> None:
+    """The process's partitions are assigned (and its agents started): ready, as far as Kafka goes."""
+    metrics.worker_ready.labels(name).set(1)
+    metrics.health.set("assigned", True, "partitions assigned")
+
+
+def restored_detail(runtime) -> str:
+    """What ``/readyz`` says of the model: restored from a checkpoint, fresh, or joining."""
+    if runtime.restored_from is not None:
+        return f"restored checkpoint at model version {runtime.restored_from}"
+    return "joining: waits for the model from its peers" if runtime.joining else "fresh start (checkpoint 0)"
+
+
+#: Seconds between beats of a process's event loop (``Health.beat``: liveness).
+BEAT_INTERVAL_S = 1.0
+
+
+def _beat(app: faust.App, health: Health) -> None:
+    """Beat ``health`` from ``app``'s event loop: a loop that stops turning stops the beats."""
+
+    async def beat() -> None:
+        health.beat()
+
+    app.timer(BEAT_INTERVAL_S, name="edgestream.health_beat")(beat)

@@ -73,6 +73,9 @@ MAGIC = b"EDGESTREAM-CKPT1"
 FORMAT_VERSION = 1
 MODEL_VERSION_KEY = "model_version"
 """Key under which :func:`save_training_checkpoint` stores ``trainer.version`` in ``meta``."""
+#: The start of the reason a checkpoint whose state does not fit the job's model (or
+#: strategy) is rejected with.
+SHAPE_MISMATCH = "state does not fit this job"
 
 LEGACY_NAME = "checkpoint.bin"
 """The single, overwritten checkpoint file of workers from before :class:`CheckpointStore`."""
@@ -369,7 +372,7 @@ def _apply(
         # model.load_state_dict copies matching tensors before it reports a mismatch,
         # and a strategy may have set some fields before a missing key: undo both.
         snapshot.restore(trainer, strategy)
-        raise CheckpointCorrupt(checkpoint.path, f"state does not fit this job: {exc}") from exc
+        raise CheckpointCorrupt(checkpoint.path, f"{SHAPE_MISMATCH}: {exc}") from exc
 
 
 # -- a directory of checkpoints -----------------------------------------------------------
