@@ -550,10 +550,21 @@ class BlockedWatch:
                 "streams, a larger bound, or a longer run.drain_timeout_s")
 
 
+def uncommitted(scrapes: dict[str, Scrape]) -> list[str]:
+    """Workers that report committed local steps (ADSP) and took more steps than they committed."""
+    out = []
+    for w, s in scrapes.items():
+        committed = s.get("edgestream_committed_local_steps_total", -1.0, worker=w)
+        if committed >= 0 and committed < s.get("edgestream_steps_total", 0.0, worker=w):
+            out.append(w)
+    return out
+
+
 class VersionsQuiet:
-    """The end-of-run check that training settled: every worker is at one model version,
-    or no process's version (the server's included) moved for ``quiet_s`` seconds (ADSP
-    and local SGD workers end at versions of their own)."""
+    """The end-of-run check that training settled: no worker holds local steps it has not
+    committed (ADSP), and every worker is at one model version, or no process's version
+    (the server's included) moved for ``quiet_s`` seconds (ADSP and local SGD workers end
+    at versions of their own)."""
 
     def __init__(self, quiet_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet_s = quiet_s
@@ -562,6 +573,8 @@ class VersionsQuiet:
         self._since = clock()
 
     def settled(self, scrapes: dict[str, Scrape]) -> bool:
+        if uncommitted(scrapes):
+            return False  # local steps not committed yet (ADSP): their commit is due within an interval
         versions = {w: s.get("edgestream_model_version", -1.0, worker=w) for w, s in scrapes.items()}
         if len({v for w, v in versions.items() if w != SERVER_NAME}) == 1:
             return True

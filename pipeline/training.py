@@ -964,12 +964,21 @@ class TrainingRuntime:
         await self._send(outbound)
 
     async def shutdown(self) -> dict[str, Any]:
-        """Leave the job (``op: leave``), then final evaluation and checkpoint; the summary a run prints."""
+        """Send what the strategy sends on leaving (ADSP: its uncommitted local steps), leave
+        the job (``op: leave``), then final evaluation and checkpoint; the summary a run prints."""
         self.stopping = True
+        sent = True
+        try:
+            await self._send(await self._call(self.driver.leave))
+        except Exception as exc:
+            sent = False
+            log.error("%s: what it sends on leaving was not sent (%s): no final checkpoint, the last "
+                      "one stays and a restart redoes the steps since", self.name, exc)
         await self.announce_leave()
         await self._evaluate()
         try:
-            await self._checkpoint()
+            if sent:
+                await self._checkpoint()
         except CheckpointRefused as exc:  # keep the last good ones; say so
             log.error("%s: final checkpoint refused, the last good one stays: %s", self.name, exc)
         if self._sender is not None:  # flushed by the checkpoint

@@ -295,6 +295,11 @@ class TrainingDriver:
     def poll(self, now: float) -> list[Outbound]:
         return self.encode(self.strategy.poll(now))
 
+    def leave(self) -> list[Outbound]:
+        """The process stops on purpose: what the strategy sends before its final
+        checkpoint (``on_leave``)."""
+        return self.encode(self.strategy.on_leave())
+
     def restored(self) -> list[Outbound]:
         """The process restarted from a checkpoint (after ``load_state_dict``): what the
         strategy sends on that (``on_restore``)."""

@@ -130,6 +130,16 @@ class ADSPWorker(SyncStrategy):
         """Commit when the scheduler says so and there is something to commit."""
         if not self._synced or not self.scheduler.due(now) or self._steps == 0:
             return []
+        return self._commit_now(now)
+
+    def on_leave(self) -> list[Outgoing]:
+        """A graceful stop: commit the local steps not committed yet, whatever the schedule
+        (they would otherwise reach the server only if this worker came back)."""
+        if not self._synced or self._steps == 0:
+            return []
+        return self._commit_now(None)  # the schedule does not move: the process is leaving
+
+    def _commit_now(self, now: float | None) -> list[Outgoing]:
         current = self._current()
         delta = {n: current["params"][n] - self._base["params"][n] for n in current["params"]}
         buffers = {n: current["buffers"][n] - self._base["buffers"][n] for n in current["buffers"]}
@@ -148,7 +158,8 @@ class ADSPWorker(SyncStrategy):
         self._commit += 1
         self._base = current
         self._steps, self._samples, self._loss_sum = 0, 0, 0.0
-        self.scheduler.committed(now)
+        if now is not None:
+            self.scheduler.committed(now)
         return [Outgoing("gradients", msg)]
 
     def on_message(self, msg: UpdateMessage) -> list[Outgoing]:

@@ -173,6 +173,12 @@ class SyncStrategy(ABC):
         """The pipeline's current view of live workers changed. Default: ignore."""
         return []
 
+    def on_leave(self) -> list[Outgoing]:
+        """This process stops on purpose (a graceful stop: SIGTERM, or the end of a run),
+        after its last step and before its final checkpoint: what it sends so no progress
+        stays behind (ADSP commits its uncommitted local steps). Default: nothing."""
+        return []
+
     def on_restore(self) -> list[Outgoing]:
         """This process was restarted and its state restored from a checkpoint
         (:meth:`load_state_dict` ran; peers went on meanwhile). Called once, before any

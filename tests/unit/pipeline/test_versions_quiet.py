@@ -46,3 +46,17 @@ def test_a_timed_out_drain_names_the_workers_still_blocked():
     assert watch.hint(blocked(w0=10.5, w1=10.0, w2=0.0)) == ""  # nobody waited during the drain
     hint = watch.hint(blocked(w0=30.0, w1=10.0, w2=0.0))
     assert hint.startswith("; w0 kept waiting for the slowest worker") and "w1" not in hint
+
+
+def test_local_steps_not_yet_committed_keep_the_run_from_settling():
+    def adsp(committed: float, steps: float) -> dict[str, Scrape]:
+        labels = (("worker", "w0"),)
+        return {"w0": Scrape([Sample("edgestream_model_version", labels, 7),
+                              Sample("edgestream_steps_total", labels, steps),
+                              Sample("edgestream_committed_local_steps_total", labels, committed)]),
+                "server": Scrape([Sample("edgestream_model_version", (("worker", "server"),), 9)])}
+
+    quiet = VersionsQuiet(clock=Clock())
+    assert not quiet.settled(adsp(committed=68, steps=69))  # its commit is due within an interval
+    assert quiet.settled(adsp(committed=69, steps=69))
+    assert quiet.settled(scrapes(w0=3, w1=3))  # strategies without commits are not held back

@@ -272,3 +272,22 @@ def test_bad_parameters_are_refused(make_trainer, role, params):
     ctx = StrategyContext("x", make_trainer(), role=role, members=WORKERS)
     with pytest.raises(StrategyError):
         create("adsp", ctx, **params)
+
+
+def test_leaving_commits_the_uncommitted_steps_at_once_and_nothing_twice(make_node, digits):
+    worker = make_node("w0", "adsp", members=WORKERS, data=digits.shards(1)[0], period_s=10.0, commit_rate=2)
+    start = worker.trainer.get_parameters()
+    assert worker.strategy.poll(0.0) == []  # the timer starts
+    _step(worker, 2)
+    [commit] = worker.strategy.on_leave()  # long before the schedule's 5 s
+    msg = commit.message
+    assert (msg.kind, msg.step, msg.meta["local_steps"]) == ("delta", 0, 2)
+    now = worker.trainer.get_parameters()
+    for name in now:
+        torch.testing.assert_close(msg.tensors[name], now[name] - start[name])
+    counters = worker.strategy.counters
+    assert counters["committed_local_steps"] == counters["local_steps"] == 2
+    assert worker.strategy.on_leave() == []  # nothing left to commit
+    assert worker.driver.leave() == []
+    assert worker.strategy.poll(5.0) == []  # the schedule did not move, and nothing is pending
+
