@@ -15,6 +15,7 @@ What every long-running command (``worker``, ``server``, ``simulate``, ``replay`
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -272,6 +273,9 @@ class ProcessService:
     def __init__(self, name: str, job: str, health: Health, grace_s: float,
                  env: Mapping[str, str] | None = None) -> None:
         CONTEXT.job, CONTEXT.process = job, name
+        # A watchdog kill (SIGABRT) or a fatal error prints every thread's Python stack:
+        # where the loop was stuck.
+        faulthandler.enable()
         self.health = health
         self.notifier = SdNotify(env)
         self.monitor = ServiceMonitor(health, self.notifier, name).start()

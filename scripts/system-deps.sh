@@ -2,7 +2,8 @@
 # System packages the test suite needs beyond Python: a JDK and Maven for the real
 # Kafka broker (checked, not installed: the machine image provides them) and
 # Debian's prometheus (installed if missing, for the dashboard tests) and iproute2
-# (`ip`, `tc`, `bridge`: installed if missing, for the edge testbed's namespaces and links).
+# (`ip`, `tc`, `bridge`: installed if missing, for the edge testbed's namespaces and links) and
+# systemd (`systemd-analyze`, `systemd-sysusers`: the checks of deploy/systemd).
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=("java (JDK 17+)")
@@ -26,6 +27,15 @@ if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v brid
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >&2
   else
     echo "edgestream: 'ip'/'tc' (iproute2) are not installed and cannot be installed automatically (need root + apt-get)" >&2
+    exit 1
+  fi
+fi
+if ! command -v systemd-analyze >/dev/null || ! command -v systemd-sysusers >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "edgestream: installing Debian's systemd package (systemd-analyze checks the units in deploy/systemd)" >&2
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >&2
+  else
+    echo "edgestream: 'systemd-analyze' is not installed and cannot be installed automatically (need root + apt-get)" >&2
     exit 1
   fi
 fi
