@@ -20,6 +20,7 @@ demo: venv
 
 test: venv
 	@bash scripts/system-deps.sh
+	@bash scripts/deploy-tools.sh >/dev/null
 	@$(RUN) python -m pytest -q -p no:cacheprovider tests/unit tests/integration
 
 chaos: venv
@@ -46,3 +47,9 @@ broker-stop: venv
 
 clean:
 	rm -rf .edgestream .pytest_cache
+
+# The worker container image (deploy/container/): buildah, no daemon or registry needed;
+# slow the first time (debootstrap base + torch wheels), not part of `make test`.
+.PHONY: image
+image:
+	@bash deploy/container/build.sh
