@@ -20,7 +20,7 @@
 # `podman load -i FILE` or `skopeo copy oci-archive:FILE docker-daemon:edgestream:TAG`).
 #
 # Environment: EDGESTREAM_CACHE, EDGESTREAM_IMAGE (default localhost/edgestream:<version>),
-# DEBIAN_MIRROR (default http://deb.debian.org/debian), EDGESTREAM_BASE_SUITE (bookworm);
+# DEBIAN_MIRROR (default: the host's apt mirror), EDGESTREAM_BASE_SUITE (bookworm);
 # buildah's own STORAGE_DRIVER (e.g. vfs), BUILDAH_ISOLATION (oci|chroot) and BUILDAH_RUNTIME
 # are honoured; when unset, the first of default runtime / runc / chroot isolation that can
 # run a command here is used. PIP_INDEX_URL / PIP_EXTRA_INDEX_URL are passed to the
@@ -44,7 +44,13 @@ say() { printf '\033[1m[build.sh]\033[0m %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
 suite="${EDGESTREAM_BASE_SUITE:-bookworm}"
-mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The host's own Debian mirror (the first URIs of its apt sources) unless DEBIAN_MIRROR says.
+host_mirror() {
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
+    grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}'; } | grep -v -- '-security' | head -n1
+}
+mirror="${DEBIAN_MIRROR:-$(host_mirror)}"
+[ -n "$mirror" ] || { echo "build.sh: no Debian mirror in the host's apt sources: set DEBIAN_MIRROR" >&2; exit 1; }
 base_packages="python3,python3-venv,ca-certificates"
 cache="${EDGESTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgestream}/container"
 version="$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)"
@@ -81,8 +87,8 @@ if [ ! -f "$base_tar" ]; then
   debootstrap --variant=minbase --include="$base_packages" "$suite" "$rootfs" "$mirror" \
     > "$cache/debootstrap.log" 2>&1 || { tail -n 20 "$cache/debootstrap.log" >&2; die "debootstrap failed (log: $cache/debootstrap.log)"; }
   # Security updates too, for anyone who apt-gets in an image built FROM this base.
-  printf 'deb %s %s main\ndeb %s %s-updates main\ndeb http://deb.debian.org/debian-security %s-security main\n' \
-    "$mirror" "$suite" "$mirror" "$suite" "$suite" > "$rootfs/etc/apt/sources.list"
+  printf 'deb %s %s main\ndeb %s %s-updates main\ndeb %s-security %s-security main\n' \
+    "$mirror" "$suite" "$mirror" "$suite" "$mirror" "$suite" > "$rootfs/etc/apt/sources.list"
   # What a slim base leaves out: package caches and lists, docs, man pages, translations,
   # the host's resolver and name.
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/cache/apt/*.bin \
