@@ -148,6 +148,12 @@ class Metrics:
         self.records_produced = Counter(
             "edgestream_records_produced_total", "Records produced to device topics", ["device"], registry=r
         )
+        self.records_refused = Counter(
+            "edgestream_records_refused_total",
+            "Records of device messages the cluster refused to take (reason: the client error, e.g. "
+            "TopicAuthorizationFailedError: this principal may not write that device's topic)",
+            ["device", "reason"], registry=r,
+        )
         # --- process --------------------------------------------------------------
         self.worker_up = Gauge(
             "edgestream_worker_up", "1 while the worker process is running", ["worker"], registry=r

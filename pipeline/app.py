@@ -35,6 +35,7 @@ from faust.types import TP
 from mode import Service
 
 from monitoring.metrics import Metrics, consumer_lag
+from pipeline import security
 from pipeline.config import JobConfig
 from pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
 from streams import topics
@@ -158,6 +159,7 @@ def new_faust_app(cfg: JobConfig, name: str, bootstrap: str, datadir: Path) -> f
         # A crashed process's group membership must lapse quickly so its restart can rejoin.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
+        broker_credentials=security.current().faust_credentials(),
     )
 
 
@@ -334,6 +336,7 @@ class DirectSensorSource(Service):
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=self.max_message_bytes,
             fetch_max_bytes=max(self.max_message_bytes, 52_428_800),
+            **security.current().aiokafka(),
         )
         await consumer.start()
         self.consumer = consumer

@@ -130,7 +130,13 @@ def _int(text: str) -> int:
 
 
 def job_config(args: argparse.Namespace) -> JobConfig:
-    return load_config(getattr(args, "job", None), getattr(args, "set", None) or [])
+    """The job's configuration; its ``kafka.*`` security settings become this process's
+    (every Kafka client it makes uses them: ``pipeline.security``)."""
+    from pipeline import security
+
+    cfg = load_config(getattr(args, "job", None), getattr(args, "set", None) or [])
+    security.use(security.ClientSecurity.from_config(cfg.kafka))
+    return cfg
 
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
@@ -226,13 +232,22 @@ def cmd_broker(args: argparse.Namespace) -> int:
                     f"{args.brokers} node(s)")
             console.print(f"local broker already running at {running}")
             return 0
+        if args.secure and args.brokers > 1:
+            raise CommandError("--secure starts a single broker; a secure 3-node cluster is not supported yet",
+                               EXIT_CONFIG)
         if args.brokers == 1:
+            security = _secure_broker_files(state) if args.secure else None
             with console.status(f"starting Kafka {kafka_version()} (first run resolves the jars from Maven Central)"):
-                broker = LocalBroker(state / "kafka", port=args.port or None, heap=args.heap or "512m").start()
+                broker = LocalBroker(state / "kafka", port=args.port or None, heap=args.heap or "512m",
+                                     security=security).start()
             broker.info().save(info_file)
             broker.proc = None  # keep running after this command exits
             console.print(f"Kafka {kafka_version()} broker ready at [bold]{broker.bootstrap}[/bold] "
                           f"(log: {broker.log_file}); stop with `edgestream broker stop`")
+            if security is not None:
+                client = _write_client_settings(state, broker.bootstrap, security)
+                console.print(f"SASL_SSL only (TLS + SCRAM-SHA-512, ACLs enforced); the admin's client settings "
+                              f"are in {client}: copy its \\[kafka] table into your job file", soft_wrap=True)
             print(broker.bootstrap)
             return 0
         work = state / CLUSTER_DIR
@@ -264,6 +279,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         if not is_broker_pid(info.pid):
             problem = (f"process {info.pid} is not a Kafka broker; {info_file} is stale" if pid_alive(info.pid)
                        else f"process {info.pid} is gone")
+        elif (state / "client.toml").exists():  # a secure broker: TLS handshake and the admin's login
+            problem = _secure_problem(state / "client.toml", info.bootstrap)
         else:
             problem = probe(info.bootstrap, STATUS_TIMEOUT_S)
         console.print(f"local Kafka {info.version} at {info.bootstrap} (pid {info.pid}): "
@@ -286,6 +303,48 @@ def cmd_broker(args: argparse.Namespace) -> int:
         console.print(f"local broker at {info.bootstrap} stopped")
         return 0
     raise AssertionError(args.action)
+
+
+def _secure_broker_files(state: Path):
+    """The certificates (``state/tls``) and admin password of a secure local broker, made
+    once and kept with its data (a restart must present the same)."""
+    import secrets
+
+    from deploy.kafka.broker import BrokerSecurity
+    from deploy.kafka.tls import make_pki
+
+    tls = state / "tls"
+    pki = make_pki(tls, ["127.0.0.1", "localhost"])
+    password_file = tls / "admin.password"
+    if not password_file.exists():
+        password_file.touch(mode=0o600)
+        password_file.write_text(secrets.token_urlsafe(24) + "\n")
+    return BrokerSecurity(pki.directory, password_file.read_text().strip())
+
+
+def _secure_problem(client_toml: Path, bootstrap: str) -> str | None:
+    """What keeps the admin of a secure local broker from logging in (None: nothing)."""
+    from pipeline import security
+
+    cfg = load_config(client_toml, env={})
+    try:
+        security.preflight(bootstrap, security.ClientSecurity.from_config(cfg.kafka), STATUS_TIMEOUT_S * 2)
+    except security.SecurityError as exc:
+        return str(exc)
+    return None
+
+
+def _write_client_settings(state: Path, bootstrap: str, security) -> Path:
+    """``state/client.toml``: the [kafka] table that logs in as the admin (no password in it)."""
+    from deploy.kafka.broker import ADMIN_USER
+
+    path = state / "client.toml"
+    path.write_text(
+        "# Client settings of the secure local broker (edgestream broker start --secure).\n[kafka]\n"
+        f'bootstrap = "{bootstrap}"\nsecurity_protocol = "SASL_SSL"\n'
+        f'ssl_cafile = "{(security.pki_dir / "ca.pem").resolve()}"\n'
+        f'sasl_username = "{ADMIN_USER}"\nsasl_password_file = "{(security.pki_dir / "admin.password").resolve()}"\n')
+    return path
 
 
 def _cluster_status(console: Console, info, info_file: Path) -> int:
@@ -352,6 +411,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     Console().print(f"produced {sum(report.records.values())} records in "
                     f"{sum(report.messages.values())} messages ({report.bytes} bytes) in {report.duration_s:.1f}s"
                     + stopped)
+    for device, reasons in sorted(report.refused.items()):
+        Console().print(f"[yellow]refused by the cluster[/yellow]: {sum(reasons.values())} records of {device} "
+                        f"({', '.join(sorted(reasons))}): not produced")
     return 0
 
 
@@ -423,6 +485,26 @@ def add_service_args(p: argparse.ArgumentParser) -> None:
     """Flags of the long-running commands (worker, server, simulate, replay)."""
     p.add_argument("--log-format", choices=LOG_FORMATS, default=None,
                    help="log lines as text or one JSON object a line (default: service.log_format, text)")
+
+
+# --- acl --------------------------------------------------------------------------------
+def cmd_acl(args: argparse.Namespace) -> int:
+    from pipeline import acl
+
+    cfg = job_config(args)
+    console = Console()
+    grants = acl.job_grants(cfg)
+    if args.action == "list":
+        for g in grants:
+            console.print(f"User:{g.user}  {'/'.join(g.operations)}  {g.resource} {g.name}"
+                          f"{'*' if g.prefixed else ''}", soft_wrap=True, markup=False)
+        return 0
+    bootstrap = need_bootstrap(args, cfg)
+    done = acl.apply(bootstrap, cfg, args.password_dir)
+    console.print(f"job {cfg.job.name}: topics created, {done['users']} SCRAM-SHA-512 users "
+                  f"(passwords in {args.password_dir}/<user>.password), {done['acls']} ACLs "
+                  f"({len(grants)} grants; `edgestream acl list` shows them)", soft_wrap=True)
+    return 0
 
 
 # --- run --------------------------------------------------------------------------------
@@ -517,6 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JVM heap per node (default: 512m, 384m per node of a cluster)")
     p.add_argument("--bootstrap", metavar="HOST:PORT", type=bootstrap_address,
                    help="check an existing cluster instead")
+    p.add_argument("--secure", action="store_true",
+                   help="start: clients must speak SASL_SSL (TLS with certificates made for this broker, "
+                        "SCRAM-SHA-512 logins, ACLs enforced); writes STATE_DIR/client.toml (docs/security.md)")
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("simulate", help="stream the job's devices into their topics (simulated, or its recording)")
@@ -553,6 +638,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log level; debug also logs the traceback of a crash (default: %(default)s)")
     add_service_args(p)
     p.set_defaults(func=cmd_server)
+
+    p = sub.add_parser("acl", help="the principals and ACLs a job needs on a secure cluster (docs/security.md)")
+    p.add_argument("action", choices=("apply", "list"),
+                   help="apply: create the job's topics, users and ACLs (run it as the admin); list: print them")
+    _add_job_args(p)
+    p.add_argument("--password-dir", type=Path, default=Path(".edgestream/credentials"),
+                   help="apply: where each user's password is kept (made if absent, mode 0600; default: %(default)s)")
+    p.set_defaults(func=cmd_acl)
 
     p = sub.add_parser("run", help="broker + simulated devices + workers, with a live view")
     _add_job_args(p)
@@ -608,7 +701,7 @@ def failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str, str
     if names & CONFIG_ERRORS:
         reason = one_line(exc)
         return EXIT_CONFIG, f"configuration error: {reason}", reason
-    if "KafkaUnreachable" in names:
+    if "KafkaUnreachable" in names or "SecurityError" in names:
         reason = one_line(exc)
         return EXIT_RUNTIME, reason, reason
     if names & KAFKA_CONNECTION_ERRORS:

@@ -22,8 +22,14 @@ SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
 DATA_SOURCES = ("digits", "synthetic", "recording")
 #: Values of ``kafka.ingest_source``.
 INGEST_SOURCES = ("direct", "faust")
+#: Values of ``kafka.security_protocol`` and ``kafka.sasl_mechanism``.
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 #: Values of ``service.log_format`` and ``--log-format``.
 LOG_FORMATS = ("text", "json")
+#: Most devices (and workers) a job may have: each device is a topic; a larger count would
+#: only exhaust memory listing them.
+MAX_DEVICES = 100_000
 
 
 class ConfigError(ValueError):
@@ -46,6 +52,21 @@ class KafkaSection:
     #: explicit partitions, offsets committed by group ``<app id>-sensors``) or ``faust``
     #: (a Faust agent in the app's own group). docs/ingest.md has the measured difference.
     ingest_source: str = "direct"
+    #: How clients talk to the cluster: ``PLAINTEXT``, ``SSL`` (TLS) or ``SASL_SSL`` (TLS +
+    #: SCRAM login). docs/security.md.
+    security_protocol: str = "PLAINTEXT"
+    #: PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL).
+    ssl_cafile: str = ""
+    #: PEM client certificate and key, for a cluster that asks for them (mutual TLS).
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    #: SCRAM-SHA-512 or SCRAM-SHA-256 (SASL_SSL).
+    sasl_mechanism: str = "SCRAM-SHA-512"
+    sasl_username: str = ""
+    #: File holding the SASL password (one line). Without it, the environment variable
+    #: EDGESTREAM_KAFKA_PASSWORD. The password itself is never part of the configuration:
+    #: it is read when a client is made, and never printed or logged.
+    sasl_password_file: str = ""
 
 
 @dataclass
@@ -158,6 +179,11 @@ def emulated_wait_s(measured_s: float, records: int, base_s: float, per_record_s
     return max(0.0, max(slowdown * measured_s, emulated_s) - measured_s)
 
 
+#: Highest CPU number ``workers.cpus`` accepts (Linux supports at most 8192 CPUs); it also
+#: keeps a range such as "0-99999999999" from filling memory.
+MAX_CPU = 8191
+
+
 def parse_cpu_list(text: str) -> set[int]:
     """``"0"``, ``"1-3"``, ``"0+2"`` or ``"0,2"`` -> a non-empty set of CPU numbers
     (ValueError otherwise)."""
@@ -169,6 +195,8 @@ def parse_cpu_list(text: str) -> set[int]:
         low, high = int(first), int(last) if dash else int(first)
         if high < low:
             raise ValueError(f"{text!r}: range {low}-{high} is empty")
+        if high > MAX_CPU:
+            raise ValueError(f"{text!r}: CPU {high} is above {MAX_CPU}, the highest Linux supports")
         cpus.update(range(low, high + 1))
     return cpus
 
@@ -316,6 +344,16 @@ class JobConfig:
 
     def validate(self) -> JobConfig:
         _choice("kafka.ingest_source", self.kafka.ingest_source, INGEST_SOURCES)
+        _choice("kafka.security_protocol", self.kafka.security_protocol, SECURITY_PROTOCOLS)
+        _choice("kafka.sasl_mechanism", self.kafka.sasl_mechanism, SASL_MECHANISMS)
+        if self.kafka.security_protocol != "PLAINTEXT" and not self.kafka.ssl_cafile:
+            raise ConfigError(f"kafka.security_protocol={self.kafka.security_protocol!r} needs kafka.ssl_cafile "
+                              "(the PEM file of the CA that signed the brokers' certificates)")
+        if bool(self.kafka.ssl_certfile) != bool(self.kafka.ssl_keyfile):
+            raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile go together (a client certificate and its key)")
+        if self.kafka.security_protocol == "SASL_SSL" and not self.kafka.sasl_username:
+            raise ConfigError("kafka.security_protocol='SASL_SSL' needs kafka.sasl_username (and the password in "
+                              "kafka.sasl_password_file or EDGESTREAM_KAFKA_PASSWORD)")
         _choice("data.source", self.data.source, DATA_SOURCES)
         if self.data.source == "recording" and not self.data.recording:
             raise ConfigError(
@@ -334,6 +372,9 @@ class JobConfig:
         _positive("batcher.max_batch", self.batcher.max_batch)
         _positive("batcher.batch_size", self.batcher.batch_size)
         _positive("devices.count", self.devices.count)
+        for key, count in (("devices.count", self.devices.count), ("workers.count", self.workers.count)):
+            if count > MAX_DEVICES:  # before anything lists the devices or workers
+                raise ConfigError(f"{key}={count} is above the limit of {MAX_DEVICES}")
         _positive("devices.time_scale", self.devices.time_scale)
         _positive("devices.message_interval_s", self.devices.message_interval_s)
         _positive("workers.count", self.workers.count)
@@ -577,12 +618,19 @@ def load_config(
         if not path.exists():
             raise ConfigError(f"job file {path} does not exist")
         try:
+            text = path.read_text(encoding="utf-8")
             if path.suffix == ".json":  # the effective config `edgestream run` hands to workers
-                data = json.loads(path.read_text())
+                data = json.loads(text)
             else:
-                data = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{path}: invalid {path.suffix[1:].upper() or 'TOML'}: {exc}") from None
+                data = tomllib.loads(text)
+        except OSError as exc:
+            raise ConfigError(f"job file {path} cannot be read: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            # ValueError: TOMLDecodeError, JSONDecodeError, UnicodeDecodeError (not UTF-8),
+            # an integer of over 4300 digits; RecursionError: nesting too deep.
+            raise ConfigError(f"{path}: invalid {path.suffix[1:].upper() or 'TOML'}: {str(exc)[:200]}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: must hold an object of [section] tables")
         for section_name, values in data.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section]")

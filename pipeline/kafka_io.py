@@ -19,6 +19,7 @@ from kafka.errors import (
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from deploy.kafka.broker import replication_for
+from pipeline import security
 from streams import topics
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ def check_reachable(bootstrap: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> N
     """
     from deploy.kafka.broker import probe
 
+    if security.current().tls:
+        security.preflight(bootstrap, timeout_s=timeout_s)  # TLS handshake and login, one line if refused
+        return
     problem = probe(bootstrap, timeout_s)
     if problem is not None:
         raise KafkaUnreachable(bootstrap, problem)
@@ -68,7 +72,7 @@ def check_reachable(bootstrap: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> N
 
 def admin_client(bootstrap: str) -> KafkaAdminClient:
     return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-admin",
-                            bootstrap_timeout_ms=ADMIN_BOOTSTRAP_TIMEOUT_MS)
+                            bootstrap_timeout_ms=ADMIN_BOOTSTRAP_TIMEOUT_MS, **security.current().kafka_python())
 
 
 def topic_names(bootstrap: str) -> list[str]:
@@ -218,6 +222,7 @@ def producer(bootstrap: str, max_message_bytes: int = topics.MAX_MESSAGE_BYTES, 
         acks="all",
         enable_idempotence=True,
         client_id="edgestream-producer",
+        **security.current().kafka_python(),
     )
     options.update(kwargs)
     return KafkaProducer(**options)
@@ -232,6 +237,7 @@ def consumer(bootstrap: str, *topic_names: str, max_message_bytes: int = topics.
         max_partition_fetch_bytes=max_message_bytes,
         fetch_max_bytes=max(max_message_bytes, 52428800),
         client_id="edgestream-consumer",
+        **security.current().kafka_python(),
     )
     options.update(kwargs)
     return KafkaConsumer(*topic_names, **options)
@@ -259,7 +265,7 @@ def read_range(bootstrap: str, tp: TopicPartition, first: int, end: int, *, time
 
 def end_offsets(bootstrap: str, topic_names: list[str]) -> dict[TopicPartition, int]:
     """Current end offset of every partition of ``topic_names``."""
-    cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets")
+    cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets", **security.current().kafka_python())
     try:
         tps = [
             TopicPartition(t, p)
@@ -362,7 +368,7 @@ def group_positions(bootstrap: str, group: str, topic_names: list[str], timeout_
     if not topic_names:
         return {}
     committed = _committed(bootstrap, [group], timeout_s).get(group) or {}
-    cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets")
+    cons = KafkaConsumer(bootstrap_servers=bootstrap, client_id="edgestream-offsets", **security.current().kafka_python())
     try:
         tps = [TopicPartition(t, p) for t in topic_names for p in sorted(cons.partitions_for_topic(t) or {0})]
         beginnings = cons.beginning_offsets(tps)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline import security
 from streams import codec, topics
 from streams.errors import StreamsError
 from streams.recording import RecordedMessage, RecordingReader, check_topic
@@ -428,6 +429,7 @@ async def _replay_async(
         # Paced: hand each message to the broker at once. Max speed: fill large batches.
         linger_ms=0 if paced else 5,
         max_batch_size=(1 << 14) if paced else (1 << 20),
+        **security.current().aiokafka(),
     )
     options.update(producer_options)
     producer = AIOKafkaProducer(**options)

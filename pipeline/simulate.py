@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import threading
 import time
@@ -23,10 +24,12 @@ import numpy as np
 
 from monitoring.metrics import Metrics
 from pipeline.config import ConfigError, JobConfig, parse_value_range
-from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for
+from pipeline.kafka_io import TopicSetupError, ensure_topics, producer, sensor_topics_for
 from streams import codec, topics
 from streams.garbage import KINDS, make_garbage
 from streams.simulator import FleetData, build_simulators, fleet_data
+
+log = logging.getLogger(__name__)
 
 
 def declared_value_range(
@@ -103,6 +106,8 @@ class SimulationReport:
     """What the simulators produced, per device (good records and garbage messages)."""
 
     records: dict[str, int] = field(default_factory=dict)
+    #: Records the cluster refused, per device and reason (not in ``records``).
+    refused: dict[str, dict[str, int]] = field(default_factory=dict)
     messages: dict[str, int] = field(default_factory=dict)
     garbage: dict[str, dict[str, int]] = field(default_factory=dict)
     bytes: int = 0
@@ -133,7 +138,16 @@ def simulate(
     """
     stop = stop or threading.Event()
     devices = cfg.devices.device_ids()
-    ensure_topics(bootstrap, sensor_topics_for(devices))
+    # Its device topics only: the dead-letter topic is the workers' (a devices principal of a
+    # secure cluster may not even see it: docs/security.md).
+    try:
+        ensure_topics(bootstrap, {topic: kind for topic, kind in sensor_topics_for(devices).items() if kind != "dlq"})
+    except TopicSetupError as exc:
+        if "Authorization" not in str(exc):
+            raise
+        # A device principal may see and write its own topic only: what it may not write is
+        # refused per message below, counted (records_refused), and not counted as produced.
+        log.warning("%s; sends to those topics will be refused and counted", exc)
     data = job_fleet_data(cfg)
     rates = {d: cfg.devices.rate_of(i) for i, d in enumerate(devices)}
     sims = build_simulators(data, rates, cfg.devices.profile, seed=cfg.job.seed)
@@ -142,6 +156,27 @@ def simulate(
         garbage={d: {} for d in devices},
     )
     prod = producer(bootstrap, cfg.kafka.max_message_bytes)
+    lock = threading.Lock()
+
+    def refused(device: str, count: int, exc: BaseException) -> None:
+        """A send the cluster did not take (the producer's I/O thread calls it): its records
+        are not produced; counted per device and reason."""
+        reason = type(exc).__name__
+        with lock:
+            report.records[device] -= count
+            report.messages[device] -= 1
+            report.refused.setdefault(device, {})[reason] = report.refused.get(device, {}).get(reason, 0) + count
+            first = report.refused[device][reason] == count
+        if metrics is not None:
+            metrics.records_refused.labels(device, reason).inc(count)
+        if first:  # once per device and reason: the metric and the report count the rest
+            log.warning("the cluster refused the records of %s (%s: %s); counted, not produced",
+                        device, reason, exc)
+
+    def taken(device: str, count: int, _metadata: object) -> None:
+        if metrics is not None:  # counted once the cluster took them
+            metrics.records_produced.labels(device).inc(count)
+
     interval = cfg.devices.message_interval_s
     # duration_s = inf (`simulate --forever`): until ``stop``; garbage, if any, in the first minute.
     ticks = max(1, int(round((duration_s if math.isfinite(duration_s) else 60.0) / interval)))
@@ -159,12 +194,12 @@ def simulate(
             for sim in sims:
                 for batch in sim.step(t0, t1, wall_origin):
                     value = codec.encode(batch)
-                    prod.send(topics.sensor_topic(sim.device), value=value, key=sim.device.encode())
+                    sent = prod.send(topics.sensor_topic(sim.device), value=value, key=sim.device.encode())
+                    sent.add_errback(refused, sim.device, batch.count)
+                    sent.add_callback(taken, sim.device, batch.count)
                     report.records[sim.device] += batch.count
                     report.messages[sim.device] += 1
                     report.bytes += len(value)
-                    if metrics is not None:
-                        metrics.records_produced.labels(sim.device).inc(batch.count)
                 for k in range(garbage_at.get(tick, 0)):
                     kind = KINDS[(sum(report.garbage[sim.device].values()) + k) % len(KINDS)]
                     value = make_garbage(kind, sim.device, data.feature_shape, seed=tick)

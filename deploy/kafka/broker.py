@@ -26,6 +26,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -170,7 +171,11 @@ def _metadata_brokers(host: str, port: int, deadline: float) -> tuple[int, str |
         with socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic())) as sock:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             sock.sendall(_metadata_request())
-            (size,) = struct.unpack(">i", _recv_exact(sock, 4, deadline))
+            head = _recv_exact(sock, 4, deadline)
+            (size,) = struct.unpack(">i", head)
+            if head[0] in (0x15, 0x16) and head[1] == 0x03:  # a TLS record (alert, handshake)
+                return 0, (f"{host}:{port} speaks TLS, not plaintext: set kafka.security_protocol "
+                           "(SSL or SASL_SSL) and kafka.ssl_cafile")
             if not 12 <= size <= 64 * 1024 * 1024:
                 return 0, f"{host}:{port} is not a Kafka broker (reply of {size} bytes)"
             reply = _recv_exact(sock, min(size, 16), deadline)
@@ -314,6 +319,31 @@ def is_broker_pid(pid: int) -> bool:
         return True  # no /proc (not Linux) or not ours to read: trust the pid
 
 
+#: The super user of a secure local broker (SCRAM-SHA-512, made when its storage is formatted).
+ADMIN_USER = "admin"
+
+
+@dataclass
+class BrokerSecurity:
+    """A secure local broker (docs/security.md): its client listener speaks ``SASL_SSL``
+    (TLS with the certificates of ``deploy.kafka.tls``, SCRAM-SHA-512 logins), its
+    controller listener mutual TLS; the ``StandardAuthorizer`` denies what no ACL allows.
+    ``admin_password`` is the password of ``ADMIN_USER``, a super user; the broker's own
+    certificate principal is the other one."""
+
+    pki_dir: Path
+    admin_password: str
+    authorizer: bool = True
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """kafka-python keyword arguments that log in as the admin."""
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.pem"))
+        return {"security_protocol": "SASL_SSL", "ssl_context": context, "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_plain_username": ADMIN_USER, "sasl_plain_password": self.admin_password}
+
+
 class LocalBroker:
     """One KRaft Kafka node (combined broker + controller).
 
@@ -344,8 +374,10 @@ class LocalBroker:
         node_id: int = 1,
         quorum_voters: str | None = None,
         cluster_id: str | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
+        self.security = security
         self.host = host
         self.bind_host = bind_host or host
         self.netns = netns
@@ -397,7 +429,39 @@ class LocalBroker:
             "num.network.threads": "2",
             "num.io.threads": "2",
         }
+        if self.security is not None:
+            props.update(self._secure_properties())
         props.update(self.extra_config)
+        return props
+
+    def _secure_properties(self) -> dict[str, str]:
+        assert self.security is not None
+        pki = self.security.pki_dir
+        jaas = ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+                f'username="{ADMIN_USER}" password="{self.security.admin_password}";')
+        props = {
+            "listeners": f"SASL_SSL://{self.bind_host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"SASL_SSL://{self.host}:{self.port}",
+            "inter.broker.listener.name": "SASL_SSL",
+            # The controller listener: mutual TLS, the broker's own certificate (its principal
+            # a super user); nothing else can log in there.
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+            "listener.name.controller.ssl.client.auth": "required",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(pki / "broker-keystore.pem"),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(pki / "ca.pem"),
+            "ssl.client.auth": "none",
+        }
+        if self.security.authorizer:
+            props.update({
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "super.users": f"User:{ADMIN_USER};User:CN=edgestream broker",
+                "allow.everyone.if.no.acl.found": "false",
+            })
         return props
 
     def _properties(self) -> str:
@@ -430,9 +494,11 @@ class LocalBroker:
         props_file.write_text(self._properties())
         cluster_id = self._cluster_id()
         if not (self.work_dir / "data" / "meta.properties").exists():
+            scram = ([] if self.security is None else
+                     ["--add-scram", f"SCRAM-SHA-512=[name={ADMIN_USER},password={self.security.admin_password}]"])
             fmt = subprocess.run(
                 self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props_file),
-                           "--ignore-formatted"),
+                           "--ignore-formatted", *scram),
                 capture_output=True, text=True,
             )
             if fmt.returncode != 0:
@@ -470,7 +536,7 @@ class LocalBroker:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.check_running()
-            if _port_open(self.port, self.host) and metadata_ok(self.bootstrap, timeout_s=3.0):
+            if _port_open(self.port, self.host) and self._answers():
                 return
             time.sleep(0.25)  # polling interval of a readiness wait, not synchronisation
         self.stop()
@@ -478,6 +544,25 @@ class LocalBroker:
             f"Kafka broker did not answer a metadata request at {self.bootstrap} within "
             f"{timeout_s:.0f}s; log tail:\n{self._log_tail()}"
         )
+
+    def _answers(self) -> bool:
+        """The node answers a metadata request (as the admin, over TLS, if it is secure)."""
+        if self.security is None:
+            return metadata_ok(self.bootstrap, timeout_s=3.0)
+        from kafka import KafkaAdminClient
+        from kafka.errors import KafkaError
+
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="edgestream-broker-ready",
+                                     bootstrap_timeout_ms=3000, **self.security.client_kwargs())
+        except KafkaError:
+            return False
+        try:
+            return bool(admin.describe_cluster().get("brokers"))
+        except KafkaError:
+            return False
+        finally:
+            admin.close()
 
     def _log_tail(self, lines: int = 40) -> str:
         try:

@@ -1,0 +1,126 @@
+"""Who may do what on a secure cluster: the principals and ACLs a job needs (docs/security.md).
+
+``job_grants(cfg)`` is pure: the grants of one job. ``apply(bootstrap, cfg, password_dir)``
+creates the job's topics (as the admin that runs it), a SCRAM-SHA-512 user per principal
+(passwords generated into ``password_dir/<user>.password`` if absent, mode 0600) and the
+ACLs. Principals:
+
+* ``<device>``: one per device; writes only ``sensors.<device>``.
+* ``<job>-devices``: a gateway for all the job's devices (``edgestream simulate`` / ``replay``);
+  writes the job's device topics and nothing else.
+* ``<job>-workers``: the job's workers and server; read the device topics, write the
+  dead-letter topics, read and write the job's update topics (``gradients``, ``models``,
+  ``control``, inboxes), use the consumer groups ``edgestream-<job>-*``.
+
+Nobody else (no ACL: the authorizer denies) reads or writes them; the admin is a super user.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import JobConfig
+from streams import topics
+
+#: kafka-python's names of the operations granted.
+DEVICE_OPS = ("WRITE", "DESCRIBE")
+READ_OPS = ("READ", "DESCRIBE", "DESCRIBE_CONFIGS")
+READ_WRITE_OPS = ("READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """``principal`` (a user name) may do ``operations`` on ``resource`` (``topic`` or
+    ``group``) ``name``, matched literally or as a prefix."""
+
+    user: str
+    resource: str
+    name: str
+    operations: tuple[str, ...]
+    prefixed: bool = False
+
+
+def workers_user(cfg: JobConfig) -> str:
+    return f"{cfg.job.name}-workers"
+
+
+def devices_user(cfg: JobConfig) -> str:
+    return f"{cfg.job.name}-devices"
+
+
+def job_grants(cfg: JobConfig) -> list[Grant]:
+    from pipeline.training import training_topics
+
+    job = cfg.job.name
+    devices = cfg.devices.device_ids()
+    workers, gateway = workers_user(cfg), devices_user(cfg)
+    grants = [Grant(d, "topic", topics.sensor_topic(d), DEVICE_OPS) for d in devices]
+    grants += [Grant(gateway, "topic", topics.sensor_topic(d), DEVICE_OPS) for d in devices]
+    grants += [Grant(workers, "topic", topics.sensor_topic(d), READ_OPS) for d in devices]
+    grants.append(Grant(workers, "topic", topics.SENSOR_DLQ, ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")))
+    for topic in training_topics(job, []):
+        grants.append(Grant(workers, "topic", topic, READ_WRITE_OPS))
+    grants.append(Grant(workers, "topic", f"inbox.{job}.", READ_WRITE_OPS, prefixed=True))
+    grants.append(Grant(workers, "group", f"edgestream-{job}-", ("READ", "DESCRIBE"), prefixed=True))
+    return grants
+
+
+def users(cfg: JobConfig) -> list[str]:
+    return [*cfg.devices.device_ids(), devices_user(cfg), workers_user(cfg)]
+
+
+def password_for(password_dir: Path, user: str) -> str:
+    """The password of ``user`` from ``password_dir/<user>.password``, made (0600) if absent."""
+    path = password_dir / f"{user}.password"
+    if not path.exists():
+        password_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(24) + "\n")
+    return path.read_text().strip()
+
+
+def apply(bootstrap: str, cfg: JobConfig, password_dir: Path) -> dict[str, int]:
+    """Create the job's topics, users and ACLs on the cluster (as this process's principal,
+    which must be allowed to: the admin). Idempotent. Returns counts of what it set."""
+    from kafka.admin import (
+        ACL,
+        ACLOperation,
+        ACLPermissionType,
+        ResourcePattern,
+        ResourceType,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    from pipeline.kafka_io import admin_client, ensure_topics, sensor_topics_for
+    from pipeline.training import training_topics
+
+    ensure_topics(bootstrap, {**sensor_topics_for(cfg.devices.device_ids()), **training_topics(cfg.job.name, [])})
+    admin = admin_client(bootstrap)
+    try:
+        upserts = [UserScramCredentialUpsertion(user, ScramMechanism.SCRAM_SHA_512, password_for(password_dir, user))
+                   for user in users(cfg)]
+        admin.alter_user_scram_credentials(upserts)
+        acls = []
+        for grant in job_grants(cfg):
+            pattern = ResourcePattern(ResourceType.TOPIC if grant.resource == "topic" else ResourceType.GROUP,
+                                      grant.name, _pattern_type(grant.prefixed))
+            for op in grant.operations:
+                acls.append(ACL(f"User:{grant.user}", "*", ACLOperation[op], ACLPermissionType.ALLOW, pattern))
+        result = admin.create_acls(acls)
+        failed = result.get("failed", [])
+        if failed:
+            raise RuntimeError(f"{len(failed)} ACL(s) were refused, e.g. {failed[0]}")
+    finally:
+        admin.close()
+    return {"users": len(upserts), "acls": len(acls)}
+
+
+def _pattern_type(prefixed: bool):
+    from kafka.admin import ACLResourcePatternType
+
+    return ACLResourcePatternType.PREFIXED if prefixed else ACLResourcePatternType.LITERAL
