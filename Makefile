@@ -4,12 +4,13 @@
 SHELL := /bin/bash
 RUN := scripts/with-venv.sh
 
-.PHONY: demo test chaos unit integration lint bench-ingest broker-start broker-stop venv clean help
+.PHONY: demo test chaos soak unit integration lint bench-ingest broker-start broker-stop venv clean help
 
 help:
 	@echo "make demo   - local Kafka broker + 10 simulated devices + workers, live view, summary"
 	@echo "make test   - the full test suite (unit + integration against the real broker)"
 	@echo "make chaos  - the long fault runs on the real stack (3-broker cluster, testbed hosts; root)"
+	@echo "make soak   - 30 minutes with device bursts: memory, buffers, lag, accounting (benchmarks/results/soak.*)"
 	@echo "make unit | integration | lint | bench-ingest | broker-start | broker-stop | clean"
 
 venv:
@@ -26,6 +27,10 @@ test: venv
 chaos: venv
 	@bash scripts/system-deps.sh
 	@$(RUN) python -m pytest -q -p no:cacheprovider tests/chaos
+
+soak: venv
+	@bash scripts/system-deps.sh
+	@$(RUN) python -m pipeline bench soak $(SOAK_ARGS)
 
 unit: venv
 	@$(RUN) python -m pytest -q tests/unit
