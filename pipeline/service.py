@@ -261,6 +261,17 @@ class ServiceMonitor:
             self._wake.clear()
 
 
+def _enable_faulthandler() -> None:
+    """A watchdog kill (SIGABRT) or a fatal error prints every thread's Python stack to
+    stderr: where the loop was stuck. Skipped where stderr is no file (a test's capture)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.enable(file=stream)
+            return
+        except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both
+            continue
+
+
 def _abandon_start(signum: int) -> None:
     """A stop signal before the process started its main loop: nothing to save yet."""
     raise SystemExit(0)
@@ -273,9 +284,7 @@ class ProcessService:
     def __init__(self, name: str, job: str, health: Health, grace_s: float,
                  env: Mapping[str, str] | None = None) -> None:
         CONTEXT.job, CONTEXT.process = job, name
-        # A watchdog kill (SIGABRT) or a fatal error prints every thread's Python stack:
-        # where the loop was stuck.
-        faulthandler.enable()
+        _enable_faulthandler()
         self.health = health
         self.notifier = SdNotify(env)
         self.monitor = ServiceMonitor(health, self.notifier, name).start()

@@ -12,6 +12,7 @@ from trainers.strategies.base import (
     register,
     roles,
     stage_split_names,
+    subscribing,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "register",
     "roles",
     "stage_split_names",
+    "subscribing",
 ]

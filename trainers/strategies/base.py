@@ -36,6 +36,7 @@ __all__ = [
     "register",
     "roles",
     "snapshot_message",
+    "subscribing",
 ]
 
 
@@ -367,6 +368,11 @@ def roles(name: str) -> tuple[Role, ...]:
 def stage_split_names() -> list[str]:
     """Registered strategies whose workers each hold one stage of a split model (``stage_split``)."""
     return sorted(n for n, e in _REGISTRY.items() if getattr(e.factory, "stage_split", False))
+
+
+def subscribing(channel: str) -> list[str]:
+    """Registered strategies whose workers read ``channel`` (e.g. ``inbox``: a topic per worker)."""
+    return sorted(n for n, e in _REGISTRY.items() if channel in getattr(e.factory, "subscribes", ()))
 
 
 def create(name: str, ctx: StrategyContext, **params: Any) -> SyncStrategy:
