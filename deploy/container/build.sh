@@ -46,8 +46,8 @@ die() { say "error: $*"; exit 1; }
 suite="${EDGESTREAM_BASE_SUITE:-bookworm}"
 # The host's own Debian mirror (the first URIs of its apt sources) unless DEBIAN_MIRROR says.
 host_mirror() {
-  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
-    grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}'; } | grep -v -- '-security' | head -n1
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources || true
+    grep -hs '^deb ' /etc/apt/sources.list || true; } | awk '{print $2}' | { grep -v -- '-security' || true; } | head -n1
 }
 mirror="${DEBIAN_MIRROR:-$(host_mirror)}"
 [ -n "$mirror" ] || { echo "build.sh: no Debian mirror in the host's apt sources: set DEBIAN_MIRROR" >&2; exit 1; }
