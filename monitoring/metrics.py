@@ -46,7 +46,7 @@ OBSERVATIONS = ("commit_target", "committed_local_steps", "blocked_seconds", "cl
                 "idle_fraction", "iteration_time_s", "iteration_time_cv", "neighbour_lag", "mixing_weights",
                 "model_sketch", "link_bandwidth", "link_ratio", "link_bytes", "batch_size", "capacity",
                 "knowledge_transfers", "stage", "stage_samples", "synthesizer_loss", "boundary_in_flight",
-                "queued_inputs")
+                "queued_inputs", "updates_clipped", "updates_norm_rejected")
 
 
 class Metrics:
@@ -313,6 +313,16 @@ class Metrics:
             "Measured samples per second the worker can train (DLion)",
             ["worker"], registry=r,
         )
+        self.updates_clipped = Counter(
+            "edgestream_clipped_updates_total",
+            "Updates of sender `peer` the norm bound scaled down to max_update_norm (robust aggregation)",
+            ["worker", "peer"], registry=r,
+        )
+        self.updates_norm_rejected = Counter(
+            "edgestream_norm_rejected_updates_total",
+            "Updates of sender `peer` left out of aggregation for a norm above max_update_norm (robust aggregation)",
+            ["worker", "peer"], registry=r,
+        )
         self.knowledge_transfers = Counter(
             "edgestream_knowledge_transfers_total",
             "Models of sender `peer` merged into the worker's model (direct knowledge transfer; DLion)",
@@ -485,6 +495,8 @@ class Metrics:
             "batch_size": (self.step_batch, ()),
             "capacity": (self.capacity, ()),
             "knowledge_transfers": (self.knowledge_transfers, ()),
+            "updates_clipped": (self.updates_clipped, ()),
+            "updates_norm_rejected": (self.updates_norm_rejected, ()),
             "stage": (self.stage, ()),
             "stage_samples": (self.stage_samples, ()),
             "synthesizer_loss": (self.synthesizer_loss, ()),

@@ -1,10 +1,16 @@
 """The one sample-weighting rule (b_i / sum b) and the linear LR scaling rule (B_t / B_ref),
-shared by BSP, ScaDLES, DLion and gossip."""
+shared by BSP, ScaDLES, DLion and gossip; the robust rules (coordinate-wise median and
+trimmed mean, a per-update norm bound) the aggregating strategies offer against Byzantine
+workers."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from trainers.errors import AggregationError
@@ -65,3 +71,405 @@ def linear_lr_scale(global_batch: int, reference_batch: int | None) -> float:
     if reference_batch <= 0 or global_batch < 0:
         raise AggregationError(f"need B_ref > 0 and B_t >= 0, got B_ref={reference_batch}, B_t={global_batch}")
     return global_batch / reference_batch
+
+
+# -- robust aggregation ---------------------------------------------------------------------
+#
+# Coordinate-wise median and trimmed mean (the rules Flower ships as FedMedian and
+# FedTrimmedAvg), and a per-update L2 norm bound. Every function here is pure and
+# deterministic: no reduction crosses the entries of a tensor except the norm, which is
+# summed in an order fixed by the data alone (numpy's pairwise sum per tensor, exactly
+# rounded across tensors), so replicas that see the same updates take the same
+# decisions and produce the same bits whatever their thread counts.
+
+#: ``aggregation=`` values of the aggregating strategies (BSP, ScaDLES, the ASP and ADSP servers).
+AGGREGATION_RULES = ("mean", "trimmed_mean", "median")
+#: ``norm_policy=`` values: scale an update down to the bound, or leave it out.
+NORM_POLICIES = ("clip", "reject")
+
+
+def _stack(named_tensors_list: Sequence[Mapping[str, torch.Tensor]], name: str) -> torch.Tensor:
+    shape = tuple(named_tensors_list[0][name].shape)
+    rows = []
+    for contribution in named_tensors_list:
+        tensor = contribution[name]
+        if tuple(tensor.shape) != shape:
+            raise AggregationError(f"{name!r}: shape {tuple(tensor.shape)} differs from {shape}")
+        rows.append(tensor.detach().to("cpu", torch.float32))
+    return torch.stack(rows, dim=0)
+
+
+def _check_names(named_tensors_list: Sequence[Mapping[str, torch.Tensor]]) -> None:
+    if not named_tensors_list:
+        raise AggregationError("no contributions to aggregate")
+    reference = named_tensors_list[0]
+    for index, contribution in enumerate(named_tensors_list[1:], start=1):
+        if contribution.keys() != reference.keys():
+            raise AggregationError(
+                f"contribution {index} names {sorted(contribution)} differ from {sorted(reference)}"
+            )
+
+
+def coordinate_median(named_tensors_list: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Coordinate-wise median of named tensors, in float32, every contribution counting once.
+
+    With an even number of contributions each coordinate is the mean of its two middle
+    values (``numpy.median``'s convention). Unweighted on purpose: a weighted median
+    would let one contribution that claims a large batch decide every coordinate.
+    Inputs are never modified.
+    """
+    _check_names(named_tensors_list)
+    count = len(named_tensors_list)
+    result: dict[str, torch.Tensor] = {}
+    for name in named_tensors_list[0]:
+        ordered = torch.sort(_stack(named_tensors_list, name), dim=0).values
+        if count % 2:
+            result[name] = ordered[count // 2].clone()
+        else:
+            result[name] = (ordered[count // 2 - 1] + ordered[count // 2]) * 0.5
+    return result
+
+
+def trimmed_mean(
+    named_tensors_list: Sequence[Mapping[str, torch.Tensor]],
+    trim: int,
+    weights: Sequence[float] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Coordinate-wise trimmed mean of named tensors, in float32.
+
+    For each coordinate the ``trim`` smallest and the ``trim`` largest values are left
+    out and the rest averaged: so with at most ``trim`` arbitrary (Byzantine)
+    contributions every coordinate of the result lies between the smallest and the
+    largest value the others sent. ``trim = 0`` is the plain mean.
+
+    ``weights`` (e.g. batch sizes; all > 0) weight the values kept at each coordinate,
+    renormalised over them; None counts every contribution once. Which values are
+    trimmed never depends on the weights (ties are broken by the contributions' order,
+    so the result is deterministic). Raises ``AggregationError`` unless
+    ``0 <= 2 * trim < len(named_tensors_list)``: at least one value must stay.
+    """
+    _check_names(named_tensors_list)
+    count = len(named_tensors_list)
+    if isinstance(trim, bool) or not isinstance(trim, int) or trim < 0:
+        raise AggregationError(f"trim must be an int >= 0, got {trim!r}")
+    if 2 * trim >= count:
+        raise AggregationError(
+            f"trim={trim} drops {2 * trim} of {count} contributions per coordinate and leaves none: "
+            f"needs at least {2 * trim + 1} contributions (or a smaller trim)"
+        )
+    if weights is not None:
+        if len(weights) != count:
+            raise AggregationError(f"{count} contributions but {len(weights)} weights")
+        if any(not (math.isfinite(float(w)) and float(w) > 0) for w in weights):
+            raise AggregationError(f"weights must be finite and > 0, got {list(weights)}")
+    kept_count = count - 2 * trim
+    weight_column = None if weights is None else torch.tensor([float(w) for w in weights], dtype=torch.float32)
+    result: dict[str, torch.Tensor] = {}
+    for name in named_tensors_list[0]:
+        ordered, order = torch.sort(_stack(named_tensors_list, name), dim=0, stable=True)
+        total = torch.zeros_like(ordered[0])
+        if weight_column is None:
+            for rank in range(trim, count - trim):
+                total.add_(ordered[rank])
+            result[name] = total / kept_count
+            continue
+        mass = torch.zeros_like(ordered[0])
+        for rank in range(trim, count - trim):
+            weight = weight_column[order[rank]]
+            total.add_(ordered[rank] * weight)
+            mass.add_(weight)
+        result[name] = total / mass
+    return result
+
+
+def update_norm(named_tensors: Mapping[str, torch.Tensor]) -> float:
+    """L2 norm of an update over all its tensors, computed the same way on every machine.
+
+    float32 values square exactly in float64; each tensor's squares are summed by numpy's
+    pairwise sum (one thread, an order fixed by the tensor's size) and the per-tensor sums,
+    in sorted name order, with ``math.fsum`` (exactly rounded). Replicas thus agree on
+    whether an update is over a bound and on the factor that clips it.
+    """
+    partial = []
+    for name in sorted(named_tensors):
+        values = named_tensors[name].detach().to("cpu").double().reshape(-1).numpy()
+        partial.append(float(np.sum(values * values)))
+    return math.sqrt(math.fsum(partial))
+
+
+def scale_tensors(named_tensors: Mapping[str, torch.Tensor], factor: float) -> dict[str, torch.Tensor]:
+    """Each tensor times ``factor`` (new tensors; inputs are left alone)."""
+    return {name: tensor * factor for name, tensor in named_tensors.items()}
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """One update after the norm bound: what to aggregate (None if rejected), its norm,
+    and what the bound did (``"kept"``, ``"clipped"`` or ``"rejected"``)."""
+
+    tensors: dict[str, torch.Tensor] | None
+    norm: float
+    action: str
+
+
+@dataclass(frozen=True)
+class RobustAggregation:
+    """How an aggregating strategy combines updates: the rule and the per-update norm bound.
+
+    Built from the strategy's parameters (:meth:`from_params`):
+
+    - ``aggregation``: ``mean`` (the sample-weighted mean ``b_i / B``, the default),
+      ``trimmed_mean`` (coordinate-wise, ``trim`` values dropped at each end, the rest
+      counted once each) or ``median`` (coordinate-wise, unweighted).
+    - ``trim``: for ``trimmed_mean``, how many values to drop at each end of each
+      coordinate (default 1); it tolerates up to ``trim`` Byzantine contributions per
+      aggregate and needs at least ``2 * trim + 1`` of them.
+    - ``max_update_norm``: L2 bound on each update's tensors (None: no bound); the
+      BatchNorm buffer deltas an update carries are not bounded (they go through the
+      aggregation rule).
+    - ``norm_policy``: ``clip`` scales an update above the bound down to it; ``reject``
+      leaves it out of the aggregate.
+
+    The robust rules count every contribution once, whatever batch size it claims: a
+    sender's batch size is its own unverifiable claim, and weighting by it would let one
+    Byzantine worker that claims a huge batch pull the result to its end of the kept
+    values. (:func:`trimmed_mean` takes weights for callers who trust them.)
+    """
+
+    aggregation: str = "mean"
+    trim: int = 0
+    max_update_norm: float | None = None
+    norm_policy: str = "clip"
+
+    @classmethod
+    def from_params(
+        cls,
+        *,
+        aggregation: str = "mean",
+        trim: int | None = None,
+        max_update_norm: float | None = None,
+        norm_policy: str = "clip",
+    ) -> RobustAggregation:
+        """Validate strategy parameters; ``AggregationError`` names the bad one."""
+        if aggregation not in AGGREGATION_RULES:
+            raise AggregationError(f"aggregation must be one of {list(AGGREGATION_RULES)}, got {aggregation!r}")
+        if trim is not None and aggregation != "trimmed_mean":
+            raise AggregationError(f"trim applies to aggregation=trimmed_mean only, got aggregation={aggregation!r}")
+        if trim is None:
+            trim = 1 if aggregation == "trimmed_mean" else 0
+        if isinstance(trim, bool) or not isinstance(trim, int) or trim < (1 if aggregation == "trimmed_mean" else 0):
+            raise AggregationError(f"trim must be an int >= 1, got {trim!r}")
+        if max_update_norm is not None:
+            if isinstance(max_update_norm, bool) or not isinstance(max_update_norm, int | float):
+                raise AggregationError(f"max_update_norm must be a number, got {max_update_norm!r}")
+            if not (math.isfinite(max_update_norm) and max_update_norm > 0):
+                raise AggregationError(f"max_update_norm must be finite and > 0, got {max_update_norm!r}")
+            max_update_norm = float(max_update_norm)
+        if norm_policy not in NORM_POLICIES:
+            raise AggregationError(f"norm_policy must be one of {list(NORM_POLICIES)}, got {norm_policy!r}")
+        return cls(aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy)
+
+    @property
+    def robust(self) -> bool:
+        """True for the coordinate-wise rules (median, trimmed mean)."""
+        return self.aggregation != "mean"
+
+    @property
+    def active(self) -> bool:
+        """True when anything differs from the plain sample-weighted mean."""
+        return self.robust or self.max_update_norm is not None
+
+    @property
+    def min_contributions(self) -> int:
+        """Fewest contributions the rule needs at full strength (``2 * trim + 1``; 1 otherwise)."""
+        return 2 * self.trim + 1
+
+    def effective_trim(self, count: int) -> int:
+        """The trim used for ``count`` contributions: ``trim``, or less when fewer than
+        ``2 * trim + 1`` are there (the most that still leaves one value)."""
+        return min(self.trim, max(0, (count - 1) // 2))
+
+    def bound(self, tensors: Mapping[str, torch.Tensor]) -> Bounded:
+        """Apply the norm bound to one update's tensors."""
+        if self.max_update_norm is None:
+            return Bounded(dict(tensors), math.nan, "kept")
+        norm = update_norm(tensors)
+        if norm <= self.max_update_norm:
+            return Bounded(dict(tensors), norm, "kept")
+        if self.norm_policy == "reject":
+            return Bounded(None, norm, "rejected")
+        return Bounded(scale_tensors(tensors, self.max_update_norm / norm), norm, "clipped")
+
+    def combine(
+        self, named_tensors_list: Sequence[Mapping[str, torch.Tensor]], batch_sizes: Sequence[int]
+    ) -> dict[str, torch.Tensor]:
+        """The aggregate of the contributions, in the given order (callers that need the same
+        bits on every replica pass one agreed order). ``mean``: :func:`weighted_mean` with
+        ``b_i / B``; ``trimmed_mean``: unweighted, with :meth:`effective_trim`; ``median``:
+        :func:`coordinate_median`."""
+        if self.aggregation == "median":
+            return coordinate_median(named_tensors_list)
+        if self.aggregation == "trimmed_mean":
+            return trimmed_mean(named_tensors_list, self.effective_trim(len(named_tensors_list)))
+        return weighted_mean(named_tensors_list, batch_sizes)
+
+    def global_batch(self, batch_sizes: Sequence[int]) -> int:
+        """Samples behind an aggregate, for the linear LR rule ``B_t / B_ref``: the sum for
+        ``mean``; for the robust rules ``count x`` the same rule applied to the claimed batch
+        sizes (rounded), so one worker claiming a huge batch cannot blow up the step size."""
+        if not batch_sizes:
+            return 0
+        if not self.robust:
+            return sum(int(b) for b in batch_sizes)
+        column = [{"b": torch.tensor([float(b)], dtype=torch.float32)} for b in batch_sizes]
+        typical = float(self.combine(column, batch_sizes)["b"][0])
+        return int(round(typical * len(batch_sizes)))
+
+    def window_size(self, aggregate_window: int | None, workers: int) -> int | None:
+        """Senders per aggregate of a server that collects updates in an :class:`UpdateWindow`:
+        ``aggregate_window`` if given; else None (apply each update on arrival) for ``mean``
+        and the job's ``workers`` for the robust rules. ``AggregationError`` if the window
+        cannot hold the ``2 * trim + 1`` slots a trimmed mean needs."""
+        if aggregate_window is None:
+            if not self.robust:
+                return None
+            if workers < 1:
+                raise AggregationError(f"aggregation={self.aggregation} needs aggregate_window "
+                                       "(no workers named to size it from)")
+            aggregate_window = workers
+        if isinstance(aggregate_window, bool) or not isinstance(aggregate_window, int) or aggregate_window < 1:
+            raise AggregationError(f"aggregate_window must be an int >= 1, got {aggregate_window!r}")
+        if aggregate_window < self.min_contributions:
+            raise AggregationError(
+                f"aggregation=trimmed_mean with trim={self.trim} needs at least {self.min_contributions} "
+                f"senders per aggregate, aggregate_window is {aggregate_window}"
+            )
+        return aggregate_window
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as a JSON-able dict (stats)."""
+        return {"aggregation": self.aggregation, "trim": self.trim,
+                "max_update_norm": self.max_update_norm, "norm_policy": self.norm_policy}
+
+
+@dataclass
+class WindowSlot:
+    """What one sender put into an :class:`UpdateWindow`: its updates' tensors and buffer
+    deltas folded into one (mean or sum), how many, their base versions and samples."""
+
+    sender: str
+    tensors: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor] | None
+    count: int
+    base_versions: list[int]
+    samples: int
+
+
+class UpdateWindow:
+    """Updates a parameter server collects before it aggregates them: one slot per sender.
+
+    A server that applies updates one by one cannot take a median of them; with a window
+    it applies one aggregate of ``size`` senders' slots instead. Every update of a sender
+    within one window goes into that sender's one slot: ``fold="mean"`` averages them
+    (ASP gradients: several estimates of the same descent direction), ``fold="sum"`` adds
+    them (ADSP deltas: successive pieces of one worker's progress). So a fast sender, or a
+    Byzantine one that sends as often as it can, still holds one value of each coordinate
+    among those the median or the trimmed mean chooses from.
+
+    Invariant: :meth:`take` returns the slots sorted by sender, and empties the window.
+    """
+
+    FOLDS = ("mean", "sum")
+
+    def __init__(self, fold: str) -> None:
+        if fold not in self.FOLDS:
+            raise AggregationError(f"fold must be one of {list(self.FOLDS)}, got {fold!r}")
+        self.fold = fold
+        self._slots: dict[str, WindowSlot] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def senders(self) -> list[str]:
+        """Senders holding a slot, sorted."""
+        return sorted(self._slots)
+
+    def add(
+        self,
+        sender: str,
+        tensors: Mapping[str, torch.Tensor],
+        buffers: Mapping[str, torch.Tensor] | None,
+        *,
+        base_version: int,
+        samples: int,
+    ) -> None:
+        """Fold one update into ``sender``'s slot (a new slot for a new sender)."""
+        own = {n: t.detach().to("cpu", torch.float32).clone() for n, t in tensors.items()}
+        own_buffers = None if not buffers else {n: b.detach().to("cpu", torch.float32).clone()
+                                                for n, b in buffers.items()}
+        slot = self._slots.get(sender)
+        if slot is None:
+            self._slots[sender] = WindowSlot(sender, own, own_buffers, 1, [int(base_version)], int(samples))
+            return
+        if own.keys() != slot.tensors.keys():
+            raise AggregationError(f"{sender}: update names {sorted(own)} differ from {sorted(slot.tensors)}")
+        for name, tensor in own.items():
+            slot.tensors[name].add_(tensor)
+        if slot.buffers is not None and own_buffers is not None and own_buffers.keys() == slot.buffers.keys():
+            for name, tensor in own_buffers.items():
+                slot.buffers[name].add_(tensor)
+        else:
+            slot.buffers = None  # buffer names differ within the slot: no buffer sync from it
+        slot.count += 1
+        slot.base_versions.append(int(base_version))
+        slot.samples += int(samples)
+
+    def take(self) -> list[WindowSlot]:
+        """The slots sorted by sender (mean-folded ones divided by their count); empties the window."""
+        slots = [self._slots[sender] for sender in sorted(self._slots)]
+        self._slots = {}
+        if self.fold == "mean":
+            for slot in slots:
+                if slot.count > 1:
+                    slot.tensors = {n: t / slot.count for n, t in slot.tensors.items()}
+                    if slot.buffers is not None:
+                        slot.buffers = {n: b / slot.count for n, b in slot.buffers.items()}
+        return slots
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and primitives only (checkpoints load with ``weights_only``)."""
+        return {
+            "fold": self.fold,
+            "slots": [
+                {"sender": s.sender, "tensors": dict(s.tensors), "buffers": None if s.buffers is None else dict(s.buffers),
+                 "count": s.count, "base_versions": list(s.base_versions), "samples": s.samples}
+                for s in (self._slots[k] for k in sorted(self._slots))
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._slots = {}
+        for item in state.get("slots", []):
+            buffers = item["buffers"]
+            self._slots[str(item["sender"])] = WindowSlot(
+                str(item["sender"]),
+                {n: t.clone() for n, t in item["tensors"].items()},
+                None if buffers is None else {n: b.clone() for n, b in buffers.items()},
+                int(item["count"]),
+                [int(v) for v in item["base_versions"]],
+                int(item["samples"]),
+            )
+
+
+def combine_buffers(
+    rule: RobustAggregation, buffers_list: Sequence[Mapping[str, torch.Tensor] | None], batch_sizes: Sequence[int]
+) -> dict[str, torch.Tensor] | None:
+    """Buffer deltas aggregated by ``rule`` when every contribution carries the same
+    non-empty set of names; None otherwise (no buffer sync for that aggregate)."""
+    if not buffers_list or any(not b for b in buffers_list):
+        return None
+    names = {frozenset(b) for b in buffers_list if b}
+    if len(names) != 1:
+        return None
+    return rule.combine([b for b in buffers_list if b], batch_sizes)

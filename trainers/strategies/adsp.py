@@ -15,6 +15,16 @@ check period and broadcasts ``C`` on the control channel when its search changes
 Pulling keeps local progress: a worker that adopts a model ``S`` while it holds
 uncommitted progress ``w - w_base`` continues from ``S + (w - w_base)`` (the progress
 is committed with its next delta, not thrown away).
+
+Robust aggregation (server side, :class:`trainers.aggregation.RobustAggregation`): a
+per-commit norm bound (``max_update_norm``, clip or reject, counted per sender), and
+coordinate-wise ``trimmed_mean`` / ``median`` over a window of one slot per committer
+(:class:`trainers.aggregation.UpdateWindow`; a worker's commits within a window are
+summed into its slot, being successive pieces of its progress). Once
+``aggregate_window`` committers hold a slot (default: the job's workers; at most the
+live ones) the server applies ``W += (slots / N) * aggregate`` and answers each of them
+with the new model; until then a committer gets no answer and keeps training on its
+own model, as it does between commits anyway.
 """
 
 from __future__ import annotations
@@ -24,14 +34,16 @@ from typing import Any
 
 import torch
 
+from trainers.aggregation import RobustAggregation, UpdateWindow, combine_buffers
 from trainers.commit_rate import CommitRateSearch, CommitScheduler, commit_interval
-from trainers.errors import StrategyError
+from trainers.errors import AggregationError, StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies.base import (
     Observations,
     StrategyContext,
     SyncStrategy,
+    norm_bound_observations,
     register,
     snapshot_message,
 )
@@ -295,13 +307,29 @@ class ADSPServer(SyncStrategy):
         research_every_periods: int = 10,
         jump_ratio: float = 0.3,
         server_momentum: float = 0.0,
+        aggregation: str = "mean",
+        trim: int | None = None,
+        max_update_norm: float | None = None,
+        norm_policy: str = "clip",
+        aggregate_window: int | None = None,
     ) -> None:
         """``period_s``, ``commit_rate`` (initial ``C``), ``target_loss``,
         ``min_commit_rate``/``max_commit_rate``, ``research_every_periods`` and
         ``jump_ratio`` configure the :class:`CommitRateSearch`; ``search=False`` keeps
         ``C`` fixed (fixed-rate local SGD); ``server_momentum`` in ``[0, 1)``:
-        ``m = mu m + delta / N; W += m`` (0: plain ``W += delta / N``)."""
+        ``m = mu m + delta / N; W += m`` (0: plain ``W += delta / N``). ``aggregation``,
+        ``trim``, ``max_update_norm``, ``norm_policy``: robust aggregation
+        (:class:`trainers.aggregation.RobustAggregation`); ``aggregate_window``: committers
+        per aggregate (default: none for ``mean``, the job's workers for the robust rules)."""
         super().__init__(ctx)
+        try:
+            self.robust = RobustAggregation.from_params(
+                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy
+            )
+            self.aggregate_window = self.robust.window_size(aggregate_window, len(set(ctx.members)))
+        except AggregationError as exc:
+            raise StrategyError(f"adsp server: {exc}") from None
+        self._window = UpdateWindow("sum") if self.aggregate_window is not None else None
         if not 0.0 <= float(server_momentum) < 1.0:
             raise StrategyError(f"server_momentum must be in [0, 1), got {server_momentum}")
         self.server_momentum = float(server_momentum)
@@ -348,20 +376,61 @@ class ADSPServer(SyncStrategy):
             self.counters["rejected_future"] += 1  # based on a version this server never had
             return []
         self._last_step[msg.sender] = msg.step
-        self._apply(msg)
-        self.staleness.record(staleness)
-        self.counters["applied"] += 1
         self.counters[f"commits:{msg.sender}"] += 1
         loss = msg.meta.get("loss")
         if isinstance(loss, int | float) and not isinstance(loss, bool):
             self._losses[msg.sender] = float(loss)
             self._new_loss = True
+        delta = msg.tensors
+        if self.robust.max_update_norm is not None:
+            bounded = self.robust.bound(msg.tensors)
+            if bounded.action != "kept":
+                self.counters[f"updates_{bounded.action}"] += 1
+                self.counters[f"updates_{bounded.action}:{msg.sender}"] += 1
+            if bounded.tensors is None:
+                # Left out: the committer gets the model as it is (without its delta).
+                return [Outgoing("models", self._snapshot(msg.sender), to=msg.sender)]
+            delta = bounded.tensors
+        if self._window is not None:
+            return self._collect(msg, delta)
+        self._apply(delta, msg.buffers, 1.0 / self.n)
+        self.staleness.record(staleness)
+        self.counters["applied"] += 1
         return [Outgoing("models", self._snapshot(msg.sender), to=msg.sender)]
 
-    def _apply(self, msg: UpdateMessage) -> None:
-        scale = 1.0 / self.n
+    def _window_target(self) -> int:
+        """Slots that fill the window: ``aggregate_window``, or fewer when fewer workers are live."""
+        assert self.aggregate_window is not None
+        return max(1, min(self.aggregate_window, len(self._workers) or self.aggregate_window))
+
+    def _collect(self, msg: UpdateMessage, delta: dict[str, torch.Tensor]) -> list[Outgoing]:
+        """Add a commit to its sender's slot; once the window is full apply
+        ``W += (slots / N) * aggregate`` and answer every committer in it."""
+        assert self._window is not None
+        self._window.add(msg.sender, delta, msg.buffers or None, base_version=msg.base_version,
+                         samples=msg.batch_size)
+        self.counters["windowed"] += 1
+        if len(self._window) < self._window_target():
+            return []
+        slots = self._window.take()
+        if len(slots) < self.robust.min_contributions:
+            self.counters["trim_reduced"] += 1
+        samples = [slot.samples for slot in slots]
+        aggregate = self.robust.combine([slot.tensors for slot in slots], samples)
+        buffers = combine_buffers(self.robust, [slot.buffers for slot in slots], samples)
+        version = self.trainer.version
+        self._apply(aggregate, buffers or {}, len(slots) / self.n)
+        for slot in slots:
+            for base_version in slot.base_versions:
+                self.staleness.record(version - base_version)
+            self.counters["applied"] += slot.count
+        self.counters["windows"] += 1
+        return [Outgoing("models", self._snapshot(slot.sender), to=slot.sender) for slot in slots]
+
+    def _apply(self, tensors: dict[str, torch.Tensor], buffer_deltas: dict[str, torch.Tensor], scale: float) -> None:
+        """``W += scale * delta`` (through the server momentum), buffers likewise; one version up."""
         params = self.trainer.get_parameters()
-        for name, delta in msg.tensors.items():
+        for name, delta in tensors.items():
             step = delta.to(params[name].dtype) * scale
             if self.server_momentum:
                 previous = self._momentum.get(name)
@@ -369,9 +438,9 @@ class ADSPServer(SyncStrategy):
                 self._momentum[name] = step.clone()
             params[name] = params[name] + step
         self.trainer.set_parameters(params, version=self.trainer.version + 1)
-        if msg.buffers:
+        if buffer_deltas:
             current = self.trainer.get_buffers()
-            self.trainer.set_buffers({n: current[n] + d.to(current[n].dtype) * scale for n, d in msg.buffers.items()})
+            self.trainer.set_buffers({n: current[n] + d.to(current[n].dtype) * scale for n, d in buffer_deltas.items()})
 
     def poll(self, now: float) -> list[Outgoing]:
         """Feed the global loss (mean of each live worker's latest) to the search; broadcast a new ``C``."""
@@ -416,6 +485,7 @@ class ADSPServer(SyncStrategy):
             "workers": sorted(self._workers), "last_step": dict(self._last_step), "losses": dict(self._losses),
             "new_loss": self._new_loss, "momentum": dict(self._momentum), "control_seq": self._control_seq,
             "search": self.search.state_dict(),
+            "window": self._window.state_dict() if self._window is not None else None,
         })
         return state
 
@@ -428,12 +498,16 @@ class ADSPServer(SyncStrategy):
         self._momentum = _clone(state["momentum"])
         self._control_seq = int(state["control_seq"])
         self.search.load_state_dict(state["search"])
+        if self._window is not None:
+            self._window.load_state_dict(state.get("window") or {})  # absent in older checkpoints
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
         stats.update({
             "workers": sorted(self._workers), "n": self.n, "commit_rate": self.search.c,
             "search": self.search.stats(),
+            "aggregation": {**self.robust.describe(), "aggregate_window": self.aggregate_window},
+            "window_senders": self._window.senders if self._window is not None else None,
             "commits_per_worker": {w: self.counters[f"commits:{w}"] for w in sorted(self._last_step)},
         })
         return stats
@@ -441,15 +515,18 @@ class ADSPServer(SyncStrategy):
     def observations(self) -> Observations:
         """The search's ``C`` and its last fitted loss curve (none before the first period ends)."""
         fit = self.search.last_fit
+        bounded = norm_bound_observations(self.counters)
         if fit is None:
-            return Observations(commit_target=self.search.c)
-        return Observations(commit_target=self.search.c, fit_a2=fit.a2, fit_b=fit.b, fit_c0=fit.c0, fit_rmse=fit.rmse)
+            return Observations(commit_target=self.search.c, **bounded)
+        return Observations(commit_target=self.search.c, fit_a2=fit.a2, fit_b=fit.b, fit_c0=fit.c0, fit_rmse=fit.rmse,
+                            **bounded)
 
 
 _WORKER_PARAMS = frozenset({"period_s", "commit_rate", "min_interval_s", "overhead_s"})
 _SERVER_PARAMS = frozenset({
     "period_s", "commit_rate", "search", "target_loss", "min_commit_rate", "max_commit_rate",
     "research_every_periods", "jump_ratio", "server_momentum",
+    "aggregation", "trim", "max_update_norm", "norm_policy", "aggregate_window",
 })
 
 

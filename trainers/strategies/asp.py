@@ -8,6 +8,16 @@ The server applies each gradient on arrival, measures its staleness
 With ``max_staleness`` set, a staler gradient is rejected, counted and never
 applied, and its sender gets a fresh snapshot. (Classic SSP instead makes fast
 workers block; bounding by rejection keeps workers wait-free.)
+
+Robust aggregation (server side, :class:`trainers.aggregation.RobustAggregation`): a
+per-gradient norm bound (``max_update_norm``, clip or reject, counted per sender), and
+coordinate-wise ``trimmed_mean`` / ``median``. A median needs several gradients at once,
+so with those rules (or with ``aggregate_window`` set) the server collects gradients in a
+window of one slot per sender (:class:`trainers.aggregation.UpdateWindow`; a sender's
+gradients within a window are averaged into its slot) and, once ``aggregate_window``
+senders hold a slot (default: the job's workers; at most the live ones), applies their
+aggregate as one step with ``lr_scale = slots``, so a window moves the model as far as
+its gradients applied one by one would on average.
 """
 
 from __future__ import annotations
@@ -15,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from trainers.errors import StrategyError
+from trainers.aggregation import RobustAggregation, UpdateWindow, combine_buffers, scale_tensors
+from trainers.errors import AggregationError, StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.staleness import StalenessTracker
@@ -112,12 +123,29 @@ class ASPServer(SyncStrategy):
         publish_interval_s: float | None = None,
         max_staleness: int | None = None,
         staleness_lr: StalenessLR = "none",
+        aggregation: str = "mean",
+        trim: int | None = None,
+        max_update_norm: float | None = None,
+        norm_policy: str = "clip",
+        aggregate_window: int | None = None,
     ) -> None:
         """``publish_every``: updates between snapshots (0: only by timer);
         ``publish_interval_s``: also publish from ``poll`` when this much time passed
         and something changed; ``max_staleness``: reject staler gradients (None: ASP,
-        no bound); ``staleness_lr``: ``"inverse"`` scales the step by ``1 / (1 + staleness)``."""
+        no bound); ``staleness_lr``: ``"inverse"`` scales the step by ``1 / (1 + staleness)``
+        (with a window: each gradient, by its staleness on arrival). ``aggregation``,
+        ``trim``, ``max_update_norm``, ``norm_policy``: robust aggregation
+        (:class:`trainers.aggregation.RobustAggregation`); ``aggregate_window``: senders per
+        aggregate (default: none for ``mean``, the job's workers for the robust rules)."""
         super().__init__(ctx)
+        try:
+            self.robust = RobustAggregation.from_params(
+                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy
+            )
+            self.aggregate_window = self.robust.window_size(aggregate_window, len(set(ctx.members)))
+        except AggregationError as exc:
+            raise StrategyError(f"asp server: {exc}") from None
+        self._window = UpdateWindow("mean") if self.aggregate_window is not None else None
         if publish_every < 0:
             raise StrategyError(f"publish_every must be >= 0, got {publish_every}")
         if max_staleness is not None and max_staleness < 0:
@@ -158,13 +186,57 @@ class ASPServer(SyncStrategy):
             self.rejected_staleness.record(staleness)
             return [Outgoing("models", self._snapshot(msg.sender), to=msg.sender)]
         lr_scale = 1.0 / (1 + staleness) if self.staleness_lr == "inverse" else 1.0
-        self.trainer.apply_gradient(msg.tensors, lr_scale=lr_scale, buffer_deltas=msg.buffers or None)
+        gradients = msg.tensors
+        if self.robust.max_update_norm is not None:
+            bounded = self.robust.bound(msg.tensors)
+            if bounded.action != "kept":
+                self.counters[f"updates_{bounded.action}"] += 1
+                self.counters[f"updates_{bounded.action}:{msg.sender}"] += 1
+            if bounded.tensors is None:
+                return []
+            gradients = bounded.tensors
+        if self._window is not None:
+            return self._collect(msg, gradients, lr_scale)
+        self.trainer.apply_gradient(gradients, lr_scale=lr_scale, buffer_deltas=msg.buffers or None)
         self.staleness.record(staleness)
         self.counters["applied"] += 1
+        return self._updated()
+
+    def _updated(self) -> list[Outgoing]:
         self._updates_since_publish += 1
         if self.publish_every and self._updates_since_publish >= self.publish_every:
             return [self._publish()]
         return []
+
+    def _window_target(self) -> int:
+        """Slots that fill the window: ``aggregate_window``, or fewer when fewer workers are live."""
+        assert self.aggregate_window is not None
+        return max(1, min(self.aggregate_window, len(self._workers) or self.aggregate_window))
+
+    def _collect(self, msg: UpdateMessage, gradients: dict[str, Any], lr_scale: float) -> list[Outgoing]:
+        """Put a gradient into its sender's slot; apply the window's aggregate once it is full."""
+        assert self._window is not None
+        if lr_scale != 1.0:
+            gradients = scale_tensors(gradients, lr_scale)
+        self._window.add(msg.sender, gradients, msg.buffers or None, base_version=msg.base_version,
+                         samples=msg.batch_size)
+        self.counters["windowed"] += 1
+        if len(self._window) < self._window_target():
+            return []
+        slots = self._window.take()
+        if len(slots) < self.robust.min_contributions:
+            self.counters["trim_reduced"] += 1
+        samples = [slot.samples for slot in slots]
+        aggregate = self.robust.combine([slot.tensors for slot in slots], samples)
+        buffers = combine_buffers(self.robust, [slot.buffers for slot in slots], samples)
+        version = self.trainer.version
+        self.trainer.apply_gradient(aggregate, lr_scale=float(len(slots)), buffer_deltas=buffers)
+        for slot in slots:
+            for base_version in slot.base_versions:
+                self.staleness.record(version - base_version)
+            self.counters["applied"] += slot.count
+        self.counters["windows"] += 1
+        return self._updated()
 
     def poll(self, now: float) -> list[Outgoing]:
         if self.publish_interval_s is None or self._updates_since_publish == 0:
@@ -201,6 +273,7 @@ class ASPServer(SyncStrategy):
                 "last_step": dict(self._last_step),
                 "updates_since_publish": self._updates_since_publish,
                 "last_publish_at": self._last_publish_at,
+                "window": self._window.state_dict() if self._window is not None else None,
             }
         )
         return state
@@ -212,6 +285,8 @@ class ASPServer(SyncStrategy):
         self._last_step = {str(k): int(v) for k, v in state["last_step"].items()}
         self._updates_since_publish = int(state["updates_since_publish"])
         self._last_publish_at = state["last_publish_at"]
+        if self._window is not None:
+            self._window.load_state_dict(state.get("window") or {})  # absent in older checkpoints
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
@@ -220,12 +295,18 @@ class ASPServer(SyncStrategy):
                 "max_staleness": self.max_staleness,
                 "rejected_staleness": self.rejected_staleness.summary(),
                 "workers": sorted(self._workers),
+                "aggregation": {**self.robust.describe(), "aggregate_window": self.aggregate_window},
+                "window_senders": self._window.senders if self._window is not None else None,
             }
         )
         return stats
 
 
-_SERVER_PARAMS = frozenset({"publish_every", "publish_interval_s", "max_staleness", "staleness_lr"})
+_SERVER_PARAMS = frozenset({
+    "publish_every", "publish_interval_s", "max_staleness", "staleness_lr",
+    "aggregation", "trim", "max_update_norm", "norm_policy", "aggregate_window",
+})
+
 
 
 @register("asp", roles=("worker", "server"))

@@ -122,6 +122,10 @@ class Observations:
     """Level: this stage's activations sent on and still waiting for their true gradient (synthetic gradients)."""
     queued_inputs: int | None = None
     """Level: activations (and gradients) received and waiting for this stage's step (synthetic gradients)."""
+    updates_clipped: Mapping[str, float] | None = None
+    """Total per sender: updates scaled down to ``max_update_norm`` (robust aggregation)."""
+    updates_norm_rejected: Mapping[str, float] | None = None
+    """Total per sender: updates left out for a norm above ``max_update_norm`` (robust aggregation)."""
 
 
 class SyncStrategy(ABC):
@@ -296,8 +300,19 @@ class SyncStrategy(ABC):
         """The strategy's numbers for the live metrics, from the fixed vocabulary of
         :class:`Observations` (commit target, committed local steps, blocked seconds, clock
         gap, loss-curve fit). The runtime calls it about once a second on the training
-        thread; it must be cheap and must not change state. Default: nothing."""
-        return Observations()
+        thread; it must be cheap and must not change state. Default: what the norm bound of
+        robust aggregation clipped or rejected, per sender (``norm_bound_observations``)."""
+        return Observations(**norm_bound_observations(self.counters))
+
+
+def norm_bound_observations(counters: Mapping[str, int]) -> dict[str, dict[str, float] | None]:
+    """``updates_clipped`` / ``updates_norm_rejected`` per sender from a strategy's counters
+    (``updates_clipped:<sender>``, ``updates_rejected:<sender>``); None where it counted none."""
+    out: dict[str, dict[str, float] | None] = {}
+    for field_name, prefix in (("updates_clipped", "updates_clipped:"), ("updates_norm_rejected", "updates_rejected:")):
+        per = {key[len(prefix):]: float(v) for key, v in counters.items() if key.startswith(prefix)}
+        out[field_name] = per or None
+    return out
 
 
 def snapshot_message(

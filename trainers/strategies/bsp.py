@@ -14,6 +14,11 @@ Protocol (each worker runs the same deterministic state machine):
    ``B_t / reference_batch`` (ScaDLES linear scaling), BatchNorm buffer deltas are
    averaged the same way, and the version becomes ``t + 1``. Same inputs, same
    order, same arithmetic: replicas stay bitwise identical.
+   With robust aggregation (``aggregation=trimmed_mean|median``, ``max_update_norm``;
+   :class:`trainers.aggregation.RobustAggregation`) each gradient first passes the norm
+   bound (clipped, or rejected: then it counts as absent from step ``t``, which still
+   completes), and the kept ones are combined coordinate-wise, still in sorted worker
+   order; every decision depends on the logged gradients only, so replicas still agree.
 4. Membership changes are ``control`` messages (``op: view``) on the *same*
    ``gradients`` channel, so everyone applies them at the same point of that log.
    A view applies to the pending step at once for leavers (nobody waits for a
@@ -39,8 +44,8 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import linear_lr_scale, weighted_mean
-from trainers.errors import StrategyError
+from trainers.aggregation import RobustAggregation, combine_buffers, linear_lr_scale, weighted_mean
+from trainers.errors import AggregationError, StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies.base import StrategyContext, SyncStrategy, register, snapshot_message
@@ -68,15 +73,34 @@ class BSPStrategy(SyncStrategy):
         max_future_steps: int = 2,
         max_prejoin_messages: int = 10_000,
         sync_retry_s: float = 5.0,
+        aggregation: str = "mean",
+        trim: int | None = None,
+        max_update_norm: float | None = None,
+        norm_policy: str = "clip",
     ) -> None:
         """``reference_batch``: ``B_ref`` for linear LR scaling ``lr * B_t / B_ref`` (None: no
         scaling). ``max_future_steps``: gradients more than this many steps ahead are
         dropped (bounds memory). ``max_prejoin_messages``: how many messages a joining
         worker buffers while it waits for its snapshot. ``sync_retry_s``: a joiner still
-        without a snapshot after this long asks again (from ``poll``)."""
+        without a snapshot after this long asks again (from ``poll``). ``aggregation``
+        (``mean`` | ``trimmed_mean`` | ``median``), ``trim``, ``max_update_norm`` and
+        ``norm_policy`` (``clip`` | ``reject``): robust aggregation, see
+        :class:`trainers.aggregation.RobustAggregation`."""
         super().__init__(ctx)
         if reference_batch is not None and reference_batch <= 0:
             raise StrategyError(f"reference_batch must be > 0, got {reference_batch}")
+        try:
+            self.robust = RobustAggregation.from_params(
+                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy
+            )
+        except AggregationError as exc:
+            raise StrategyError(f"{self.name}: {exc}") from None
+        workers = len(set(ctx.members) | {ctx.worker_id})
+        if workers < self.robust.min_contributions:
+            raise StrategyError(
+                f"{self.name}: aggregation=trimmed_mean with trim={self.robust.trim} needs at least "
+                f"{self.robust.min_contributions} workers per step, the job starts with {workers}"
+            )
         self.reference_batch = reference_batch
         self.max_future_steps = max_future_steps
         self.max_prejoin_messages = max_prejoin_messages
@@ -236,13 +260,19 @@ class BSPStrategy(SyncStrategy):
             if not self._members or any(member not in bucket for member in self._members):
                 break
             contributions = [bucket[member] for member in self._members]  # sorted order
-            gradients, buffer_deltas = self._combine(contributions)
-            global_batch = sum(c.batch_size for c in contributions)
+            kept, gradients, buffer_deltas = self._aggregate(contributions)
+            global_batch = self.robust.global_batch([c.batch_size for c in kept])
             lr_scale = linear_lr_scale(global_batch, self.reference_batch)
-            for contribution in contributions:
+            for contribution in kept:
                 self.staleness.record(step - contribution.base_version)
             self.counters["non_member_gradients"] += len(bucket) - len(contributions)
-            self.trainer.apply_gradient(gradients, lr_scale=lr_scale, buffer_deltas=buffer_deltas)
+            if gradients is None:
+                # Every contribution was rejected by the norm bound: the step completes on
+                # every replica alike, applying nothing (parameters and momentum untouched).
+                self.trainer.set_parameters(self.trainer.get_parameters(), version=step + 1)
+                self.counters["steps_without_update"] += 1
+            else:
+                self.trainer.apply_gradient(gradients, lr_scale=lr_scale, buffer_deltas=buffer_deltas)
             self._last_global_batch = global_batch
             self._veterans = self._members
             self.counters["steps"] += 1
@@ -254,6 +284,38 @@ class BSPStrategy(SyncStrategy):
             if self._next_members is not None:
                 out += self._enter_next_view()
         return out
+
+    def _aggregate(
+        self, contributions: list[UpdateMessage]
+    ) -> tuple[list[UpdateMessage], dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+        """The contributions kept, their aggregate gradient (None if none was kept) and buffer
+        deltas. Plain BSP: all of them, :meth:`_combine`. With robust aggregation: each gradient
+        passes the norm bound (clipped or rejected, counted per sender), and the kept ones are
+        combined by the rule in the given (member) order; a trimmed mean over fewer than
+        ``2 * trim + 1`` kept contributions trims less (counted ``trim_reduced``)."""
+        if not self.robust.active:
+            gradients, buffer_deltas = self._combine(contributions)
+            return contributions, gradients, buffer_deltas
+        kept: list[UpdateMessage] = []
+        tensors = []
+        for contribution in contributions:
+            bounded = self.robust.bound(contribution.tensors)
+            if bounded.action != "kept":
+                self.counters[f"updates_{bounded.action}"] += 1
+                self.counters[f"updates_{bounded.action}:{contribution.sender}"] += 1
+            if bounded.tensors is not None:
+                kept.append(contribution)
+                tensors.append(bounded.tensors)
+        if not kept:
+            return [], None, None
+        if len(kept) < self.robust.min_contributions:
+            self.counters["trim_reduced"] += 1
+        samples = [c.batch_size for c in kept]
+        gradients = self.robust.combine(tensors, samples)
+        buffer_deltas = combine_buffers(self.robust, [c.buffers for c in kept], samples)
+        if buffer_deltas is None and len({frozenset(c.buffers) for c in kept}) > 1:
+            self.counters["buffer_sync_skipped"] += 1
+        return kept, gradients, buffer_deltas
 
     def _combine(
         self, contributions: list[UpdateMessage]
@@ -477,6 +539,7 @@ class BSPStrategy(SyncStrategy):
                 "synced": self._synced,
                 "active": self._active,
                 "last_global_batch": self._last_global_batch,
+                "aggregation": self.robust.describe(),
                 "waiting": None if self.can_train() else self._waiting_reason(),
             }
         )

@@ -145,7 +145,7 @@ def test_an_unknown_observation_is_refused():
 
 KEYED = {"neighbour_lag": {"w1": 2}, "mixing_weights": {"w0": 0.5, "w1": 0.5}, "model_sketch": (0.1, -0.2),
          "link_bandwidth": {"w1": 1e6}, "link_ratio": {"w1": 0.1}, "link_bytes": {"w1": 100.0},
-         "knowledge_transfers": {"w1": 1.0}}
+         "knowledge_transfers": {"w1": 1.0}, "updates_clipped": {"w1": 2.0}, "updates_norm_rejected": {"w2": 1.0}}
 
 
 def test_every_observation_has_its_metric():
