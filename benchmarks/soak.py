@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst-s", type=float, default=30.0)
     p.add_argument("--every-s", type=float, default=300.0)
     # Small enough that a burst (10x the rate for 30 s) fills it: backpressure must engage and release.
-    p.add_argument("--capacity", type=int, default=64)
+    p.add_argument("--capacity", type=int, default=16)
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--warmup-s", type=float, default=300.0)
     p.add_argument("--bootstrap", help="an existing cluster (default: a local broker for the soak)")
