@@ -508,6 +508,16 @@ def cmd_acl(args: argparse.Namespace) -> int:
 
 
 # --- run --------------------------------------------------------------------------------
+def _sigterm_interrupts() -> None:
+    """SIGTERM raises KeyboardInterrupt in the main thread (the cleanup path of Ctrl-C)."""
+    import signal
+
+    def interrupt(_signum, _frame) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.kafka_io import check_reachable
@@ -515,6 +525,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.testbed_run import run_in_testbed, uses_testbed
     from pipeline.worker import check_training_config, process_topics, worker_cpus
 
+    _sigterm_interrupts()  # `kill`/`timeout` stop the run like Ctrl-C: every process it started too
     cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
