@@ -99,8 +99,26 @@ def sample(ctx: RunContext, broker_pid: int | None, started: float) -> dict:
     return out
 
 
+#: Seconds between a simulated device's messages (``devices.message_interval_s`` of the job).
+MESSAGE_INTERVAL_S = 0.1
+
+
+def burst_rates(args) -> tuple[float, float]:
+    """(records/s outside bursts, records/s during a burst) per device: ``--rate`` is the mean."""
+    factor = burst_factor_for(args.burst_ratio, args.burst_s, args.every_s)
+    on = args.rate * factor
+    return on / args.burst_ratio, on
+
+
+def depth_bound(args) -> int:
+    """What backpressure bounds a buffer by (docs/ingest.md, direct source): the capacity plus
+    one message, the largest a device sends during a burst."""
+    return args.capacity + math.ceil(burst_rates(args)[1] * MESSAGE_INTERVAL_S)
+
+
 def verdicts(samples: list[dict], args, result) -> dict:
-    """The soak's figures and whether each target holds."""
+    """The soak's figures and whether each target holds (``result``: the run's, or a dict
+    with ``balanced``, ``produced`` and ``trained`` when re-summarised from JSON)."""
     period, on, warm = args.every_s, args.burst_s, args.warmup_s
     end = samples[-1]["t"] if samples else 0.0
     procs = sorted({p for s in samples for p in s["rss_mb"]})
@@ -131,14 +149,18 @@ def verdicts(samples: list[dict], args, result) -> dict:
     pauses = max((sum(s["pauses"].values()) for s in samples), default=0.0)
     baseline = min((c["lag_before"] for c in cycles[1:]), default=0.0)
     recovered = all(c["lag_at_cycle_end"] <= max(2 * baseline, baseline + 50 * args.devices) for c in cycles)
+    if isinstance(result, dict):
+        balanced, produced, trained = result["balanced"], result["produced"], result["trained"]
+    else:
+        balanced, produced = result.balanced, sum(result.produced.values())
+        trained = sum(t.get("trained_records", 0) for n, t in result.training.items() if n != "server")
     return {
         "rss": rss, "rss_ok": bool(rss) and all(v["ok"] for v in rss.values()),
-        "max_buffer_depth": max_depth, "capacity": args.capacity, "depth_ok": max_depth <= args.capacity,
+        "max_buffer_depth": max_depth, "capacity": args.capacity, "depth_bound": depth_bound(args),
+        "depth_ok": max_depth <= depth_bound(args),
         "backpressure_pauses": pauses, "released": all(c["paused_at_cycle_end"] == 0 for c in cycles),
         "cycles": cycles, "lag_recovered": recovered,
-        "balanced": result.balanced,
-        "produced": sum(result.produced.values()),
-        "trained": sum(t.get("trained_records", 0) for n, t in result.training.items() if n != "server"),
+        "balanced": balanced, "produced": produced, "trained": trained,
     }
 
 
@@ -182,8 +204,9 @@ def report_md(v: dict, args, elapsed_s: float) -> str:
         f"Command: `scripts/with-venv.sh python -m pipeline bench soak --minutes {args.minutes:g}` "
         f"({elapsed_s / 60:.1f} min wall time).",
         "",
-        f"Set-up: {args.devices} devices at {args.rate:g} records/s, bursting to {args.burst_ratio:g}x for "
-        f"{args.burst_s:g} s every {args.every_s:g} s (`bursty` profile); {args.workers} workers and a server "
+        f"Set-up: {args.devices} devices at {burst_rates(args)[0]:.1f} records/s, bursting to "
+        f"{burst_rates(args)[1]:.1f} ({args.burst_ratio:g}x) for {args.burst_s:g} s every {args.every_s:g} s "
+        f"(`bursty` profile, mean {args.rate:g} records/s); {args.workers} workers and a server "
         f"(`{args.strategy}`), MLP on digits; buffer.policy=backpressure, capacity {args.capacity}; samples every "
         f"{args.sample_s:g} s. Machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"Kafka {kafka_version()}.",
@@ -192,7 +215,8 @@ def report_md(v: dict, args, elapsed_s: float) -> str:
         "|---|---|---|",
         f"| RSS growth after warm-up < {MAX_RSS_GROWTH:.0%} (every process) | "
         + ", ".join(f"{p} {r['growth']:+.1%}" for p, r in sorted(v["rss"].items())) + f" | {yes(v['rss_ok'])} |",
-        f"| buffer depth <= capacity | max {v['max_buffer_depth']:.0f} of {v['capacity']} | {yes(v['depth_ok'])} |",
+        f"| buffer depth <= capacity + one message ({v['depth_bound']}: backpressure's bound, docs/ingest.md) | "
+        f"max {v['max_buffer_depth']:.0f} (capacity {v['capacity']}) | {yes(v['depth_ok'])} |",
         f"| backpressure engaged and released | {v['backpressure_pauses']:.0f} pauses; none paused at a cycle's end: "
         f"{v['released']} | {yes(v['backpressure_pauses'] > 0 and v['released'])} |",
         f"| consumer lag recovers after each burst | see cycles | {yes(v['lag_recovered'])} |",
@@ -226,7 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=300.0)
     p.add_argument("--bootstrap", help="an existing cluster (default: a local broker for the soak)")
     p.add_argument("--out", type=Path, default=RESULTS / "soak")
+    p.add_argument("--from-json", type=Path, help="re-summarise a finished soak's JSON (no run)")
     args = p.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        v = verdicts(saved["samples"], args, saved["verdicts"])
+        elapsed = float(saved.get("elapsed_s", saved["samples"][-1]["t"]))
+        return _write(args, saved["samples"], v, elapsed)
     state = Path(tempfile.mkdtemp(prefix="soak-"))
     cfg = job(args, state / "run")
     broker = None
@@ -257,10 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         if broker is not None:
             broker.stop()
     elapsed = time.monotonic() - started
-    v = verdicts(samples, args, result)
+    return _write(args, samples, verdicts(samples, args, result), elapsed)
+
+
+def _write(args, samples: list[dict], v: dict, elapsed: float) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"args": {k: str(x) for k, x in vars(args).items()},
-                                                         "verdicts": v, "samples": samples}, indent=1))
+                                                         "elapsed_s": elapsed, "verdicts": v, "samples": samples},
+                                                        indent=1))
     plot(samples, args.out.with_suffix(".png"), args)
     args.out.with_suffix(".md").write_text(report_md(v, args, elapsed))
     print(report_md(v, args, elapsed))
