@@ -22,6 +22,7 @@ demo: venv
 test: venv
 	@bash scripts/system-deps.sh
 	@bash scripts/deploy-tools.sh >/dev/null
+	@bash scripts/fuzz-deps.sh
 	@$(RUN) python -m pytest -q -p no:cacheprovider tests/unit tests/integration
 
 chaos: venv
@@ -58,3 +59,13 @@ clean:
 .PHONY: image
 image:
 	@bash deploy/container/build.sh
+
+# Coverage-guided fuzzing of the decoders (tests/fuzz/README.md): FUZZ_TARGETS (default
+# all) in turn for FUZZ_SECONDS each (default 600), growing the work corpus in
+# .edgestream/fuzz/; `make test` runs each for a few seconds. FUZZ_ARGS: e.g. --jobs 2.
+.PHONY: fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= all
+fuzz: venv
+	@bash scripts/fuzz-deps.sh
+	@$(RUN) python -m tests.fuzz.run $(FUZZ_TARGETS) --seconds $(FUZZ_SECONDS) $(FUZZ_ARGS)

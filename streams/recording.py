@@ -54,6 +54,7 @@ _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _HASH_CHUNK = 1 << 20
+_ENTRY_TIMESTAMPS = ("first_timestamp_ms", "last_timestamp_ms", "min_timestamp_ms", "max_timestamp_ms")
 
 
 # --------------------------------------------------------------------------- errors
@@ -751,8 +752,12 @@ class RecordingReader:
 def _load_manifest(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(path, f"manifest is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise ManifestError(path, f"manifest cannot be read: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits;
+        # RecursionError: arrays or objects nested too deeply.
+        raise ManifestError(path, f"manifest is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         raise ManifestError(
             path, f"not an edgestream recording manifest (format must be {FORMAT_NAME!r})"
@@ -786,6 +791,14 @@ def _load_manifest(path: Path) -> dict[str, Any]:
             entry.get("partitions"), dict
         ):
             raise ManifestError(path, f"topic {topic!r}: 'ordered' and 'partitions' are required")
+        # summary() takes these from a verified entry: integers, or null for a topic
+        # without messages (as the writer records them).
+        for k in _ENTRY_TIMESTAMPS:
+            v = entry.get(k)
+            if (isinstance(v, bool) or not isinstance(v, int)) and (entry["messages"] or v is not None):
+                raise ManifestError(
+                    path, f"topic {topic!r}: {k!r} must be an integer (null only without messages)"
+                )
     return data
 
 

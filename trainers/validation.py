@@ -16,6 +16,9 @@ Shape = tuple[int | None, ...]
 """A tensor shape; ``None`` in a position accepts any size there (e.g. a batch dim)."""
 
 MAX_META_BYTES = 16_384
+#: Deepest nesting of lists and objects in ``meta``: deeper JSON, though small, would make
+#: every later copy of the message (``to_state``, checkpoints) exceed Python's recursion limit.
+MAX_META_DEPTH = 32
 
 Rejector = Callable[[str, str], UpdateRejected]
 
@@ -114,12 +117,32 @@ def _check_header(msg: UpdateMessage, reject: Rejector) -> None:
 
 
 def _check_meta(msg: UpdateMessage, max_meta_bytes: int, reject: Rejector) -> None:
+    depth = _nesting(msg.meta)
+    if depth > MAX_META_DEPTH:
+        raise reject("bad_meta", f"meta nests {depth} levels deep, limit {MAX_META_DEPTH}")
     try:
         encoded = json.dumps(msg.meta, allow_nan=False, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise reject("bad_meta", f"meta is not finite JSON: {exc}") from None
     if len(encoded.encode()) > max_meta_bytes:
         raise reject("bad_meta", f"meta is {len(encoded)} bytes, limit {max_meta_bytes}")
+
+
+def _nesting(value: object) -> int:
+    """How deeply lists, tuples and dicts nest in ``value`` (0 for a scalar); iterative,
+    and it stops one level past ``MAX_META_DEPTH``."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, (list, tuple)):
+            deepest = max(deepest, depth + 1)
+            if deepest > MAX_META_DEPTH:
+                break
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def _check_named(
@@ -158,4 +181,4 @@ def _check_finite(label: str, tensor: torch.Tensor, reject: Rejector) -> None:
         raise reject("non_finite", f"{label} has {bad} non-finite value(s)")
 
 
-__all__ = ["MAX_META_BYTES", "Shape", "TensorSpec", "validate_update"]
+__all__ = ["MAX_META_BYTES", "MAX_META_DEPTH", "Shape", "TensorSpec", "validate_update"]
