@@ -104,14 +104,8 @@ class ClientSecurity:
         return out
 
     def aiokafka(self) -> dict[str, Any]:
-        """Keyword arguments for aiokafka's clients."""
-        if not self.tls:
-            return {}
-        out: dict[str, Any] = {"security_protocol": self.protocol, "ssl_context": self.ssl_context()}
-        if self.sasl:
-            out.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
-                       sasl_plain_password=self.password())
-        return out
+        """Keyword arguments for aiokafka's clients: the same names as kafka-python's."""
+        return self.kafka_python()
 
     def faust_credentials(self) -> Any:
         """Faust's ``broker_credentials`` (None for PLAINTEXT)."""
