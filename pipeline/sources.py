@@ -142,7 +142,10 @@ def read_recording_info(directory: str | Path) -> RecordingInfo:
         raise RecordingSourceError(f"{label}: {IMPORT_INFO} is not a JSON object; {generic}")
     hint = _rerun_hint(raw)
     data = raw.get("data")
-    if not isinstance(data, dict) or int(raw.get("version", 1)) < IMPORT_VERSION:
+    version = raw.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RecordingSourceError(f"{label}: {IMPORT_INFO} has version {version!r}, not an integer; {hint}")
+    if not isinstance(data, dict) or version < IMPORT_VERSION:
         raise RecordingSourceError(
             f"{label}: made by an older `edgestream import` (no held-out split: {HELDOUT_FILE}, "
             f"{TRAIN_FILE} and the feature statistics are missing); {hint}")

@@ -186,6 +186,18 @@ def test_older_import_without_heldout_is_refused(recording, tmp_path):
     assert "older `edgestream import`" in one_line(exc) and "re-run" in str(exc.value)
 
 
+@pytest.mark.parametrize("version", ["x", 2.5, True, None])
+def test_a_version_that_is_not_an_integer_is_one_line(recording, tmp_path, version):
+    rec = copy_recording(recording[0], tmp_path / "r")
+    info = json.loads((rec / IMPORT_INFO).read_text())
+    info["version"] = version
+    (rec / IMPORT_INFO).write_text(json.dumps(info))
+
+    with pytest.raises(RecordingSourceError) as exc:
+        job(rec)
+    assert f"has version {version!r}, not an integer" in one_line(exc)
+
+
 def test_topic_recording_without_import_json_is_refused(tmp_path):
     with RecordingWriter(tmp_path / "rec") as writer:
         writer.write(RecordedMessage("sensors.dev00", 0, 0, 1000, None, b"x"))
