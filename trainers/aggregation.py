@@ -6,7 +6,7 @@ workers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,6 +299,16 @@ class RobustAggregation:
         if self.norm_policy == "reject":
             return Bounded(None, norm, "rejected")
         return Bounded(scale_tensors(tensors, self.max_update_norm / norm), norm, "clipped")
+
+    def bound_counted(self, tensors: Mapping[str, torch.Tensor], sender: str,
+                      counters: MutableMapping[str, int]) -> dict[str, torch.Tensor] | None:
+        """:meth:`bound`, counted in ``counters`` (``updates_clipped`` / ``updates_rejected``,
+        also per ``:<sender>``); the tensors to use, None if the update is left out."""
+        bounded = self.bound(tensors)
+        if bounded.action != "kept":
+            counters[f"updates_{bounded.action}"] += 1
+            counters[f"updates_{bounded.action}:{sender}"] += 1
+        return bounded.tensors
 
     def combine(
         self, named_tensors_list: Sequence[Mapping[str, torch.Tensor]], batch_sizes: Sequence[int]

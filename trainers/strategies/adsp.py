@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import RobustAggregation, UpdateWindow, combine_buffers
+from trainers.aggregation import RobustAggregation, UpdateWindow
 from trainers.commit_rate import CommitRateSearch, CommitScheduler, commit_interval
 from trainers.errors import AggregationError, StrategyError
 from trainers.local import StepResult
@@ -47,6 +47,7 @@ from trainers.strategies.base import (
     register,
     snapshot_message,
 )
+from trainers.strategies.windowed import WindowedServer
 
 #: ``meta.op`` of the control message that carries the commit target.
 COMMIT_RATE_OP = "commit_rate"
@@ -276,7 +277,7 @@ class ADSPWorker(SyncStrategy):
         return Observations(commit_target=self.c, committed_local_steps=self.counters["committed_local_steps"])
 
 
-class ADSPServer(SyncStrategy):
+class ADSPServer(WindowedServer, SyncStrategy):
     """Server side: apply ``W += delta / N`` on arrival, answer with the model, search ``C``.
 
     ``N`` is the number of live workers: the context's members at start, then the set
@@ -383,14 +384,10 @@ class ADSPServer(SyncStrategy):
             self._new_loss = True
         delta = msg.tensors
         if self.robust.max_update_norm is not None:
-            bounded = self.robust.bound(msg.tensors)
-            if bounded.action != "kept":
-                self.counters[f"updates_{bounded.action}"] += 1
-                self.counters[f"updates_{bounded.action}:{msg.sender}"] += 1
-            if bounded.tensors is None:
+            delta = self.robust.bound_counted(msg.tensors, msg.sender, self.counters)
+            if delta is None:
                 # Left out: the committer gets the model as it is (without its delta).
                 return [Outgoing("models", self._snapshot(msg.sender), to=msg.sender)]
-            delta = bounded.tensors
         if self._window is not None:
             return self._collect(msg, delta)
         self._apply(delta, msg.buffers, 1.0 / self.n)
@@ -398,34 +395,15 @@ class ADSPServer(SyncStrategy):
         self.counters["applied"] += 1
         return [Outgoing("models", self._snapshot(msg.sender), to=msg.sender)]
 
-    def _window_target(self) -> int:
-        """Slots that fill the window: ``aggregate_window``, or fewer when fewer workers are live."""
-        assert self.aggregate_window is not None
-        return max(1, min(self.aggregate_window, len(self._workers) or self.aggregate_window))
-
     def _collect(self, msg: UpdateMessage, delta: dict[str, torch.Tensor]) -> list[Outgoing]:
         """Add a commit to its sender's slot; once the window is full apply
         ``W += (slots / N) * aggregate`` and answer every committer in it."""
-        assert self._window is not None
-        self._window.add(msg.sender, delta, msg.buffers or None, base_version=msg.base_version,
-                         samples=msg.batch_size)
-        self.counters["windowed"] += 1
-        if len(self._window) < self._window_target():
+        window = self._fill_window(msg, delta)
+        if window is None:
             return []
-        slots = self._window.take()
-        if len(slots) < self.robust.min_contributions:
-            self.counters["trim_reduced"] += 1
-        samples = [slot.samples for slot in slots]
-        aggregate = self.robust.combine([slot.tensors for slot in slots], samples)
-        buffers = combine_buffers(self.robust, [slot.buffers for slot in slots], samples)
-        version = self.trainer.version
-        self._apply(aggregate, buffers or {}, len(slots) / self.n)
-        for slot in slots:
-            for base_version in slot.base_versions:
-                self.staleness.record(version - base_version)
-            self.counters["applied"] += slot.count
-        self.counters["windows"] += 1
-        return [Outgoing("models", self._snapshot(slot.sender), to=slot.sender) for slot in slots]
+        self._apply(window.tensors, window.buffers or {}, len(window.slots) / self.n)
+        self._settle_window(window)
+        return [Outgoing("models", self._snapshot(slot.sender), to=slot.sender) for slot in window.slots]
 
     def _apply(self, tensors: dict[str, torch.Tensor], buffer_deltas: dict[str, torch.Tensor], scale: float) -> None:
         """``W += scale * delta`` (through the server momentum), buffers likewise; one version up."""

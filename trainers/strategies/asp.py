@@ -25,12 +25,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from trainers.aggregation import RobustAggregation, UpdateWindow, combine_buffers, scale_tensors
+from trainers.aggregation import RobustAggregation, UpdateWindow, scale_tensors
 from trainers.errors import AggregationError, StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.staleness import StalenessTracker
 from trainers.strategies.base import StrategyContext, SyncStrategy, register, snapshot_message
+from trainers.strategies.windowed import WindowedServer
 
 StalenessLR = Literal["none", "inverse"]
 
@@ -103,7 +104,7 @@ class ASPWorker(SyncStrategy):
         self._local_step = int(state["local_step"])
 
 
-class ASPServer(SyncStrategy):
+class ASPServer(WindowedServer, SyncStrategy):
     """Server side: apply gradients on arrival, bound staleness, publish snapshots.
 
     Invariant: ``staleness`` holds only applied updates, so with ``max_staleness``
@@ -188,13 +189,9 @@ class ASPServer(SyncStrategy):
         lr_scale = 1.0 / (1 + staleness) if self.staleness_lr == "inverse" else 1.0
         gradients = msg.tensors
         if self.robust.max_update_norm is not None:
-            bounded = self.robust.bound(msg.tensors)
-            if bounded.action != "kept":
-                self.counters[f"updates_{bounded.action}"] += 1
-                self.counters[f"updates_{bounded.action}:{msg.sender}"] += 1
-            if bounded.tensors is None:
+            gradients = self.robust.bound_counted(msg.tensors, msg.sender, self.counters)
+            if gradients is None:
                 return []
-            gradients = bounded.tensors
         if self._window is not None:
             return self._collect(msg, gradients, lr_scale)
         self.trainer.apply_gradient(gradients, lr_scale=lr_scale, buffer_deltas=msg.buffers or None)
@@ -208,34 +205,15 @@ class ASPServer(SyncStrategy):
             return [self._publish()]
         return []
 
-    def _window_target(self) -> int:
-        """Slots that fill the window: ``aggregate_window``, or fewer when fewer workers are live."""
-        assert self.aggregate_window is not None
-        return max(1, min(self.aggregate_window, len(self._workers) or self.aggregate_window))
-
     def _collect(self, msg: UpdateMessage, gradients: dict[str, Any], lr_scale: float) -> list[Outgoing]:
         """Put a gradient into its sender's slot; apply the window's aggregate once it is full."""
-        assert self._window is not None
         if lr_scale != 1.0:
             gradients = scale_tensors(gradients, lr_scale)
-        self._window.add(msg.sender, gradients, msg.buffers or None, base_version=msg.base_version,
-                         samples=msg.batch_size)
-        self.counters["windowed"] += 1
-        if len(self._window) < self._window_target():
+        window = self._fill_window(msg, gradients)
+        if window is None:
             return []
-        slots = self._window.take()
-        if len(slots) < self.robust.min_contributions:
-            self.counters["trim_reduced"] += 1
-        samples = [slot.samples for slot in slots]
-        aggregate = self.robust.combine([slot.tensors for slot in slots], samples)
-        buffers = combine_buffers(self.robust, [slot.buffers for slot in slots], samples)
-        version = self.trainer.version
-        self.trainer.apply_gradient(aggregate, lr_scale=float(len(slots)), buffer_deltas=buffers)
-        for slot in slots:
-            for base_version in slot.base_versions:
-                self.staleness.record(version - base_version)
-            self.counters["applied"] += slot.count
-        self.counters["windows"] += 1
+        self.trainer.apply_gradient(window.tensors, lr_scale=float(len(window.slots)), buffer_deltas=window.buffers)
+        self._settle_window(window)
         return self._updated()
 
     def poll(self, now: float) -> list[Outgoing]:

@@ -299,13 +299,10 @@ class BSPStrategy(SyncStrategy):
         kept: list[UpdateMessage] = []
         tensors = []
         for contribution in contributions:
-            bounded = self.robust.bound(contribution.tensors)
-            if bounded.action != "kept":
-                self.counters[f"updates_{bounded.action}"] += 1
-                self.counters[f"updates_{bounded.action}:{contribution.sender}"] += 1
-            if bounded.tensors is not None:
+            bounded = self.robust.bound_counted(contribution.tensors, contribution.sender, self.counters)
+            if bounded is not None:
                 kept.append(contribution)
-                tensors.append(bounded.tensors)
+                tensors.append(bounded)
         if not kept:
             return [], None, None
         if len(kept) < self.robust.min_contributions:
