@@ -12,30 +12,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "edgestream: missing ${missing[*]}: install them (e.g. apt-get install openjdk-17-jdk-headless maven)" >&2
   exit 1
 fi
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "edgestream: installing Debian's prometheus package" >&2
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >&2
-  else
-    echo "edgestream: 'prometheus' is not installed and cannot be installed automatically (need root + apt-get)" >&2
+# ensure PACKAGE WHY COMMAND...: install Debian's PACKAGE (as root, with apt-get) unless
+# every COMMAND is on the PATH; fail with one line if it cannot be installed.
+ensure() {
+  local package="$1" why="$2" cmd
+  shift 2
+  for cmd in "$@"; do
+    command -v "$cmd" >/dev/null && continue
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "edgestream: installing Debian's $package package ($why)" >&2
+      apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >&2
+      return
+    fi
+    echo "edgestream: '$cmd' ($package) is not installed and cannot be installed automatically (need root + apt-get)" >&2
     exit 1
-  fi
-fi
-if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v bridge >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "edgestream: installing Debian's iproute2 package (ip, tc, bridge) for the testbed" >&2
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >&2
-  else
-    echo "edgestream: 'ip'/'tc' (iproute2) are not installed and cannot be installed automatically (need root + apt-get)" >&2
-    exit 1
-  fi
-fi
-if ! command -v systemd-analyze >/dev/null || ! command -v systemd-sysusers >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "edgestream: installing Debian's systemd package (systemd-analyze checks the units in deploy/systemd)" >&2
-    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >&2
-  else
-    echo "edgestream: 'systemd-analyze' is not installed and cannot be installed automatically (need root + apt-get)" >&2
-    exit 1
-  fi
-fi
+  done
+}
+ensure prometheus "the dashboard tests" prometheus promtool
+ensure iproute2 "ip, tc, bridge for the testbed" ip tc bridge
+ensure systemd "systemd-analyze checks the units in deploy/systemd" systemd-analyze systemd-sysusers
