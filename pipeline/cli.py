@@ -397,8 +397,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             task = progress.add_task("sim", total=None if args.forever else duration,
                                      devices=cfg.devices.count, records=0)
 
+            producing = False
+
             def on_progress(report):
-                if not metrics.health.readiness()[1]["checks"]["producing"]["ok"]:
+                nonlocal producing
+                if not producing:  # the first messages went out: ready
+                    producing = True
                     metrics.health.set("producing", True, "devices streaming")
                 metrics.health.beat()
                 progress.update(task, completed=report.duration_s, records=sum(report.records.values()))

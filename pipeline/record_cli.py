@@ -245,7 +245,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the `record`, `replay` and `import` subcommands."""
-    from pipeline.cli import port, positive_float, positive_int
+    from pipeline.cli import add_service_args, port, positive_float, positive_int
 
     p = sub.add_parser("record", help="record Kafka topics to a recording directory")
     add_job_args(p)
@@ -279,8 +279,7 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
     p.add_argument("--metrics-port", type=port, default=0,
                    help="serve /metrics (records produced per device), /healthz and /readyz on "
                         "workers.metrics_host:PORT (0: a free port)")
-    p.add_argument("--log-format", choices=("text", "json"), default=None,
-                   help="log lines as text or one JSON object a line (default: service.log_format, text)")
+    add_service_args(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("import", help="turn a labelled CSV / NumPy / Parquet table into a recording, "

@@ -165,8 +165,9 @@ def simulate(
         with lock:
             report.records[device] -= count
             report.messages[device] -= 1
-            report.refused.setdefault(device, {})[reason] = report.refused.get(device, {}).get(reason, 0) + count
-            first = report.refused[device][reason] == count
+            per_reason = report.refused.setdefault(device, {})
+            first = reason not in per_reason
+            per_reason[reason] = per_reason.get(reason, 0) + count
         if metrics is not None:
             metrics.records_refused.labels(device, reason).inc(count)
         if first:  # once per device and reason: the metric and the report count the rest
