@@ -35,11 +35,14 @@ def test_ssp_blocks_fast_workers_and_bounds_staleness(kafka_bootstrap, unique, s
     assert server["staleness"]["count"] == server["counters"]["applied"] == sum(t["steps"] for t in trained.values())
     assert 0 < server["staleness"]["max"] <= staleness_bound(STALENESS, 3) == stats["version_staleness_bound"]
     assert stats["max_clock_gap"] <= STALENESS + 1
-    # The fast workers really waited for the slow one; the slow one never did.
+    # The fast workers really waited for the slow one, again and again; the slow one waited
+    # far less. (Counted in episodes and compared with the slow one, not asserted in absolute
+    # wall time: how long each wait lasts depends on the machine's load.)
+    slow_blocked = trained["w2"]["strategy_stats"]["blocked_seconds"]
     for fast in ("w0", "w1"):
-        assert trained[fast]["strategy_stats"]["blocked_seconds"] > 1.0, trained[fast]["strategy_stats"]
-        assert trained[fast]["counters"]["blocked_episodes"] >= 3
-    assert trained["w2"]["strategy_stats"]["blocked_seconds"] < min(
-        trained[w]["strategy_stats"]["blocked_seconds"] for w in ("w0", "w1"))
+        fast_stats = trained[fast]["strategy_stats"]
+        assert trained[fast]["counters"]["blocked_episodes"] >= 3, fast_stats
+        assert fast_stats["blocked_seconds"] > 0 and fast_stats["blocked_seconds"] > 4 * slow_blocked, (
+            fast_stats, slow_blocked)
     # Equal streams, one batch per step: the clocks end equal.
     assert len({t["strategy_stats"]["clock"] for t in trained.values()}) == 1
