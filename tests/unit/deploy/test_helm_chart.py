@@ -1,6 +1,7 @@
 """The Helm chart (deploy/helm/edgestream) and the plain manifests rendered from it
 (deploy/k8s/edgestream.yaml), checked offline: `helm lint`, `helm template` with the
-default values and with ci/full-values.yaml (everything on), every rendered manifest
+default values, with ci/full-values.yaml (everything on) and with values-secure.yaml (a
+SASL_SSL cluster, credentials from existing Secrets), every rendered manifest
 against the Kubernetes schemas (kubernetes-validate), the properties the processes'
 service contract relies on, and a checkov scan whose every failure must be explained in
 deploy/helm/edgestream/.checkov.yaml.
@@ -24,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy/helm/edgestream"
 FULL_VALUES = CHART / "ci/full-values.yaml"
+SECURE_VALUES = CHART / "values-secure.yaml"
 CHECKOV_CONFIG = CHART / ".checkov.yaml"
 PLAIN_MANIFESTS = REPO / "deploy/k8s/edgestream.yaml"
 PLAIN_README = REPO / "deploy/k8s/README.md"
@@ -40,17 +42,35 @@ TEMPLATE_ARGS = ["template", "edgestream", "deploy/helm/edgestream",
 CRD_KINDS = {"PodMonitor": "monitoring.coreos.com/v1", "KafkaTopic": "kafka.strimzi.io/v1beta2"}
 WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 STATE_DIR = "/var/lib/edgestream"
+#: Where the Kafka credential files are mounted (read-only) when kafka.security is not PLAINTEXT.
+KAFKA_DIR = "/etc/edgestream/kafka"
+#: The kafka.* keys the chart may set; with PLAINTEXT it sets none of them (the job file decides).
+KAFKA_SECURITY_ENV = ("EDGESTREAM__KAFKA__SECURITY_PROTOCOL", "EDGESTREAM__KAFKA__SSL_CAFILE",
+                      "EDGESTREAM__KAFKA__SSL_CERTFILE", "EDGESTREAM__KAFKA__SSL_KEYFILE",
+                      "EDGESTREAM__KAFKA__SASL_MECHANISM", "EDGESTREAM__KAFKA__SASL_USERNAME",
+                      "EDGESTREAM__KAFKA__SASL_PASSWORD_FILE")
 #: What each values file sets that the assertions compare against.
 EXPECTED = {
     "default": {"workers": 2, "port": 9100, "grace": 20, "termination": 30, "server": False,
                 "simulator": True, "replay": False, "pod_monitor": False, "topics": False,
-                "secret": None, "bootstrap": "kafka:9092", "job": "demo"},
+                "security": None, "bootstrap": "kafka:9092", "job": "demo"},
     "full": {"workers": 5, "port": 9200, "grace": 25, "termination": 40, "server": True,
              "simulator": True, "replay": True, "pod_monitor": True, "topics": True,
-             "secret": "edgestream-kafka", "bootstrap": "edge-kafka-bootstrap.kafka.svc:9092",
-             "job": "plant_A"},
+             "security": {"protocol": "SASL_SSL", "mechanism": "SCRAM-SHA-256",
+                          "workers": ("plant_A-workers", "plant-a-workers", "password"),
+                          "devices": ("plant_A-devices", "plant-a-devices", "password"),
+                          "tls": ("edgestream-kafka-tls", {"ca.crt": "ca.crt", "user.crt": "client.crt",
+                                                           "user.key": "client.key"})},
+             "bootstrap": "edge-kafka-bootstrap.kafka.svc:9092", "job": "plant_A"},
+    "secure": {"workers": 2, "port": 9100, "grace": 20, "termination": 30, "server": False,
+               "simulator": True, "replay": False, "pod_monitor": False, "topics": False,
+               "security": {"protocol": "SASL_SSL", "mechanism": "SCRAM-SHA-512",
+                            "workers": ("demo-workers", "edgestream-kafka-workers", "password"),
+                            "devices": ("demo-devices", "edgestream-kafka-devices", "password"),
+                            "tls": ("edgestream-kafka-tls", {"ca.crt": "ca.crt"})},
+               "bootstrap": "kafka-bootstrap.kafka.svc:9093", "job": "demo"},
 }
-VALUES_ARGS = {"default": [], "full": ["-f", str(FULL_VALUES)]}
+VALUES_ARGS = {"default": [], "full": ["-f", str(FULL_VALUES)], "secure": ["-f", str(SECURE_VALUES)]}
 RENDERS = tuple(EXPECTED)
 
 
@@ -167,6 +187,16 @@ def test_helm_lint_is_clean(tools, render):
      "workers.replicas must be 2"),
     (["--set-string", "job=[job"], "values.job is not valid TOML"),
     (["--kube-version", "1.27.0"], "chart requires kubeVersion"),
+    (["--set", "kafka.security.protocol=TLS"], 'kafka.security.protocol "TLS": use PLAINTEXT, SSL or SASL_SSL'),
+    (["--set", "kafka.security.protocol=SSL"], "needs kafka.security.tls.secret"),
+    (["-f", str(SECURE_VALUES), "--set", "kafka.security.tls.secret="], "needs kafka.security.tls.secret"),
+    (["-f", str(SECURE_VALUES), "--set", "kafka.security.workers.passwordSecret="],
+     "needs kafka.security.workers.username and .passwordSecret"),
+    (["-f", str(SECURE_VALUES), "--set", "kafka.security.devices.username="],
+     "needs kafka.security.devices.username and .passwordSecret"),
+    (["-f", str(SECURE_VALUES), "--set", "kafka.security.tls.certKey=tls.crt"], "certKey and tls.keyKey go together"),
+    (["-f", str(SECURE_VALUES), "--set", "kafka.security.mechanism=PLAIN"], "use SCRAM-SHA-512 or SCRAM-SHA-256"),
+    (["--set", "kafka.credentials.existingSecret=old"], "kafka.credentials was a placeholder"),
 ])
 def test_inconsistent_values_are_refused(tools, args, message):
     proc = helm(tools, *TEMPLATE_ARGS, *args)
@@ -313,7 +343,7 @@ def test_workers_have_stable_ids_and_their_own_volume(documents, render):
     assert sts["spec"]["podManagementPolicy"] == "Parallel"
     (template,) = sts["spec"]["volumeClaimTemplates"]
     assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
-    assert template["spec"]["resources"]["requests"]["storage"] == {"default": "1Gi", "full": "5Gi"}[render]
+    assert template["spec"]["resources"]["requests"]["storage"] == {"default": "1Gi", "full": "5Gi", "secure": "1Gi"}[render]
     (c,) = pod_spec(sts)["containers"]
     assert c["args"][:5] == ["worker", "--job", "/etc/edgestream/job.toml", "--worker", "w$(POD_INDEX)"]
     (index,) = [e for e in c["env"] if e["name"] == "POD_INDEX"]
@@ -327,7 +357,7 @@ def test_workers_have_stable_ids_and_their_own_volume(documents, render):
     assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
     pdb = one(documents, render, "PodDisruptionBudget", "edgestream-worker")
     assert pdb["spec"]["selector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
-    assert pdb["spec"]["maxUnavailable"] == {"default": 1, "full": 2}[render]
+    assert pdb["spec"]["maxUnavailable"] == {"default": 1, "full": 2, "secure": 1}[render]
 
 
 @pytest.mark.parametrize("render", RENDERS)
@@ -365,15 +395,131 @@ def test_optional_components_follow_their_values(documents, render):
         assert recording["persistentVolumeClaim"] == {"claimName": "recordings", "readOnly": True}
     assert bool(docs_of(documents, render, "PodMonitor")) == expected["pod_monitor"]
     assert bool(docs_of(documents, render, "KafkaTopic")) == expected["topics"]
-    for w in workloads(documents, render):
-        secret_volumes = [v for v in pod_spec(w)["volumes"] if "secret" in v]
-        mounts = [m for c in pod_spec(w)["containers"] for m in c["volumeMounts"]
-                  if m["mountPath"] == "/etc/edgestream/secrets"]
-        if expected["secret"] is None:
-            assert not secret_volumes and not mounts
-        else:
-            assert [v["secret"]["secretName"] for v in secret_volumes] == [expected["secret"]]
-            assert [m.get("readOnly") for m in mounts] == [True] * len(pod_spec(w)["containers"])
+
+
+# --- Kafka credentials ----------------------------------------------------------------------
+
+#: The principal each component logs in as (docs/security.md "Principals and ACLs of a job").
+ROLE_OF_COMPONENT = {"worker": "workers", "server": "workers", "simulator": "devices", "replay": "devices"}
+#: A value no render may contain: passed where a user might try to put a password.
+CANARY = "canary-Pa55word-0f-the-test"
+
+
+def role_of(workload: dict) -> str:
+    return ROLE_OF_COMPONENT[workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]]
+
+
+def projected_files(volume: dict) -> dict[str, tuple[str, str]]:
+    """A projected volume's files: path -> (Secret name, key)."""
+    files = {}
+    for source in volume["projected"]["sources"]:
+        assert set(source) == {"secret"}, source  # nothing but Secrets
+        for item in source["secret"]["items"]:
+            assert item["path"] not in files, item
+            files[item["path"]] = (source["secret"]["name"], item["key"])
+    return files
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_kafka_credentials_are_read_only_files_from_secrets(documents, render):
+    """With TLS or SASL the Secrets are projected read-only into KAFKA_DIR, and the kafka.*
+    keys name those files: each role gets its own principal's password. With PLAINTEXT
+    (the default) nothing about security is rendered."""
+    security = EXPECTED[render]["security"]
+    for w, c in all_containers(documents, render):
+        what = f"{render}: {w['metadata']['name']}"
+        env = env_of(c)
+        volumes = {v["name"]: v for v in pod_spec(w)["volumes"]}
+        mounts = [m for m in c["volumeMounts"] if m["mountPath"].startswith("/etc/edgestream/") and
+                  m["mountPath"] != "/etc/edgestream/job.toml"]
+        # Never a Secret in the environment, never the password variable.
+        assert not [e for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})], what
+        assert "envFrom" not in c and "EDGESTREAM_KAFKA_PASSWORD" not in env, what
+        if security is None:
+            assert not [k for k in KAFKA_SECURITY_ENV if k in env], what
+            assert not mounts, what
+            assert not [v for v in volumes.values() if "secret" in v or "projected" in v], what
+            continue
+        (mount,) = mounts
+        assert mount == {"name": "kafka-credentials", "mountPath": KAFKA_DIR, "readOnly": True}, what
+        volume = volumes["kafka-credentials"]
+        assert volume["projected"]["defaultMode"] == 0o440, what  # owner and the pod's fsGroup only
+        files = projected_files(volume)
+        username, password_secret, password_key = security[role_of(w)]
+        tls_secret, tls_items = security["tls"]
+        assert files == {"password": (password_secret, password_key),
+                         **{path: (tls_secret, key) for key, path in tls_items.items()}}, what
+        assert env["EDGESTREAM__KAFKA__SECURITY_PROTOCOL"] == security["protocol"], what
+        assert env["EDGESTREAM__KAFKA__SASL_MECHANISM"] == security["mechanism"], what
+        assert env["EDGESTREAM__KAFKA__SASL_USERNAME"] == username, what
+        assert env["EDGESTREAM__KAFKA__SASL_PASSWORD_FILE"] == f"{KAFKA_DIR}/password", what
+        assert env["EDGESTREAM__KAFKA__SSL_CAFILE"] == f"{KAFKA_DIR}/ca.crt", what
+        client = "client.crt" in tls_items.values()
+        assert env.get("EDGESTREAM__KAFKA__SSL_CERTFILE") == (f"{KAFKA_DIR}/client.crt" if client else None), what
+        assert env.get("EDGESTREAM__KAFKA__SSL_KEYFILE") == (f"{KAFKA_DIR}/client.key" if client else None), what
+        # Every file a kafka.* key names is one the volume provides.
+        for key in KAFKA_SECURITY_ENV:
+            if env.get(key, "").startswith(KAFKA_DIR + "/"):
+                assert env[key][len(KAFKA_DIR) + 1:] in files, f"{what}: {key}"
+
+
+@pytest.mark.parametrize("render", [r for r in RENDERS if EXPECTED[r]["security"]])
+def test_each_process_reads_its_password_from_the_projected_secret(documents, render, tmp_path):
+    """As the kubelet would: the Secrets' data projected into a directory standing for
+    KAFKA_DIR; each container's environment then loads as a valid job whose client
+    security reads its own role's password from there."""
+    from pipeline.config import load_config
+    from pipeline.security import ClientSecurity
+
+    (config_map,) = docs_of(documents, render, "ConfigMap")
+    job = tmp_path / "job.toml"
+    job.write_text(config_map["data"]["job.toml"])
+    secret_data = {}  # (Secret, key) -> content
+    for w, c in all_containers(documents, render):
+        what = f"{render}: {w['metadata']['name']}"
+        files = projected_files(next(v for v in pod_spec(w)["volumes"] if v["name"] == "kafka-credentials"))
+        kafka_dir = tmp_path / w["metadata"]["name"]
+        kafka_dir.mkdir()
+        for path, ref in files.items():
+            (kafka_dir / path).write_text(secret_data.setdefault(ref, f"{ref[0]}/{ref[1]}-{len(secret_data)}") + "\n")
+        env = {k: v.replace(KAFKA_DIR, str(kafka_dir)) for k, v in env_of(c).items()
+               if k.startswith("EDGESTREAM__") and v is not None}
+        cfg = load_config(job, env=env)
+        security = ClientSecurity.from_config(cfg.kafka, env={})
+        username, password_secret, password_key = EXPECTED[render]["security"][role_of(w)]
+        assert security.protocol == "SASL_SSL" and security.username == username, what
+        assert security.password() == secret_data[(password_secret, password_key)], what
+        assert Path(security.cafile).read_text().strip() == secret_data[(EXPECTED[render]["security"]["tls"][0], "ca.crt")]
+        assert security.password() not in repr(security), what  # the path only
+
+
+def test_no_password_is_ever_rendered(tools):
+    """The chart has no place for a password: one put where a user might try (beside the
+    Secret names, in the roles' blocks) never reaches a manifest, and the chart creates no
+    Secret and reads none (no `lookup`)."""
+    text = template(tools, "-f", str(SECURE_VALUES),
+                    "--set-string", f"kafka.security.password={CANARY}",
+                    "--set-string", f"kafka.security.workers.password={CANARY}",
+                    "--set-string", f"kafka.security.devices.password={CANARY}",
+                    "--set-string", f"kafka.security.tls.key={CANARY}")
+    assert CANARY not in text
+    assert not re.search(r"^kind: Secret$", text, re.M)
+    assert "secretKeyRef" not in text and "EDGESTREAM_KAFKA_PASSWORD" not in text
+    for path in (CHART / "templates").iterdir():
+        assert "lookup" not in path.read_text(), path.name
+
+
+def test_default_render_leaves_kafka_security_to_the_job_file(documents, tmp_path):
+    """PLAINTEXT (the default) sets no kafka.* security key: a job file that asks for TLS
+    itself keeps it."""
+    from pipeline.config import load_config
+
+    sts = one(documents, "default", "StatefulSet", "edgestream-worker")
+    env = {k: v for k, v in env_of(pod_spec(sts)["containers"][0]).items() if k.startswith("EDGESTREAM__")}
+    job = tmp_path / "job.toml"
+    job.write_text('[kafka]\nsecurity_protocol = "SSL"\nssl_cafile = "/etc/ssl/kafka-ca.pem"\n')
+    cfg = load_config(job, env=env)
+    assert cfg.kafka.security_protocol == "SSL" and cfg.kafka.ssl_cafile == "/etc/ssl/kafka-ca.pem"
 
 
 @pytest.mark.parametrize("render", RENDERS)

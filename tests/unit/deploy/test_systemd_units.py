@@ -19,11 +19,13 @@ from tests.unit.deploy.unitfile import (
     UNIT_DIR,
     UNITS,
     exec_argv,
+    expand_specifiers,
     parse_assignments,
     parse_unit,
     read_environment_file,
     seconds,
     size_bytes,
+    unit_specifiers,
 )
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "systemd-analyze"  # scripts/system-deps.sh installs it
@@ -33,12 +35,22 @@ ENV_EXAMPLE = UNIT_DIR / "edgestream.env"
 #: the units score 1.4 with systemd 252: what is left is network access (they need it),
 #: no W^X (torch JITs) and no IP allow list (the brokers' addresses are the site's).
 MAX_EXPOSURE = 2.0
+#: The Kafka credentials drop-in of each unit (README "Kafka credentials"), installed as
+#: /etc/systemd/system/<unit>.d/kafka.conf, and the principal it logs in as.
+DROPINS = {
+    "edgestream-worker@.service": "kafka-workers.conf",
+    "edgestream-server.service": "kafka-workers.conf",
+    "edgestream-simulate@.service": "kafka-devices.conf",
+}
+PRINCIPAL_SUFFIX = {"kafka-workers.conf": "-workers", "kafka-devices.conf": "-devices"}
+CREDENTIALS_SOURCE_DIR = "/etc/edgestream/credentials/"
 
 
 # --- systemd's own checks -------------------------------------------------------------------
-def install_root(root: Path, units: dict[str, str] | None = None) -> Path:
+def install_root(root: Path, units: dict[str, str] | None = None, dropins: dict[str, str] | None = None) -> Path:
     """A file-system root as on an edge host after README's install steps: the units in
-    /etc/systemd/system (``units``: name -> text, default the repository's), the host's
+    /etc/systemd/system (``units``: name -> text, default the repository's), ``dropins``
+    (unit name -> text) as /etc/systemd/system/<unit>.d/kafka.conf, the host's
     system units (sysinit.target, network-online.target ...), and an executable at
     /opt/edgestream/bin/edgestream (verify checks that ExecStart's binary exists)."""
     etc = root / "etc" / "systemd" / "system"
@@ -46,6 +58,9 @@ def install_root(root: Path, units: dict[str, str] | None = None) -> Path:
     for name in UNITS:
         text = units[name] if units and name in units else (UNIT_DIR / name).read_text()
         (etc / name).write_text(text)
+    for name, text in (dropins or {}).items():
+        (etc / f"{name}.d").mkdir()
+        (etc / f"{name}.d" / "kafka.conf").write_text(text)
     if HOST_UNITS.is_dir():
         # Copied, not linked: the alias links in it are absolute and resolve inside the root.
         shutil.copytree(HOST_UNITS, root / "usr" / "lib" / "systemd" / "system", symlinks=True)
@@ -226,10 +241,132 @@ def test_is_sandboxed(unit):
     assert wx_denied == unit.path.name.startswith("edgestream-simulate@")
 
 
-def test_credentials_are_a_commented_placeholder(unit):
+# --- Kafka credentials ------------------------------------------------------------------------
+def uncommented(text: str) -> str:
+    """A drop-in with its commented-out settings (``#Key=value``) switched on: the client
+    certificate, and LoadCredentialEncrypted= in place of the LoadCredential= it replaces."""
+    text = re.sub(r"^#(?=[A-Za-z]+=)", "", text, flags=re.M)
+    for ident in re.findall(r"^LoadCredentialEncrypted=([^:]+):", text, flags=re.M):
+        text, n = re.subn(rf"^LoadCredential={re.escape(ident)}:.*\n", "", text, flags=re.M)
+        assert n == 1, f"LoadCredentialEncrypted={ident} replaces no LoadCredential="
+    return text
+
+
+def merged(name: str, dropin_text: str | None = None, tmp_path: Path | None = None):
+    """The unit ``name`` with its Kafka drop-in applied, as systemd merges them (a drop-in's
+    assignments come after the unit's)."""
+    unit = parse_unit(UNIT_DIR / name)
+    path = UNIT_DIR / DROPINS[name]
+    if dropin_text is not None:
+        path = tmp_path / DROPINS[name]
+        path.write_text(dropin_text)
+    for section, keys in parse_unit(path).sections.items():
+        for key, values in keys.items():
+            unit.sections.setdefault(section, {}).setdefault(key, []).extend(values)
+    return unit
+
+
+def credentials(unit) -> dict[str, str]:
+    """Credential id -> source file, from LoadCredential= and LoadCredentialEncrypted=."""
+    out = {}
+    for key in ("LoadCredential", "LoadCredentialEncrypted"):
+        for value in unit.values("Service", key):
+            ident, _, source = value.partition(":")
+            assert ident not in out, f"credential {ident} loaded twice"
+            out[ident] = source
+    return out
+
+
+def test_units_carry_no_credentials(unit):
+    """Plaintext works without the drop-in, and no unit (nor the example env file) holds or
+    loads a secret: that is the drop-in's job, with files."""
+    assert not credentials(unit)
     text = unit.path.read_text()
-    assert "#LoadCredential=" in text and "issue #21" in text
-    assert not unit.values("Service", "LoadCredential")
+    assert DROPINS[unit.path.name] in text and "$CREDENTIALS_DIRECTORY" in text
+    env = default_env(unit)
+    assert not [k for k in env if k.startswith("EDGESTREAM__KAFKA__") or k == "EDGESTREAM_KAFKA_PASSWORD"]
+    assert not [k for k in read_environment_file(ENV_EXAMPLE) if "PASSWORD" in k or "SASL" in k or "SSL" in k]
+
+
+@pytest.mark.parametrize("name", UNITS)
+@pytest.mark.parametrize("variant", ["as shipped", "every commented setting on"])
+def test_systemd_analyze_verify_accepts_each_unit_with_its_kafka_dropin(name, variant, tmp_path):
+    text = (UNIT_DIR / DROPINS[name]).read_text()
+    if variant != "as shipped":
+        text = uncommented(text)
+    root = install_root(tmp_path / "root", dropins={name: text})
+    assert verify(root, UNITS[name]) == []
+
+
+def test_verify_reads_the_dropin(tmp_path):
+    """The check above does see the drop-in: a misspelt key in it is reported."""
+    name = "edgestream-worker@.service"
+    text = (UNIT_DIR / DROPINS[name]).read_text().replace("\nLoadCredential=", "\nLoadCredentials=", 1)
+    root = install_root(tmp_path / "root", dropins={name: text})
+    assert any("LoadCredentials" in line for line in verify(root, UNITS[name]))
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_security_exposure_with_the_dropin_is_below_the_threshold(name, tmp_path):
+    assert offline_security_supported(), "this systemd-analyze has no security --offline/--threshold (needs systemd >= 250)"
+    root = install_root(tmp_path / "root", dropins={name: (UNIT_DIR / DROPINS[name]).read_text()})
+    score, code = exposure(root, UNITS[name])
+    assert score <= MAX_EXPOSURE and code == 0, f"{UNITS[name]} + {DROPINS[name]}: exposure {score} > {MAX_EXPOSURE}"
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_dropin_hands_the_secrets_over_as_credential_files(name):
+    """The password and the CA come in as systemd credentials (root-only files read by PID 1),
+    and the kafka.* keys name them in $CREDENTIALS_DIRECTORY (%d): no secret in the unit, its
+    environment or an env file."""
+    dropin = UNIT_DIR / DROPINS[name]
+    unit = merged(name)
+    loaded = credentials(unit)
+    assert set(loaded) == {"kafka-password", "kafka-ca.pem"}
+    for source in loaded.values():
+        assert source.startswith(CREDENTIALS_SOURCE_DIR), source
+    env = default_env(unit)
+    assert env["EDGESTREAM__KAFKA__SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert env["EDGESTREAM__KAFKA__SASL_PASSWORD_FILE"] == "%d/kafka-password"
+    assert env["EDGESTREAM__KAFKA__SSL_CAFILE"] == "%d/kafka-ca.pem"
+    assert env["EDGESTREAM__KAFKA__SASL_USERNAME"].endswith(PRINCIPAL_SUFFIX[dropin.name])
+    # Settings that would put a secret into the unit or the process environment.
+    text = dropin.read_text()
+    assert not re.search(r"^#?\s*(SetCredential|SetCredentialEncrypted|EnvironmentFile|PassEnvironment)=", text, re.M)
+    assert "EDGESTREAM_KAFKA_PASSWORD" not in text
+    assert not re.search(r"PASSWORD=", text.replace("PASSWORD_FILE=", ""))
+
+
+@pytest.mark.parametrize("name", UNITS)
+@pytest.mark.parametrize("variant", ["as shipped", "every commented setting on"])
+def test_dropin_settings_load_as_a_secure_job(name, variant, tmp_path):
+    """With %d expanded to a credentials directory as systemd makes it, the unit's and the
+    drop-in's environment is a valid SASL_SSL job whose client reads the password from the
+    credential file; the password itself is in no setting and not in the client's repr."""
+    from pipeline.security import ClientSecurity
+
+    text = (UNIT_DIR / DROPINS[name]).read_text()
+    if variant != "as shipped":
+        text = uncommented(text)
+    unit = merged(name, text, tmp_path)
+    creds = tmp_path / "run-credentials"
+    creds.mkdir()
+    secret = "canary-Pa55word-of-the-unit-test"
+    for ident in credentials(unit):
+        (creds / ident).write_text(secret + "\n" if ident == "kafka-password" else f"{ident} contents\n")
+    specifiers = {**unit_specifiers(UNITS[name], "/var/lib", "/var/cache"), "d": str(creds)}
+    env = {k: expand_specifiers(v, specifiers) for k, v in default_env(unit).items()}
+    env.update(read_environment_file(ENV_EXAMPLE))  # EnvironmentFile= wins over Environment=
+    for key, value in env.items():
+        if key.startswith("EDGESTREAM__KAFKA__") and key.endswith("FILE") and value.startswith(str(creds)):
+            assert Path(value).name in credentials(unit), f"{key} names a file no credential provides"
+    cfg = load_config(env={k: v for k, v in env.items() if k.startswith("EDGESTREAM__")})
+    assert cfg.kafka.security_protocol == "SASL_SSL"
+    assert bool(cfg.kafka.ssl_certfile) == (variant != "as shipped")
+    assert ("LoadCredentialEncrypted" in unit.sections["Service"]) == (variant != "as shipped")
+    security = ClientSecurity.from_config(cfg.kafka, env=env)
+    assert security.password() == secret
+    assert secret not in repr(security) and secret not in "\n".join(env.values())
 
 
 # --- the command lines --------------------------------------------------------------------

@@ -98,6 +98,7 @@ tests/unit/deploy/test_helm_chart.py compares both with the strategy registry. *
 {{- if not .Values.kafka.bootstrap }}
 {{- fail "kafka.bootstrap is required (host:port of your Kafka cluster)" }}
 {{- end }}
+{{- include "edgestream.validateSecurity" . }}
 {{- if le (int .Values.service.terminationGracePeriodSeconds) (int .Values.service.shutdownGraceSeconds) }}
 {{- fail "service.terminationGracePeriodSeconds must be above service.shutdownGraceSeconds" }}
 {{- end }}
@@ -160,27 +161,30 @@ ports:
 {{- end }}
 
 {{/* Environment of every edgestream container: the EDGESTREAM__ overrides that follow
-the deployment, and writable HOME / TMPDIR on /tmp. */}}
+the deployment, the Kafka security settings of its role, and writable HOME / TMPDIR on /tmp.
+(dict "ctx" $ "role" "workers"|"devices"). */}}
 {{- define "edgestream.env" -}}
+{{- $ctx := .ctx -}}
 - name: EDGESTREAM__KAFKA__BOOTSTRAP
-  value: {{ .Values.kafka.bootstrap | quote }}
+  value: {{ $ctx.Values.kafka.bootstrap | quote }}
 - name: EDGESTREAM__WORKERS__COUNT
-  value: {{ .Values.workers.replicas | quote }}
+  value: {{ $ctx.Values.workers.replicas | quote }}
 - name: EDGESTREAM__WORKERS__METRICS_HOST
   value: "0.0.0.0"
 - name: EDGESTREAM__RUN__STATE_DIR
   value: /var/lib/edgestream
 - name: EDGESTREAM__SERVICE__SHUTDOWN_GRACE_S
-  value: {{ .Values.service.shutdownGraceSeconds | quote }}
+  value: {{ $ctx.Values.service.shutdownGraceSeconds | quote }}
 - name: EDGESTREAM__SERVICE__LOG_FORMAT
-  value: {{ .Values.service.logFormat | quote }}
+  value: {{ $ctx.Values.service.logFormat | quote }}
+{{- include "edgestream.kafkaEnv" . }}
 - name: HOME
   value: /tmp
 - name: TMPDIR
   value: /tmp
 - name: MPLCONFIGDIR
   value: /tmp
-{{- with .Values.extraEnv }}
+{{- with $ctx.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
@@ -193,11 +197,6 @@ the deployment, and writable HOME / TMPDIR on /tmp. */}}
   readOnly: true
 - name: tmp
   mountPath: /tmp
-{{- if .Values.kafka.credentials.existingSecret }}
-- name: kafka-credentials
-  mountPath: /etc/edgestream/secrets
-  readOnly: true
-{{- end }}
 {{- end }}
 
 {{- define "edgestream.volumes" -}}
@@ -207,16 +206,6 @@ the deployment, and writable HOME / TMPDIR on /tmp. */}}
 - name: tmp
   emptyDir:
     sizeLimit: {{ .Values.tmpSizeLimit }}
-{{- with .Values.kafka.credentials.existingSecret }}
-- name: kafka-credentials
-  secret:
-    secretName: {{ . }}
-    defaultMode: 0440
-    {{- with $.Values.kafka.credentials.items }}
-    items:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
-{{- end }}
 {{- end }}
 
 {{/* HTTP probe on the metrics port: (dict "ctx" $ "path" "/healthz" "probe" .Values.probes.liveness). */}}
@@ -237,4 +226,113 @@ livenessProbe:
   {{- include "edgestream.probe" (dict "path" "/healthz" "probe" .Values.probes.liveness) | nindent 2 }}
 readinessProbe:
   {{- include "edgestream.probe" (dict "path" "/readyz" "probe" .Values.probes.readiness) | nindent 2 }}
+{{- end }}
+
+{{/* --- Kafka security (docs/security.md; values kafka.security) ---------------------------
+Nothing secret passes through values: the password and the TLS files come from existing
+Secrets, projected read-only into /etc/edgestream/kafka/ and named by the kafka.* keys
+(EDGESTREAM__KAFKA__SSL_CAFILE, __SASL_PASSWORD_FILE, ...). PLAINTEXT renders nothing.
+Each helper takes (dict "ctx" $ "role" "workers"|"devices"): the workers and the server log
+in as the workers' principal, the simulator and replay as the devices'. */}}
+
+{{- define "edgestream.kafkaDir" -}}/etc/edgestream/kafka{{- end }}
+
+{{- define "edgestream.validateSecurity" -}}
+{{- if hasKey .Values.kafka "credentials" }}
+{{- fail "kafka.credentials was a placeholder and is gone: set kafka.security (protocol, workers/devices passwordSecret, tls.secret; README \"Kafka credentials\")" }}
+{{- end }}
+{{- $sec := .Values.kafka.security }}
+{{- if not (has $sec.protocol (list "PLAINTEXT" "SSL" "SASL_SSL")) }}
+{{- fail (printf "kafka.security.protocol %q: use PLAINTEXT, SSL or SASL_SSL" (toString $sec.protocol)) }}
+{{- end }}
+{{- if ne $sec.protocol "PLAINTEXT" }}
+{{- if not (has $sec.mechanism (list "SCRAM-SHA-512" "SCRAM-SHA-256")) }}
+{{- fail (printf "kafka.security.mechanism %q: use SCRAM-SHA-512 or SCRAM-SHA-256" (toString $sec.mechanism)) }}
+{{- end }}
+{{- if not (and $sec.tls.secret $sec.tls.caKey) }}
+{{- fail (printf "kafka.security.protocol=%s needs kafka.security.tls.secret: an existing Secret holding the CA certificate under tls.caKey" $sec.protocol) }}
+{{- end }}
+{{- if ne (not $sec.tls.certKey) (not $sec.tls.keyKey) }}
+{{- fail "kafka.security.tls.certKey and tls.keyKey go together (a client certificate and its key)" }}
+{{- end }}
+{{- if eq $sec.protocol "SASL_SSL" }}
+{{- $roles := list "workers" }}
+{{- if or .Values.simulator.enabled .Values.replay.enabled }}
+{{- $roles = append $roles "devices" }}
+{{- end }}
+{{- range $roles }}
+{{- $role := get $sec . }}
+{{- if not (and $role.username $role.passwordSecret $role.passwordKey) }}
+{{- fail (printf "kafka.security.protocol=SASL_SSL needs kafka.security.%s.username and .passwordSecret (an existing Secret holding the password under .passwordKey; edgestream acl apply writes it)" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* EDGESTREAM__KAFKA__ variables of one role; nothing for PLAINTEXT. */}}
+{{- define "edgestream.kafkaEnv" -}}
+{{- $sec := .ctx.Values.kafka.security }}
+{{- $dir := include "edgestream.kafkaDir" .ctx }}
+{{- if ne $sec.protocol "PLAINTEXT" }}
+- name: EDGESTREAM__KAFKA__SECURITY_PROTOCOL
+  value: {{ $sec.protocol | quote }}
+- name: EDGESTREAM__KAFKA__SSL_CAFILE
+  value: {{ printf "%s/ca.crt" $dir }}
+{{- if $sec.tls.certKey }}
+- name: EDGESTREAM__KAFKA__SSL_CERTFILE
+  value: {{ printf "%s/client.crt" $dir }}
+- name: EDGESTREAM__KAFKA__SSL_KEYFILE
+  value: {{ printf "%s/client.key" $dir }}
+{{- end }}
+{{- if eq $sec.protocol "SASL_SSL" }}
+{{- $role := get $sec .role }}
+- name: EDGESTREAM__KAFKA__SASL_MECHANISM
+  value: {{ $sec.mechanism | quote }}
+- name: EDGESTREAM__KAFKA__SASL_USERNAME
+  value: {{ $role.username | quote }}
+- name: EDGESTREAM__KAFKA__SASL_PASSWORD_FILE
+  value: {{ printf "%s/password" $dir }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The read-only mount of the credential files of one role; nothing for PLAINTEXT. */}}
+{{- define "edgestream.kafkaMounts" -}}
+{{- if ne .ctx.Values.kafka.security.protocol "PLAINTEXT" }}
+- name: kafka-credentials
+  mountPath: {{ include "edgestream.kafkaDir" .ctx }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The credential files of one role: the role's password (SASL_SSL) and the TLS files,
+projected from their Secrets (mode 0440: the pod's group, fsGroup, reads them). */}}
+{{- define "edgestream.kafkaVolumes" -}}
+{{- $sec := .ctx.Values.kafka.security }}
+{{- if ne $sec.protocol "PLAINTEXT" }}
+- name: kafka-credentials
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- if eq $sec.protocol "SASL_SSL" }}
+      {{- $role := get $sec .role }}
+      - secret:
+          name: {{ $role.passwordSecret }}
+          items:
+            - key: {{ $role.passwordKey }}
+              path: password
+      {{- end }}
+      - secret:
+          name: {{ $sec.tls.secret }}
+          items:
+            - key: {{ $sec.tls.caKey }}
+              path: ca.crt
+            {{- if $sec.tls.certKey }}
+            - key: {{ $sec.tls.certKey }}
+              path: client.crt
+            - key: {{ $sec.tls.keyKey }}
+              path: client.key
+            {{- end }}
+{{- end }}
 {{- end }}
