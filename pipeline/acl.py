@@ -1,9 +1,10 @@
 """Who may do what on a secure cluster: the principals and ACLs a job needs (docs/security.md).
 
 ``job_grants(cfg)`` is pure: the grants of one job. ``apply(bootstrap, cfg, password_dir)``
-creates the job's topics (as the admin that runs it), a SCRAM-SHA-512 user per principal
-(passwords generated into ``password_dir/<user>.password`` if absent, mode 0600) and the
-ACLs. Principals:
+creates the job's topics (as the admin that runs it; replicated as the cluster's size
+says), the ACLs and a SCRAM-SHA-512 user per principal (passwords generated into
+``password_dir/<user>.password`` if absent, mode 0600), and waits until every broker
+of the cluster knows them. Principals:
 
 * ``<device>``: one per device; writes only ``sensors.<device>``.
 * ``<job>-devices``: a gateway for all the job's devices (``edgestream simulate`` / ``replay``);
@@ -83,9 +84,20 @@ def password_for(password_dir: Path, user: str) -> str:
     return path.read_text().strip()
 
 
-def apply(bootstrap: str, cfg: JobConfig, password_dir: Path) -> dict[str, int]:
+#: How long ``apply`` waits for every broker to accept the new logins (metadata propagation).
+PROPAGATION_TIMEOUT_S = 30.0
+
+
+def apply(bootstrap: str, cfg: JobConfig, password_dir: Path,
+          propagation_timeout_s: float = PROPAGATION_TIMEOUT_S) -> dict[str, int]:
     """Create the job's topics, users and ACLs on the cluster (as this process's principal,
-    which must be allowed to: the admin). Idempotent. Returns counts of what it set."""
+    which must be allowed to: the admin). Idempotent. Returns counts of what it set.
+
+    Topics are replicated as the cluster's size says (``kafka_io.ensure_topics``: RF 3,
+    ``min.insync.replicas`` 2 on three brokers or more). The ACLs are created before the
+    users, and on a SASL cluster ``apply`` returns once every live broker accepts the login
+    of the last user: a broker applies metadata in order, so it then knows the ACLs too,
+    and a principal may use any broker of a cluster as soon as ``apply`` returned."""
     from kafka.admin import (
         ACL,
         ACLOperation,
@@ -102,9 +114,6 @@ def apply(bootstrap: str, cfg: JobConfig, password_dir: Path) -> dict[str, int]:
     ensure_topics(bootstrap, {**sensor_topics_for(cfg.devices.device_ids()), **training_topics(cfg.job.name, [])})
     admin = admin_client(bootstrap)
     try:
-        upserts = [UserScramCredentialUpsertion(user, ScramMechanism.SCRAM_SHA_512, password_for(password_dir, user))
-                   for user in users(cfg)]
-        admin.alter_user_scram_credentials(upserts)
         acls = []
         for grant in job_grants(cfg):
             pattern = ResourcePattern(ResourceType.TOPIC if grant.resource == "topic" else ResourceType.GROUP,
@@ -115,9 +124,42 @@ def apply(bootstrap: str, cfg: JobConfig, password_dir: Path) -> dict[str, int]:
         failed = result.get("failed", [])
         if failed:
             raise RuntimeError(f"{len(failed)} ACL(s) were refused, e.g. {failed[0]}")
+        upserts = [UserScramCredentialUpsertion(user, ScramMechanism.SCRAM_SHA_512, password_for(password_dir, user))
+                   for user in users(cfg)]
+        admin.alter_user_scram_credentials(upserts)
+        brokers = [f"{b['host']}:{b['port']}" for b in admin.describe_cluster().get("brokers") or []
+                   if not b.get("is_fenced")]
     finally:
         admin.close()
+    last = users(cfg)[-1]
+    wait_for_login(brokers, last, password_dir / f"{last}.password", propagation_timeout_s)
     return {"users": len(upserts), "acls": len(acls)}
+
+
+def wait_for_login(brokers: list[str], user: str, password_file: Path, timeout_s: float) -> None:
+    """Wait until every broker of ``brokers`` (``host:port``) accepts the SCRAM login of
+    ``user`` (over this process's TLS settings); ``RuntimeError`` naming the broker that
+    still refuses after ``timeout_s``. Nothing to wait for without SASL."""
+    import dataclasses
+    import time
+
+    from pipeline import security
+
+    mine = security.current()
+    if not mine.sasl:
+        return
+    settings = dataclasses.replace(mine, username=user, password_file=str(password_file))
+    deadline = time.monotonic() + timeout_s
+    for broker in brokers:
+        while True:
+            try:
+                security.preflight(broker, settings, timeout_s=5.0)
+                break
+            except security.SecurityError as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the broker at {broker} still refuses the new login of {user!r} "
+                                       f"{timeout_s:.0f}s after it was created: {exc}") from None
+            time.sleep(0.2)  # poll interval of a deadline wait
 
 
 def _pattern_type(prefixed: bool):

@@ -232,11 +232,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
                     f"{args.brokers} node(s)")
             console.print(f"local broker already running at {running}")
             return 0
-        if args.secure and args.brokers > 1:
-            raise CommandError("--secure starts a single broker; a secure 3-node cluster is not supported yet",
-                               EXIT_CONFIG)
+        security = _secure_broker_files(state) if args.secure else None
+        if security is None:
+            (state / "client.toml").unlink(missing_ok=True)  # a stale one would make `status` log in
         if args.brokers == 1:
-            security = _secure_broker_files(state) if args.secure else None
             with console.status(f"starting Kafka {kafka_version()} (first run resolves the jars from Maven Central)"):
                 broker = LocalBroker(state / "kafka", port=args.port or None, heap=args.heap or "512m",
                                      security=security).start()
@@ -252,8 +251,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
             return 0
         work = state / CLUSTER_DIR
         shutil.rmtree(work, ignore_errors=True)  # a cluster starts empty: new id, new ports
-        cluster = LocalCluster(work, brokers=args.brokers, heap=args.heap or "384m")
-        with console.status(f"starting a {args.brokers}-node Kafka {kafka_version()} cluster"):
+        cluster = LocalCluster(work, brokers=args.brokers, heap=args.heap or "384m", security=security)
+        with console.status(f"starting a {args.brokers}-node{' secure' if security else ''} "
+                            f"Kafka {kafka_version()} cluster"):
             cluster.start()
         cluster.info().save(info_file)
         for node in cluster.nodes:
@@ -262,6 +262,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
                       f"logs: {work}/node*/broker.log); stop with `edgestream broker stop`", soft_wrap=True)
         for node in cluster.nodes:
             console.print(f"  node {node.node_id}: {node.bootstrap} (controller :{node.controller_port})")
+        if security is not None:
+            client = _write_client_settings(state, cluster.bootstrap, security)
+            console.print(f"every node SASL_SSL only (TLS + SCRAM-SHA-512, ACLs enforced; brokers and controllers "
+                          f"authenticate each other); the admin's client settings are in {client}: copy its "
+                          "\\[kafka] table into your job file", soft_wrap=True)
         print(cluster.bootstrap)
         return 0
     if args.action == "status":
@@ -275,7 +280,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             return 1
         info = BrokerInfo.load(info_file)
         if info.nodes:
-            return _cluster_status(console, info, info_file)
+            client_toml = state / "client.toml"
+            return _cluster_status(console, info, info_file, client_toml if client_toml.exists() else None)
         if not is_broker_pid(info.pid):
             problem = (f"process {info.pid} is not a Kafka broker; {info_file} is stale" if pid_alive(info.pid)
                        else f"process {info.pid} is gone")
@@ -340,16 +346,44 @@ def _write_client_settings(state: Path, bootstrap: str, security) -> Path:
 
     path = state / "client.toml"
     path.write_text(
-        "# Client settings of the secure local broker (edgestream broker start --secure).\n[kafka]\n"
+        "# Client settings of the secure local broker or cluster (edgestream broker start --secure).\n[kafka]\n"
         f'bootstrap = "{bootstrap}"\nsecurity_protocol = "SASL_SSL"\n'
         f'ssl_cafile = "{(security.pki_dir / "ca.pem").resolve()}"\n'
         f'sasl_username = "{ADMIN_USER}"\nsasl_password_file = "{(security.pki_dir / "admin.password").resolve()}"\n')
     return path
 
 
-def _cluster_status(console: Console, info, info_file: Path) -> int:
+def _admin_login(client_toml: Path):
+    """``wrap`` for ``deploy.kafka.broker.broker_count``: TLS (certificate and hostname checked)
+    and the SCRAM login of the admin of ``client_toml``, on a connected socket."""
+    from pipeline import security
+
+    settings = security.ClientSecurity.from_config(load_config(client_toml, env={}).kafka)
+
+    def wrap(sock, host: str):
+        context = settings.ssl_context()
+        assert context is not None, f"{client_toml} names no TLS"
+        tls = context.wrap_socket(sock, server_hostname=host)
+        try:
+            refused = security.scram_login(tls, settings.mechanism, settings.username, settings.password())
+        except (security.ProtocolError, security.SecurityError) as exc:
+            tls.close()
+            raise ConnectionError(f"no login as {settings.username!r}: {exc}") from None
+        except BaseException:
+            tls.close()
+            raise
+        if refused is not None:
+            tls.close()
+            raise ConnectionError(f"the login of {settings.username!r} was refused: {refused}")
+        return tls
+
+    return wrap
+
+
+def _cluster_status(console: Console, info, info_file: Path, client_toml: Path | None = None) -> int:
     """One line per node of a local cluster (pid, address, alive, answers); exit 0 only
-    if every node is up."""
+    if every node is up. A secure cluster (``client_toml``: the admin's settings) is asked
+    over TLS, each node after the admin logged in there."""
     from deploy.kafka.broker import broker_count, is_broker_pid, pid_alive
 
     up = 0
@@ -358,13 +392,18 @@ def _cluster_status(console: Console, info, info_file: Path) -> int:
             state = (f"down (process {node.pid} is not a Kafka broker; {info_file} is stale)"
                      if pid_alive(node.pid) else "down (process gone)")
         else:
-            count, problem = broker_count(node.bootstrap, STATUS_TIMEOUT_S)
+            problem = _secure_problem(client_toml, node.bootstrap) if client_toml is not None else None
+            count = 0
+            if problem is None:
+                wrap = _admin_login(client_toml) if client_toml is not None else None
+                count, problem = broker_count(node.bootstrap, STATUS_TIMEOUT_S * (2 if wrap else 1), wrap=wrap)
             state = f"up, sees {count} of {len(info.nodes)} brokers" if problem is None else f"alive, not answering ({problem})"
             up += problem is None
         console.print(f"  node {node.node_id}: {node.bootstrap} pid {node.pid}: {state}", soft_wrap=True)
     verdict = "up" if up == len(info.nodes) else ("down" if up == 0 else "degraded")
+    secure = "; SASL_SSL, the admin's login checked at each node" if client_toml is not None else ""
     console.print(f"local Kafka {info.version} cluster at {info.bootstrap}: {verdict} "
-                  f"({up}/{len(info.nodes)} nodes answer)", soft_wrap=True)
+                  f"({up}/{len(info.nodes)} nodes answer{secure})", soft_wrap=True)
     return 0 if up == len(info.nodes) else 1
 
 
@@ -616,7 +655,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check an existing cluster instead")
     p.add_argument("--secure", action="store_true",
                    help="start: clients must speak SASL_SSL (TLS with certificates made for this broker, "
-                        "SCRAM-SHA-512 logins, ACLs enforced); writes STATE_DIR/client.toml (docs/security.md)")
+                        "SCRAM-SHA-512 logins, ACLs enforced; with --brokers N every node, brokers and controllers "
+                        "authenticating each other); writes STATE_DIR/client.toml (docs/security.md)")
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("simulate", help="stream the job's devices into their topics (simulated, or its recording)")

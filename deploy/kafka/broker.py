@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,21 +165,29 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(out)
 
 
-def _metadata_brokers(host: str, port: int, deadline: float) -> tuple[int, str | None]:
+def _metadata_brokers(host: str, port: int, deadline: float,
+                      wrap: Callable[[socket.socket, str], socket.socket] | None = None) -> tuple[int, str | None]:
     """(number of brokers listed, None) from a metadata reply of ``host:port``, or
-    (0, what went wrong)."""
+    (0, what went wrong). ``wrap(sock, host)``, if given, turns the connected socket into
+    the one to ask on (e.g. TLS and a login; it raises OSError if it cannot)."""
     try:
-        with socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic())) as sock:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            sock.sendall(_metadata_request())
-            head = _recv_exact(sock, 4, deadline)
-            (size,) = struct.unpack(">i", head)
-            if head[0] in (0x15, 0x16) and head[1] == 0x03:  # a TLS record (alert, handshake)
-                return 0, (f"{host}:{port} speaks TLS, not plaintext: set kafka.security_protocol "
-                           "(SSL or SASL_SSL) and kafka.ssl_cafile")
-            if not 12 <= size <= 64 * 1024 * 1024:
-                return 0, f"{host}:{port} is not a Kafka broker (reply of {size} bytes)"
-            reply = _recv_exact(sock, min(size, 16), deadline)
+        with socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic())) as raw:
+            raw.settimeout(max(0.01, deadline - time.monotonic()))
+            sock = wrap(raw, host) if wrap is not None else raw
+            try:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                sock.sendall(_metadata_request())
+                head = _recv_exact(sock, 4, deadline)
+                (size,) = struct.unpack(">i", head)
+                if head[0] in (0x15, 0x16) and head[1] == 0x03:  # a TLS record (alert, handshake)
+                    return 0, (f"{host}:{port} speaks TLS, not plaintext: set kafka.security_protocol "
+                               "(SSL or SASL_SSL) and kafka.ssl_cafile")
+                if not 12 <= size <= 64 * 1024 * 1024:
+                    return 0, f"{host}:{port} is not a Kafka broker (reply of {size} bytes)"
+                reply = _recv_exact(sock, min(size, 16), deadline)
+            finally:
+                if sock is not raw:
+                    sock.close()
     except TimeoutError:
         return 0, f"{host}:{port} did not answer a metadata request in time"
     except ConnectionRefusedError:
@@ -199,15 +208,18 @@ def _probe_one(host: str, port: int, deadline: float) -> str | None:
     return problem
 
 
-def broker_count(address: str, timeout_s: float = 2.0) -> tuple[int, str | None]:
+def broker_count(address: str, timeout_s: float = 2.0,
+                 wrap: Callable[[socket.socket, str], socket.socket] | None = None) -> tuple[int, str | None]:
     """How many live brokers the server at ``address`` (one ``host:port``) lists in its
     metadata: (count, None), or (0, what went wrong). A raw wire-protocol probe like
-    ``probe``; a KRaft cluster lists only registered, unfenced brokers."""
+    ``probe``; a KRaft cluster lists only registered, unfenced brokers. For a TLS
+    listener, ``wrap(sock, host)`` makes the TLS connection (and logs in) on the
+    connected socket, raising OSError (its message the problem) if it cannot."""
     try:
         host, port = host_port(address)
     except ValueError as exc:
         return 0, str(exc)
-    return _metadata_brokers(host, port, time.monotonic() + timeout_s)
+    return _metadata_brokers(host, port, time.monotonic() + timeout_s, wrap)
 
 
 def probe(bootstrap: str, timeout_s: float = 2.0) -> str | None:
@@ -319,6 +331,12 @@ def is_broker_pid(pid: int) -> bool:
         return True  # no /proc (not Linux) or not ours to read: trust the pid
 
 
+def _said(exc: BaseException) -> str:
+    """``exc`` in one line, its class named once (kafka-python's errors name it themselves)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
+
+
 #: The super user of a secure local broker (SCRAM-SHA-512, made when its storage is formatted).
 ADMIN_USER = "admin"
 
@@ -342,6 +360,43 @@ class BrokerSecurity:
         context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.pem"))
         return {"security_protocol": "SASL_SSL", "ssl_context": context, "sasl_mechanism": "SCRAM-SHA-512",
                 "sasl_plain_username": ADMIN_USER, "sasl_plain_password": self.admin_password}
+
+    def check_covers(self, hosts: list[str]) -> None:
+        """``BrokerError`` unless the brokers' certificate names every one of ``hosts`` (the
+        addresses nodes advertise and bind their controller listeners to) in its
+        subjectAltName: clients and peer nodes check it (TLS hostname verification)."""
+        from deploy.kafka.tls import PkiError, uncovered
+
+        cert = self.pki_dir / "broker.pem"
+        try:
+            missing = uncovered(cert, hosts)
+        except PkiError as exc:
+            raise BrokerError(str(exc)) from None
+        if missing:
+            raise BrokerError(
+                f"the broker certificate {cert} does not name {', '.join(missing)} (nodes advertise "
+                f"{', '.join(dict.fromkeys(hosts))}): clients and peer nodes would refuse it; make the "
+                "certificates with every node's address (deploy.kafka.tls.make_pki(dir, hosts))")
+
+    def broker_count(self, bootstrap: str, timeout_s: float = 3.0) -> tuple[int, str | None]:
+        """How many live (unfenced) brokers the cluster at ``bootstrap`` has, asked over TLS
+        as the admin: (count, None) or (0, what went wrong). The login and metadata come
+        from ``bootstrap`` itself; the broker list from any node of the cluster."""
+        from kafka import KafkaAdminClient
+
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="edgestream-broker-ready",
+                                     bootstrap_timeout_ms=int(timeout_s * 1000),
+                                     request_timeout_ms=int(max(timeout_s, 1.0) * 1000), **self.client_kwargs())
+        except Exception as exc:  # noqa: BLE001 - any failure is "not ready", said in one line
+            return 0, f"{bootstrap}: no TLS login as {ADMIN_USER} ({_said(exc)})"
+        try:
+            brokers = admin.describe_cluster().get("brokers") or []
+        except Exception as exc:  # noqa: BLE001
+            return 0, f"{bootstrap}: describing the cluster failed ({_said(exc)})"
+        finally:
+            admin.close()
+        return sum(1 for broker in brokers if not broker.get("is_fenced")), None
 
 
 class LocalBroker:
@@ -489,18 +544,14 @@ class LocalBroker:
         returns without waiting (a cluster member cannot be ready before a quorum of
         its peers runs). ``start`` is ``launch`` + wait until ready."""
         self.jar_dir = resolve_jars()
+        if self.security is not None:
+            self.security.check_covers([self.host])
         self.work_dir.mkdir(parents=True, exist_ok=True)
         props_file = self.work_dir / "server.properties"
         props_file.write_text(self._properties())
         cluster_id = self._cluster_id()
         if not (self.work_dir / "data" / "meta.properties").exists():
-            scram = ([] if self.security is None else
-                     ["--add-scram", f"SCRAM-SHA-512=[name={ADMIN_USER},password={self.security.admin_password}]"])
-            fmt = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props_file),
-                           "--ignore-formatted", *scram),
-                capture_output=True, text=True,
-            )
+            fmt = subprocess.run(self.format_command(props_file, cluster_id), capture_output=True, text=True)
             if fmt.returncode != 0:
                 raise BrokerError(f"formatting Kafka storage in {self.work_dir} failed:\n"
                                   f"{(fmt.stdout + fmt.stderr)[-3000:]}")
@@ -511,6 +562,16 @@ class LocalBroker:
             start_new_session=True, cwd=self.work_dir,
         )
         log.close()
+
+    def format_command(self, props_file: Path, cluster_id: str) -> list[str]:
+        """The storage format command of this node. A secure node's adds the admin's SCRAM
+        credentials to the bootstrap metadata (``--add-scram``): every node of a cluster is
+        formatted with them, so brokers can log in to each other before any metadata
+        is replicated."""
+        scram = ([] if self.security is None else
+                 ["--add-scram", f"SCRAM-SHA-512=[name={ADMIN_USER},password={self.security.admin_password}]"])
+        return self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props_file),
+                          "--ignore-formatted", *scram)
 
     def check_running(self) -> None:
         """Raise ``BrokerError`` (with the log tail) if the launched JVM has exited."""
@@ -549,20 +610,15 @@ class LocalBroker:
         """The node answers a metadata request (as the admin, over TLS, if it is secure)."""
         if self.security is None:
             return metadata_ok(self.bootstrap, timeout_s=3.0)
-        from kafka import KafkaAdminClient
-        from kafka.errors import KafkaError
+        return self.live_brokers(3.0)[0] > 0
 
-        try:
-            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="edgestream-broker-ready",
-                                     bootstrap_timeout_ms=3000, **self.security.client_kwargs())
-        except KafkaError:
-            return False
-        try:
-            return bool(admin.describe_cluster().get("brokers"))
-        except KafkaError:
-            return False
-        finally:
-            admin.close()
+    def live_brokers(self, timeout_s: float = 2.0) -> tuple[int, str | None]:
+        """How many live brokers this node's cluster has, asked at this node (plaintext
+        metadata, or TLS + SCRAM as the admin if the node is secure): (count, None) or
+        (0, what went wrong)."""
+        if self.security is None:
+            return broker_count(self.bootstrap, timeout_s)
+        return self.security.broker_count(self.bootstrap, timeout_s)
 
     def _log_tail(self, lines: int = 40) -> str:
         try:
@@ -641,6 +697,14 @@ class LocalCluster:
     (controller) of their own address unless ``ports``/``controller_ports`` say
     otherwise; ``netns[i]`` runs node i inside that network namespace; ``bind_host``
     (e.g. ``0.0.0.0``) is where every node's client listener binds.
+
+    With ``security`` every node is secure as a single ``LocalBroker`` is
+    (docs/security.md): its client listener speaks only SASL_SSL (SCRAM-SHA-512; the
+    admin is created when each node's storage is formatted), brokers talk to each other
+    over it as the admin, the controller listeners (quorum and broker-to-controller
+    traffic) use mutual TLS with the one broker certificate, whose subjectAltName must
+    name every node's host (``start`` checks), and the ``StandardAuthorizer`` denies
+    what no ACL allows. Readiness is then probed over TLS as the admin.
     """
 
     def __init__(
@@ -654,6 +718,7 @@ class LocalCluster:
         controller_ports: list[int] | None = None,
         bind_host: str | None = None,
         extra_config: dict[str, str] | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"a cluster needs at least 1 broker, not {brokers}")
@@ -663,6 +728,7 @@ class LocalCluster:
                 raise ValueError(f"{name} lists {len(values)} entries for {brokers} brokers; give one per broker")
         self.work_dir = Path(work_dir).resolve()
         self.size = brokers
+        self.security = security
         fixed = hosts is not None
         hosts = hosts or ["127.0.0.1"] * brokers
         ports = ports or ([9092] * brokers if fixed else [free_port() for _ in range(brokers)])
@@ -680,7 +746,7 @@ class LocalCluster:
             LocalBroker(
                 self.work_dir / f"node{i + 1}", port=ports[i], controller_port=controller_ports[i],
                 heap=heap, extra_config=config, host=hosts[i], bind_host=bind_host, netns=netns[i],
-                node_id=i + 1, quorum_voters=voters, cluster_id=self.cluster_id,
+                node_id=i + 1, quorum_voters=voters, cluster_id=self.cluster_id, security=security,
             )
             for i in range(brokers)
         ]
@@ -718,6 +784,8 @@ class LocalCluster:
     def start(self, timeout_s: float = 120.0) -> LocalCluster:
         """Format and start every node concurrently, then wait until every node answers
         metadata listing all N brokers. On failure every node is stopped again."""
+        if self.security is not None:  # one certificate for every node: it must name all their addresses
+            self.security.check_covers([node.host for node in self.nodes])
         resolve_jars()  # once, before N threads would race for it
         try:
             self._parallel(lambda node: node.launch())
@@ -792,7 +860,7 @@ class LocalCluster:
             for i in list(waiting):
                 node = self.nodes[i]
                 node.check_running()
-                count, problem = broker_count(node.bootstrap, timeout_s=2.0)
+                count, problem = node.live_brokers(timeout_s=2.0)
                 if problem is None and count >= self.size:
                     del waiting[i]
                 else:

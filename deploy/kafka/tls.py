@@ -1,7 +1,8 @@
 """Certificates for a local TLS Kafka listener, made with the ``openssl`` command.
 
 ``make_pki(dir, hosts)`` writes a CA (``ca.pem``, its key ``ca.key``), a broker
-certificate for ``hosts`` (IP addresses and names in its subjectAltName; ``broker.pem``)
+certificate for ``hosts`` (IP addresses and names in its subjectAltName; ``broker.pem``;
+every node of a local cluster presents it, so ``hosts`` are all the nodes' addresses)
 with its key in one PEM file (``broker-keystore.pem``: key then certificate, what Kafka's
 PEM keystore reads),
 and a client certificate (``client.pem``, ``client.key``) for mutual TLS. Keys are
@@ -33,6 +34,10 @@ class Pki:
     @property
     def ca(self) -> Path:
         return self.directory / "ca.pem"
+
+    @property
+    def broker_cert(self) -> Path:
+        return self.directory / "broker.pem"
 
     @property
     def broker_keystore(self) -> Path:
@@ -85,24 +90,62 @@ def _signed(stem: str, cn: str, usage: str, sans: list[str], cwd: Path) -> None:
     (cwd / f"{stem}.ext").unlink()
 
 
+def _san(host: str) -> str:
+    try:
+        return f"IP:{ipaddress.ip_address(host)}"
+    except ValueError:
+        return f"DNS:{host}"
+
+
+def certificate_hosts(pem: Path) -> list[str]:
+    """The IP addresses and DNS names in the subjectAltName of the certificate ``pem``."""
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise PkiError("reading a certificate needs the `openssl` command (Debian: apt-get install openssl)")
+    done = subprocess.run([exe, "x509", "-in", str(pem), "-noout", "-ext", "subjectAltName"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PkiError(f"openssl cannot read the certificate {pem}: {done.stderr.strip()[-500:]}")
+    hosts = []
+    for entry in done.stdout.replace("\n", ",").split(","):
+        kind, sep, value = entry.strip().partition(":")
+        if sep and kind in ("IP Address", "DNS"):
+            hosts.append(value.strip())
+    return hosts
+
+
+def uncovered(pem: Path, hosts: list[str]) -> list[str]:
+    """The ``hosts`` (addresses or names a client or a peer connects to) that the
+    certificate ``pem`` does not name in its subjectAltName: TLS hostname checks fail
+    for them."""
+    named = {_san(host) for host in certificate_hosts(pem)}
+    return [host for host in dict.fromkeys(hosts) if _san(host) not in named]
+
+
 def make_pki(directory: Path, hosts: list[str]) -> Pki:
-    """Make (or keep, if already made) the CA, broker and client certificates in ``directory``."""
+    """Make (or keep, if already made) the CA, broker and client certificates in ``directory``.
+
+    The broker certificate names every one of ``hosts`` in its subjectAltName (every
+    address a node of the cluster advertises or binds its controller listener to). One
+    made earlier for fewer hosts is issued again by the same CA for all of them (the
+    ones it named and ``hosts``), so clients keep trusting ``ca.pem``.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
-    if pki.broker_keystore.exists() and pki.client_cert.exists() and pki.other_ca.exists():
+    made = pki.broker_keystore.exists() and pki.client_cert.exists() and pki.other_ca.exists()
+    if made and not uncovered(pki.broker_cert, hosts):
         return pki
-    sans = []
-    for host in hosts:
-        try:
-            ipaddress.ip_address(host)
-            sans.append(f"IP:{host}")
-        except ValueError:
-            sans.append(f"DNS:{host}")
-    _ca("ca", directory)
-    _ca("other-ca", directory)
+    if made:
+        hosts = [*certificate_hosts(pki.broker_cert), *hosts]
+    else:
+        _ca("ca", directory)
+        _ca("other-ca", directory)
+        _signed("client", "edgestream client", "clientAuth", [], directory)
+    sans = [_san(host) for host in dict.fromkeys(hosts)]
     _signed("broker", "edgestream broker", "serverAuth,clientAuth", sans, directory)  # client of its controller too
-    _signed("client", "edgestream client", "clientAuth", [], directory)
     # Kafka's PEM keystore file: the private key (PKCS#8, unencrypted) then the certificate.
-    pki.broker_keystore.write_text((directory / "broker.key").read_text() + (directory / "broker.pem").read_text())
-    os.chmod(pki.broker_keystore, 0o600)
+    keystore = directory / "broker-keystore.pem.tmp"
+    keystore.write_text((directory / "broker.key").read_text() + pki.broker_cert.read_text())
+    os.chmod(keystore, 0o600)
+    keystore.replace(pki.broker_keystore)
     return pki
