@@ -27,6 +27,11 @@ SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
 SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 #: Values of ``service.log_format`` and ``--log-format``.
 LOG_FORMATS = ("text", "json")
+#: Values of ``workers.attack``: the attacks of ``trainers/byzantine.py`` (``ATTACKS``; a unit
+#: test keeps the two equal; this module does not import torch).
+BYZANTINE_ATTACKS = ("sign_flip", "scale100", "noise")
+#: Highest ``workers.attack_seed`` (the attack's generator is seeded from it and the worker id).
+MAX_ATTACK_SEED = 2**32 - 1
 #: Most devices (and workers) a job may have: each device is a topic; a larger count would
 #: only exhaust memory listing them.
 MAX_DEVICES = 100_000
@@ -154,6 +159,22 @@ class WorkersSection:
     #: CPU lists such as "0", "1-3" or "0+2" (cycled like slowdown; [] = no pinning).
     #: Workers pinned to one shared CPU get a share of it; the others run on their own.
     cpus: list[str] = field(default_factory=list)
+
+    #: Fault injection, for robustness evaluation only: the workers listed here are made
+    #: Byzantine on purpose. Each trains honestly, then corrupts every gradient and delta it
+    #: sends with ``attack`` (``trainers/byzantine.py``; values stay finite, so only the
+    #: aggregation rule of ``train.strategy_params`` stands between them and the model).
+    #: Worker ids (w0, w1, ...), never the server. [] = no Byzantine worker.
+    byzantine: list[str] = field(default_factory=list)
+    #: What the ``byzantine`` workers do to their updates: ``sign_flip`` (-g), ``scale100``
+    #: (100 g) or ``noise`` (Gaussian noise with the L2 norm of g).
+    attack: str = "sign_flip"
+    #: Seed of the ``noise`` attack's generator (combined with each attacker's id).
+    attack_seed: int = 0
+
+    def attack_of(self, worker: str) -> str | None:
+        """The attack ``worker`` makes (``workers.byzantine``), None for an honest process."""
+        return self.attack if worker in self.byzantine else None
 
     def slowdown_of(self, index: int) -> float:
         return float(self.slowdown[index % len(self.slowdown)]) if self.slowdown else 1.0
@@ -441,6 +462,7 @@ class JobConfig:
             raise ConfigError(
                 f"train.initial_workers names {unknown}, not workers of this job ({self.worker_names()})"
             )
+        self._validate_byzantine()
         _choice("train.compression_controller", self.train.compression_controller, ("none", "accordion", "budget"))
         if self.train.stages:
             if len(self.train.stages) + 1 != self.workers.count:
@@ -459,6 +481,32 @@ class JobConfig:
             sensor_topic(device)  # raises TopicNameError with a clear message
         self._validate_testbed()
         return self
+
+    def _validate_byzantine(self) -> None:
+        """``workers.byzantine``, ``workers.attack`` and ``workers.attack_seed``."""
+        w = self.workers
+        _choice("workers.attack", w.attack, BYZANTINE_ATTACKS)
+        if not 0 <= w.attack_seed <= MAX_ATTACK_SEED:
+            raise ConfigError(f"workers.attack_seed must lie in [0, {MAX_ATTACK_SEED}] (got {w.attack_seed})")
+        if not w.byzantine:
+            return
+        names = self.worker_names()
+        if "server" in w.byzantine:
+            raise ConfigError("workers.byzantine names 'server': only workers can be made Byzantine (the server "
+                              "is what aggregates; its robust options are train.strategy_params)")
+        unknown = [name for name in w.byzantine if name not in names]
+        if unknown:
+            shown = names if len(names) <= 10 else [*names[:10], "..."]
+            raise ConfigError(f"workers.byzantine names {unknown}, not workers of this job ({', '.join(shown)})")
+        twice = sorted({name for name in w.byzantine if w.byzantine.count(name) > 1})
+        if twice:
+            raise ConfigError(f"workers.byzantine lists {twice} more than once")
+        if not self.train.enabled:
+            raise ConfigError("workers.byzantine needs train.enabled = true (a Byzantine worker corrupts the "
+                              "updates it sends; without training it sends none)")
+        if self.train.stages:
+            raise ConfigError("workers.byzantine cannot be used with train.stages (it corrupts the updates "
+                              "that robust aggregation combines; stage-split jobs aggregate none)")
 
     def _validate_testbed(self) -> None:
         from deploy.testbed.links import parse_link

@@ -199,6 +199,11 @@ def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "wor
         )
     except Exception as exc:
         raise ConfigError(f"train.strategy={cfg.train.strategy!r}: {exc}") from exc
+    attack = cfg.workers.attack_of(name) if role == "worker" else None
+    if attack is not None:  # fault injection (workers.byzantine): corrupts what it sends
+        from trainers.byzantine import byzantine
+
+        strategy = byzantine(strategy, attack, seed=cfg.workers.attack_seed)
     injector = None
     if role == "worker" and cfg.train.injection_alpha > 0 and cfg.train.injection_beta > 0:
         pool = shared_pool(data.train.features, data.train.labels, cfg.train.injection_pool_per_class,
@@ -565,6 +570,15 @@ class TrainingRuntime:
             await self._call(self._observe)
 
         _ = (updates, train_loop, heartbeats, gauges)
+
+    def _byzantine_summary(self, stats: dict[str, Any]) -> dict[str, Any] | None:
+        """This worker's fault injection (``workers.byzantine``) for the summary: the attack and
+        the updates it corrupted; None for an honest process."""
+        attack = self.cfg.workers.attack_of(self.name) if self.role == "worker" else None
+        if attack is None:
+            return None
+        return {"attack": attack, "attack_seed": self.cfg.workers.attack_seed,
+                "corrupted": int(stats.get("counters", {}).get("byzantine_corrupted", 0))}
 
     def _observe(self) -> None:
         """Export the strategy's observations (on the training thread: it reads strategy state)."""
@@ -1006,6 +1020,7 @@ class TrainingRuntime:
             "restored_skipped": self.restored_skipped,
             "joining": self.joining, "live": list(self.live), "membership_log": self.membership_log,
             "heartbeats_sent": self.heartbeats_sent, "strategy_stats": _jsonable(stats),
+            "byzantine": self._byzantine_summary(stats),
             "bytes_out": dict(self.stats.bytes_out), "bytes_in": dict(self.stats.bytes_in),
             "messages_out": dict(self.stats.messages_out), "messages_in": dict(self.stats.messages_in),
         }

@@ -4,6 +4,7 @@ Faust app until stopped, and says how it ended (``exit.json``: code and crash re
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -124,6 +125,15 @@ def update_topics(cfg: JobConfig, name: str | None = None, subscribes: tuple[str
     return [topic for topic, kind in training_topics(cfg.job.name, inboxes).items() if kind != "dlq"]
 
 
+@functools.cache
+def warn_byzantine(workers: tuple[str, ...], attack: str) -> None:
+    """Warn that the job has Byzantine workers (``workers.byzantine``): once per process and
+    setting (``edgestream run`` checks the job more than once before it starts anything)."""
+    log.warning("fault injection (workers.byzantine): every gradient and delta sent by %s is corrupted on "
+                "purpose with %s (workers.attack), for robustness evaluation; not a setting for a real job",
+                ", ".join(workers), attack)
+
+
 def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
     """Build what the training processes of ``cfg`` build from ``train.*`` - the model, the
     strategy for every role the job runs, the codec, the driver - and raise ``ConfigError``
@@ -131,6 +141,8 @@ def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
     (``subscribes``; empty without training). No side effects (no Kafka, no files); imports torch."""
     if not cfg.train.enabled:
         return ()
+    if cfg.workers.byzantine:
+        warn_byzantine(tuple(cfg.workers.byzantine), cfg.workers.attack)
     from compression import registry as compressors
     from pipeline.training import build_driver, parse_params
     from trainers import build_model
@@ -314,6 +326,12 @@ def run_worker(
         os.sched_setaffinity(0, cpus)  # before torch or Faust start their threads: they inherit it
         log.info("%s pinned to CPUs %s", worker, sorted(cpus))
     devices = cfg.devices_of(worker)
+    attack = cfg.workers.attack_of(worker)
+    if attack is not None:
+        log.warning("%s is a DELIBERATELY CORRUPTED (Byzantine) worker (workers.byzantine): it trains "
+                    "honestly, then corrupts every gradient and delta it sends with %s (workers.attack_seed "
+                    "= %d); its summary counts them (byzantine.corrupted). For robustness evaluation only",
+                    worker, attack, cfg.workers.attack_seed)
     ensure_topics(bootstrap, process_topics(cfg, worker))
     state, metrics = _start(cfg, worker, metrics_port, devices,
                             ("restored", "assigned") if cfg.train.enabled else ("assigned",))

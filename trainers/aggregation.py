@@ -83,7 +83,7 @@ def linear_lr_scale(global_batch: int, reference_batch: int | None) -> float:
 # decisions and produce the same bits whatever their thread counts.
 
 #: ``aggregation=`` values of the aggregating strategies (BSP, ScaDLES, the ASP and ADSP servers).
-AGGREGATION_RULES = ("mean", "trimmed_mean", "median")
+AGGREGATION_RULES = ("mean", "trimmed_mean", "median", "krum")
 #: ``norm_policy=`` values: scale an update down to the bound, or leave it out.
 NORM_POLICIES = ("clip", "reject")
 
@@ -182,6 +182,51 @@ def trimmed_mean(
     return result
 
 
+def _squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """``||a - b||^2`` over all tensors, summed like :func:`update_norm` (float64 per
+    tensor, exactly rounded across tensors): replicas agree on it bit for bit."""
+    partial = []
+    for name in sorted(a):
+        diff = a[name].detach().to("cpu").double().reshape(-1).numpy() - b[name].detach().to("cpu").double().reshape(-1).numpy()
+        partial.append(float(np.sum(diff * diff)))
+    return math.fsum(partial)
+
+
+def krum_select(named_tensors_list: Sequence[Mapping[str, torch.Tensor]], f: int) -> list[int]:
+    """Multi-Krum's choice: the indices (ascending) of the ``n - f`` contributions with the
+    lowest Krum score, the sum of squared distances to their ``n - f - 2`` nearest others.
+
+    An honest update lies among other honest ones; one that points elsewhere (a flipped
+    sign, a scaled or random update) is far from all of them, scores high and is left out
+    whole, not coordinate by coordinate. Needs ``n >= 2 f + 3``; ties go to the earlier
+    contribution, so replicas given one order choose alike.
+    """
+    _check_names(named_tensors_list)
+    count = len(named_tensors_list)
+    if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+        raise AggregationError(f"krum_f must be an int >= 0, got {f!r}")
+    if count < 2 * f + 3:
+        raise AggregationError(f"krum with krum_f={f} needs at least {2 * f + 3} contributions, got {count}")
+    for contribution in named_tensors_list[1:]:
+        for name, tensor in contribution.items():
+            if tuple(tensor.shape) != tuple(named_tensors_list[0][name].shape):
+                raise AggregationError(f"{name!r}: shape {tuple(tensor.shape)} differs from "
+                                       f"{tuple(named_tensors_list[0][name].shape)}")
+    distances = [[0.0] * count for _ in range(count)]
+    for i in range(count):
+        for j in range(i + 1, count):
+            distances[i][j] = distances[j][i] = _squared_distance(named_tensors_list[i], named_tensors_list[j])
+    neighbours = count - f - 2
+    scores = [math.fsum(sorted(distances[i][j] for j in range(count) if j != i)[:neighbours]) for i in range(count)]
+    chosen = sorted(range(count), key=lambda i: (scores[i], i))[: count - f]
+    return sorted(chosen)
+
+
+def plain_mean(named_tensors_list: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The unweighted mean of named tensors, in float32, summed in the order given."""
+    return trimmed_mean(named_tensors_list, 0)
+
+
 def update_norm(named_tensors: Mapping[str, torch.Tensor]) -> float:
     """L2 norm of an update over all its tensors, computed the same way on every machine.
 
@@ -220,10 +265,14 @@ class RobustAggregation:
 
     - ``aggregation``: ``mean`` (the sample-weighted mean ``b_i / B``, the default),
       ``trimmed_mean`` (coordinate-wise, ``trim`` values dropped at each end, the rest
-      counted once each) or ``median`` (coordinate-wise, unweighted).
+      counted once each), ``median`` (coordinate-wise, unweighted) or ``krum``
+      (multi-Krum: the unweighted mean of the ``n - krum_f`` updates :func:`krum_select`
+      keeps; whole updates are left out, and the buffer deltas of the same ones used).
     - ``trim``: for ``trimmed_mean``, how many values to drop at each end of each
       coordinate (default 1); it tolerates up to ``trim`` Byzantine contributions per
       aggregate and needs at least ``2 * trim + 1`` of them.
+    - ``krum_f``: for ``krum``, how many Byzantine contributions per aggregate it
+      tolerates (default 1); needs at least ``2 * krum_f + 3`` of them.
     - ``max_update_norm``: L2 bound on each update's tensors (None: no bound); the
       BatchNorm buffer deltas an update carries are not bounded (they go through the
       aggregation rule).
@@ -240,6 +289,7 @@ class RobustAggregation:
     trim: int = 0
     max_update_norm: float | None = None
     norm_policy: str = "clip"
+    krum_f: int = 0
 
     @classmethod
     def from_params(
@@ -249,12 +299,19 @@ class RobustAggregation:
         trim: int | None = None,
         max_update_norm: float | None = None,
         norm_policy: str = "clip",
+        krum_f: int | None = None,
     ) -> RobustAggregation:
         """Validate strategy parameters; ``AggregationError`` names the bad one."""
         if aggregation not in AGGREGATION_RULES:
             raise AggregationError(f"aggregation must be one of {list(AGGREGATION_RULES)}, got {aggregation!r}")
         if trim is not None and aggregation != "trimmed_mean":
             raise AggregationError(f"trim applies to aggregation=trimmed_mean only, got aggregation={aggregation!r}")
+        if krum_f is not None and aggregation != "krum":
+            raise AggregationError(f"krum_f applies to aggregation=krum only, got aggregation={aggregation!r}")
+        if krum_f is None:
+            krum_f = 1 if aggregation == "krum" else 0
+        if isinstance(krum_f, bool) or not isinstance(krum_f, int) or krum_f < 0:
+            raise AggregationError(f"krum_f must be an int >= 0, got {krum_f!r}")
         if trim is None:
             trim = 1 if aggregation == "trimmed_mean" else 0
         if isinstance(trim, bool) or not isinstance(trim, int) or trim < (1 if aggregation == "trimmed_mean" else 0):
@@ -267,11 +324,12 @@ class RobustAggregation:
             max_update_norm = float(max_update_norm)
         if norm_policy not in NORM_POLICIES:
             raise AggregationError(f"norm_policy must be one of {list(NORM_POLICIES)}, got {norm_policy!r}")
-        return cls(aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy)
+        return cls(aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy,
+                   krum_f=krum_f)
 
     @property
     def robust(self) -> bool:
-        """True for the coordinate-wise rules (median, trimmed mean)."""
+        """True for the robust rules (median, trimmed mean, Krum)."""
         return self.aggregation != "mean"
 
     @property
@@ -281,8 +339,23 @@ class RobustAggregation:
 
     @property
     def min_contributions(self) -> int:
-        """Fewest contributions the rule needs at full strength (``2 * trim + 1``; 1 otherwise)."""
+        """Fewest contributions the rule needs at full strength (``2 * trim + 1`` for a
+        trimmed mean, ``2 * krum_f + 3`` for Krum; 1 otherwise)."""
+        if self.aggregation == "krum":
+            return 2 * self.krum_f + 3
         return 2 * self.trim + 1
+
+    @property
+    def requirement(self) -> str:
+        """The rule and the parameter that sets :attr:`min_contributions`, for messages."""
+        if self.aggregation == "krum":
+            return f"aggregation=krum with krum_f={self.krum_f}"
+        return f"aggregation={self.aggregation} with trim={self.trim}"
+
+    def effective_krum_f(self, count: int) -> int:
+        """The ``krum_f`` used for ``count`` contributions: ``krum_f``, or less when fewer
+        than ``2 * krum_f + 3`` are there (-1: too few to judge, all are kept)."""
+        return min(self.krum_f, (count - 3) // 2) if count >= 3 else -1
 
     def effective_trim(self, count: int) -> int:
         """The trim used for ``count`` contributions: ``trim``, or less when fewer than
@@ -317,11 +390,40 @@ class RobustAggregation:
         bits on every replica pass one agreed order). ``mean``: :func:`weighted_mean` with
         ``b_i / B``; ``trimmed_mean``: unweighted, with :meth:`effective_trim`; ``median``:
         :func:`coordinate_median`."""
+        if self.aggregation == "krum":
+            return plain_mean([named_tensors_list[i] for i in self.select(named_tensors_list)])
         if self.aggregation == "median":
             return coordinate_median(named_tensors_list)
         if self.aggregation == "trimmed_mean":
             return trimmed_mean(named_tensors_list, self.effective_trim(len(named_tensors_list)))
         return weighted_mean(named_tensors_list, batch_sizes)
+
+    def select(self, named_tensors_list: Sequence[Mapping[str, torch.Tensor]]) -> list[int]:
+        """For ``krum``: the indices of the contributions it keeps (all when too few to
+        judge); for the other rules, all."""
+        f = self.effective_krum_f(len(named_tensors_list)) if self.aggregation == "krum" else -1
+        if f < 0:
+            return list(range(len(named_tensors_list)))
+        return krum_select(named_tensors_list, f)
+
+    def aggregate(
+        self,
+        named_tensors_list: Sequence[Mapping[str, torch.Tensor]],
+        buffers_list: Sequence[Mapping[str, torch.Tensor] | None],
+        batch_sizes: Sequence[int],
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """The aggregate of the updates and of their buffer deltas (None when they do not
+        all carry the same names): :meth:`combine` and :func:`combine_buffers`, except that
+        for ``krum`` both are the plain means of the same chosen contributions."""
+        if self.aggregation != "krum":
+            return (self.combine(named_tensors_list, batch_sizes),
+                    combine_buffers(self, buffers_list, batch_sizes))
+        chosen = self.select(named_tensors_list)
+        tensors = plain_mean([named_tensors_list[i] for i in chosen])
+        buffers = [buffers_list[i] for i in chosen]
+        names = {frozenset(b) for b in buffers if b}
+        same = bool(buffers) and all(buffers) and len(names) == 1
+        return tensors, (plain_mean([b for b in buffers if b]) if same else None)
 
     def global_batch(self, batch_sizes: Sequence[int]) -> int:
         """Samples behind an aggregate, for the linear LR rule ``B_t / B_ref``: the sum for
@@ -351,14 +453,14 @@ class RobustAggregation:
             raise AggregationError(f"aggregate_window must be an int >= 1, got {aggregate_window!r}")
         if aggregate_window < self.min_contributions:
             raise AggregationError(
-                f"aggregation=trimmed_mean with trim={self.trim} needs at least {self.min_contributions} "
+                f"{self.requirement} needs at least {self.min_contributions} "
                 f"senders per aggregate, aggregate_window is {aggregate_window}"
             )
         return aggregate_window
 
     def describe(self) -> dict[str, Any]:
         """The settings as a JSON-able dict (stats)."""
-        return {"aggregation": self.aggregation, "trim": self.trim,
+        return {"aggregation": self.aggregation, "trim": self.trim, "krum_f": self.krum_f,
                 "max_update_norm": self.max_update_norm, "norm_policy": self.norm_policy}
 
 

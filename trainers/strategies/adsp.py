@@ -312,6 +312,7 @@ class ADSPServer(WindowedServer, SyncStrategy):
         trim: int | None = None,
         max_update_norm: float | None = None,
         norm_policy: str = "clip",
+        krum_f: int | None = None,
         aggregate_window: int | None = None,
     ) -> None:
         """``period_s``, ``commit_rate`` (initial ``C``), ``target_loss``,
@@ -319,13 +320,14 @@ class ADSPServer(WindowedServer, SyncStrategy):
         ``jump_ratio`` configure the :class:`CommitRateSearch`; ``search=False`` keeps
         ``C`` fixed (fixed-rate local SGD); ``server_momentum`` in ``[0, 1)``:
         ``m = mu m + delta / N; W += m`` (0: plain ``W += delta / N``). ``aggregation``,
-        ``trim``, ``max_update_norm``, ``norm_policy``: robust aggregation
+        ``trim``, ``krum_f``, ``max_update_norm``, ``norm_policy``: robust aggregation
         (:class:`trainers.aggregation.RobustAggregation`); ``aggregate_window``: committers
         per aggregate (default: none for ``mean``, the job's workers for the robust rules)."""
         super().__init__(ctx)
         try:
             self.robust = RobustAggregation.from_params(
-                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy
+                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy,
+                krum_f=krum_f,
             )
             self.aggregate_window = self.robust.window_size(aggregate_window, len(set(ctx.members)))
         except AggregationError as exc:
@@ -504,7 +506,7 @@ _WORKER_PARAMS = frozenset({"period_s", "commit_rate", "min_interval_s", "overhe
 _SERVER_PARAMS = frozenset({
     "period_s", "commit_rate", "search", "target_loss", "min_commit_rate", "max_commit_rate",
     "research_every_periods", "jump_ratio", "server_momentum",
-    "aggregation", "trim", "max_update_norm", "norm_policy", "aggregate_window",
+    "aggregation", "trim", "krum_f", "max_update_norm", "norm_policy", "aggregate_window",
 })
 
 

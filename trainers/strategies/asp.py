@@ -128,6 +128,7 @@ class ASPServer(WindowedServer, SyncStrategy):
         trim: int | None = None,
         max_update_norm: float | None = None,
         norm_policy: str = "clip",
+        krum_f: int | None = None,
         aggregate_window: int | None = None,
     ) -> None:
         """``publish_every``: updates between snapshots (0: only by timer);
@@ -135,13 +136,14 @@ class ASPServer(WindowedServer, SyncStrategy):
         and something changed; ``max_staleness``: reject staler gradients (None: ASP,
         no bound); ``staleness_lr``: ``"inverse"`` scales the step by ``1 / (1 + staleness)``
         (with a window: each gradient, by its staleness on arrival). ``aggregation``,
-        ``trim``, ``max_update_norm``, ``norm_policy``: robust aggregation
+        ``trim``, ``krum_f``, ``max_update_norm``, ``norm_policy``: robust aggregation
         (:class:`trainers.aggregation.RobustAggregation`); ``aggregate_window``: senders per
         aggregate (default: none for ``mean``, the job's workers for the robust rules)."""
         super().__init__(ctx)
         try:
             self.robust = RobustAggregation.from_params(
-                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy
+                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy,
+                krum_f=krum_f,
             )
             self.aggregate_window = self.robust.window_size(aggregate_window, len(set(ctx.members)))
         except AggregationError as exc:
@@ -282,7 +284,7 @@ class ASPServer(WindowedServer, SyncStrategy):
 
 _SERVER_PARAMS = frozenset({
     "publish_every", "publish_interval_s", "max_staleness", "staleness_lr",
-    "aggregation", "trim", "max_update_norm", "norm_policy", "aggregate_window",
+    "aggregation", "trim", "krum_f", "max_update_norm", "norm_policy", "aggregate_window",
 })
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import RobustAggregation, combine_buffers, linear_lr_scale, weighted_mean
+from trainers.aggregation import RobustAggregation, linear_lr_scale, weighted_mean
 from trainers.errors import AggregationError, StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
@@ -77,13 +77,14 @@ class BSPStrategy(SyncStrategy):
         trim: int | None = None,
         max_update_norm: float | None = None,
         norm_policy: str = "clip",
+        krum_f: int | None = None,
     ) -> None:
         """``reference_batch``: ``B_ref`` for linear LR scaling ``lr * B_t / B_ref`` (None: no
         scaling). ``max_future_steps``: gradients more than this many steps ahead are
         dropped (bounds memory). ``max_prejoin_messages``: how many messages a joining
         worker buffers while it waits for its snapshot. ``sync_retry_s``: a joiner still
         without a snapshot after this long asks again (from ``poll``). ``aggregation``
-        (``mean`` | ``trimmed_mean`` | ``median``), ``trim``, ``max_update_norm`` and
+        (``mean`` | ``trimmed_mean`` | ``median`` | ``krum``), ``trim``, ``krum_f``, ``max_update_norm`` and
         ``norm_policy`` (``clip`` | ``reject``): robust aggregation, see
         :class:`trainers.aggregation.RobustAggregation`."""
         super().__init__(ctx)
@@ -91,14 +92,15 @@ class BSPStrategy(SyncStrategy):
             raise StrategyError(f"reference_batch must be > 0, got {reference_batch}")
         try:
             self.robust = RobustAggregation.from_params(
-                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy
+                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy,
+                krum_f=krum_f,
             )
         except AggregationError as exc:
             raise StrategyError(f"{self.name}: {exc}") from None
         workers = len(set(ctx.members) | {ctx.worker_id})
         if workers < self.robust.min_contributions:
             raise StrategyError(
-                f"{self.name}: aggregation=trimmed_mean with trim={self.robust.trim} needs at least "
+                f"{self.name}: {self.robust.requirement} needs at least "
                 f"{self.robust.min_contributions} workers per step, the job starts with {workers}"
             )
         self.reference_batch = reference_batch
@@ -308,8 +310,7 @@ class BSPStrategy(SyncStrategy):
         if len(kept) < self.robust.min_contributions:
             self.counters["trim_reduced"] += 1
         samples = [c.batch_size for c in kept]
-        gradients = self.robust.combine(tensors, samples)
-        buffer_deltas = combine_buffers(self.robust, [c.buffers for c in kept], samples)
+        gradients, buffer_deltas = self.robust.aggregate(tensors, [c.buffers for c in kept], samples)
         if buffer_deltas is None and len({frozenset(c.buffers) for c in kept}) > 1:
             self.counters["buffer_sync_skipped"] += 1
         return kept, gradients, buffer_deltas

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import UpdateWindow, WindowSlot, combine_buffers
+from trainers.aggregation import UpdateWindow, WindowSlot
 from trainers.messages import UpdateMessage
 
 
@@ -55,9 +55,9 @@ class WindowedServer:
         if len(slots) < self.robust.min_contributions:
             self.counters["trim_reduced"] += 1
         samples = [slot.samples for slot in slots]
-        return WindowAggregate(slots, self.robust.combine([slot.tensors for slot in slots], samples),
-                               combine_buffers(self.robust, [slot.buffers for slot in slots], samples),
-                               self.trainer.version)
+        tensors, buffers = self.robust.aggregate([slot.tensors for slot in slots],
+                                                 [slot.buffers for slot in slots], samples)
+        return WindowAggregate(slots, tensors, buffers, self.trainer.version)
 
     def _settle_window(self, window: WindowAggregate) -> None:
         """After the aggregate was applied: each update's staleness against the version it

@@ -23,6 +23,7 @@ from trainers.aggregation import (
     RobustAggregation,
     UpdateWindow,
     coordinate_median,
+    krum_select,
     trimmed_mean,
     update_norm,
     weighted_mean,
@@ -143,7 +144,10 @@ def test_the_norm_bound_clips_to_the_bound_or_rejects_and_keeps_what_is_within()
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"aggregation": "krum"}, "aggregation must be one of"),
+        ({"aggregation": "geomedian"}, "aggregation must be one of"),
+        ({"aggregation": "median", "krum_f": 1}, "krum_f applies to aggregation=krum"),
+        ({"aggregation": "krum", "krum_f": -1}, "krum_f must be an int >= 0"),
+        ({"aggregation": "krum", "krum_f": 1.5}, "krum_f must be an int >= 0"),
         ({"aggregation": "median", "trim": 1}, "trim applies to aggregation=trimmed_mean"),
         ({"aggregation": "trimmed_mean", "trim": 0}, "trim must be an int >= 1"),
         ({"aggregation": "trimmed_mean", "trim": True}, "trim must be an int >= 1"),
@@ -164,6 +168,48 @@ def test_trimmed_mean_defaults_to_trim_1_and_trims_less_when_fewer_contributions
     assert (rule.trim, rule.min_contributions) == (1, 3)
     assert [rule.effective_trim(n) for n in (1, 2, 3, 7)] == [0, 0, 1, 1]
     assert rule.combine(_column(1.0, 5.0), [1, 1])["x"].item() == 3.0  # two left: their mean
+
+
+def test_krum_leaves_out_whole_updates_that_point_away_from_the_others():
+    torch.manual_seed(0)
+    direction = torch.randn(50)
+    honest = [{"w": direction + 0.3 * torch.randn(50), "b": torch.randn(3)} for _ in range(5)]
+    flipped = [{name: -t for name, t in honest[0].items()}, {name: -t for name, t in honest[1].items()}]
+    contributions = [flipped[0], *honest[:3], flipped[1], *honest[3:]]  # attackers at 0 and 4
+
+    assert krum_select(contributions, 2) == [1, 2, 3, 5, 6]
+    rule = RobustAggregation.from_params(aggregation="krum", krum_f=2)
+    expected = trimmed_mean(honest, 0)
+    torch.testing.assert_close(rule.combine(contributions, [64] * 7)["w"], expected["w"])
+
+
+def test_krum_takes_the_buffers_of_the_updates_it_keeps():
+    contributions = _column(1.0, 1.1, 0.9, 1.05, 50.0)
+    buffers = [{"running_mean": torch.tensor([float(i)])} for i in range(5)]
+    rule = RobustAggregation.from_params(aggregation="krum")  # krum_f 1: keeps 4 of 5
+
+    tensors, combined = rule.aggregate(contributions, buffers, [8] * 5)
+
+    assert rule.select(contributions) == [0, 1, 2, 3]
+    assert tensors["x"].item() == pytest.approx(1.0125)
+    assert combined["running_mean"].item() == pytest.approx(1.5)  # the mean of buffers 0-3
+    # Only the kept updates' buffers count: the left-out one may lack them, a kept one may not.
+    assert rule.aggregate(contributions, [*buffers[:4], None], [8] * 5)[1]["running_mean"].item() == 1.5
+    assert rule.aggregate(contributions, [buffers[0], None, *buffers[2:]], [8] * 5)[1] is None
+
+
+def test_krum_needs_2f_plus_3_updates_keeps_all_below_3_and_breaks_ties_by_order():
+    rule = RobustAggregation.from_params(aggregation="krum", krum_f=2)
+
+    assert (rule.krum_f, rule.min_contributions, rule.requirement) == (2, 7, "aggregation=krum with krum_f=2")
+    assert [rule.effective_krum_f(n) for n in (1, 2, 3, 4, 5, 7, 9)] == [-1, -1, 0, 0, 1, 2, 2]
+    assert rule.select(_column(1.0, 9.0)) == [0, 1]
+    assert rule.combine(_column(1.0, 9.0), [1, 1])["x"].item() == 5.0
+    assert krum_select(_column(2.0, 2.0, 2.0, 2.0), 0) == [0, 1, 2, 3]
+    assert krum_select(_column(2.0, 2.0, 2.0, 2.0, 2.0), 1) == [0, 1, 2, 3]  # ties: the earlier ones
+    with pytest.raises(AggregationError, match="needs at least 7 contributions, got 6"):
+        krum_select(_column(*range(6)), 2)
+    assert RobustAggregation.from_params(aggregation="krum").describe()["krum_f"] == 1
 
 
 def test_the_robust_global_batch_ignores_one_inflated_batch_size_claim():
@@ -341,7 +387,7 @@ def test_a_trimmed_mean_over_too_few_kept_updates_trims_less_and_counts_it(bus, 
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "scadles"])
-@pytest.mark.parametrize("params", [{"aggregation": "median"},
+@pytest.mark.parametrize("params", [{"aggregation": "median"}, {"aggregation": "krum"},
                                     {"aggregation": "trimmed_mean", "max_update_norm": 5.0, "norm_policy": "reject"}])
 def test_bsp_replicas_stay_bitwise_identical_under_robust_aggregation_and_attack(
     bus, make_node, digits, strategy, params
@@ -379,6 +425,8 @@ def test_bsp_replicas_stay_identical_under_duplicated_and_reordered_delivery(mak
 def test_bsp_refuses_a_trim_the_job_cannot_satisfy(make_node):
     with pytest.raises(StrategyError, match="needs at least 5 workers per step, the job starts with 3"):
         make_node("w0", "bsp", members=("w0", "w1", "w2"), aggregation="trimmed_mean", trim=2)
+    with pytest.raises(StrategyError, match="krum with krum_f=1 needs at least 5 workers per step"):
+        make_node("w0", "bsp", members=("w0", "w1", "w2"), aggregation="krum")
 
 
 def _bsp_accuracy(bus, make_node, digits, **params):
@@ -392,7 +440,7 @@ def test_a_scaled_byzantine_worker_ruins_the_bsp_mean(bus, make_node, digits):
 
 
 @pytest.mark.parametrize("params", [{"aggregation": "trimmed_mean"}, {"aggregation": "median"},
-                                    {"max_update_norm": 1.0}])
+                                    {"aggregation": "krum"}, {"max_update_norm": 1.0}])
 def test_bsp_with_a_robust_rule_learns_despite_a_scaled_byzantine_worker(
     bus, make_node, digits, params, record_property
 ):
@@ -495,7 +543,7 @@ def test_a_scaled_byzantine_worker_ruins_plain_asp(bus, make_node, digits):
     assert _asp_accuracy(bus, make_node, digits, "scale100") < 0.3
 
 
-@pytest.mark.parametrize("aggregation", ["trimmed_mean", "median"])
+@pytest.mark.parametrize("aggregation", ["trimmed_mean", "median", "krum"])
 @pytest.mark.parametrize("attack", ["sign_flip", "scale100"])
 def test_the_robust_asp_server_learns_despite_a_byzantine_worker(
     bus, make_node, digits, aggregation, attack, record_property
