@@ -909,15 +909,27 @@ def training_table(result: RunResult) -> Table:
         rejected = str(t.get("rejected_steps", 0))
         if t.get("rejected_by_reason"):
             rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(t["rejected_by_reason"].items())) + ")"
-        table.add_row(name, str(steps), str(t["trained_records"]), str(t.get("injected_records", 0)),
+        byzantine = t.get("byzantine")
+        shown_name = f"{name} (byzantine: {byzantine['attack']}, {byzantine['corrupted']} sent)" if byzantine else name
+        table.add_row(shown_name, str(steps), str(t["trained_records"]), str(t.get("injected_records", 0)),
                       str(t["version"]), f"{t['accuracy']:.3f}" if t.get("evaluates_model", True) else "-",
                       prequential,
                       f"{st.get('mean', 0):.2f}/{st.get('max', 0)}",
                       f"{compressed} ({compressed / steps:.0%})" if steps else "0",
-                      rejected, str(t["updates_rejected"]),
+                      rejected, _updates_rejected(t),
                       ",".join(t.get("live") or []) + (" (joined)" if t.get("joining") else "")
                       + (" (left)" if name in result.left else ""), t["digest"][:12])
     return table
+
+
+def _updates_rejected(t: dict) -> str:
+    """Updates refused on receipt (validation), and those the strategy's norm bound left out
+    or clipped (``max_update_norm``)."""
+    counters = (t.get("strategy_stats") or {}).get("counters") or {}
+    shown = str(t["updates_rejected"])
+    bound = [f"{what} {counters[key]}" for key, what in (("updates_rejected", "over the bound"),
+                                                         ("updates_clipped", "clipped")) if counters.get(key)]
+    return shown + (f" ({', '.join(bound)})" if bound else "")
 
 
 def balances(produced: int, garbage: int, a: dict) -> bool:

@@ -105,3 +105,24 @@ def test_the_config_check_warns_once_that_the_job_has_byzantine_workers(caplog):
     with caplog.at_level(logging.WARNING, logger="pipeline.worker"):
         check_training_config(job())
     assert not [r for r in caplog.records if "workers.byzantine" in r.getMessage()]
+
+
+def test_the_training_summary_marks_the_byzantine_worker_and_the_updates_the_bound_left_out():
+    from rich.console import Console
+
+    from pipeline.run import RunResult, training_table
+
+    def row(byzantine=None, counters=None):
+        return {"steps": 10, "trained_records": 160, "version": 10, "accuracy": 0.9, "staleness": {},
+                "updates_rejected": 1, "digest": "ab" * 8, "byzantine": byzantine,
+                "strategy_stats": {"counters": counters or {}}}
+
+    result = RunResult(produced={}, garbage={}, accounting={}, balanced=True, duration_s=1.0, training={
+        "server": row(counters={"updates_rejected": 7, "updates_clipped": 2}),
+        "w2": row(byzantine={"attack": "scale100", "attack_seed": 0, "corrupted": 7})})
+    console = Console(width=400, record=True)
+    console.print(training_table(result))
+    text = console.export_text()
+
+    assert "w2 (byzantine: scale100, 7 sent)" in text
+    assert "1 (over the bound 7, clipped 2)" in text
