@@ -15,12 +15,11 @@ from deploy.kafka.broker import ADMIN_USER, BrokerSecurity, LocalCluster, broker
 from deploy.kafka.tls import make_pki
 from pipeline.cli import _write_client_settings, main
 from pipeline.kafka_io import ensure_topics, producer, read_range
-from pipeline.simulate import simulate
 from streams import topics
 from tests.integration import test_security
 from tests.integration.jobs import wait_until
 from tests.integration.test_cluster import partition_state
-from tests.integration.test_security import cli, job, settings
+from tests.integration.test_security import cli, device_writes_only_its_own, job, settings
 
 pytestmark = pytest.mark.integration
 
@@ -92,10 +91,7 @@ def test_acl_apply_lets_a_device_write_its_own_topic_and_refuses_the_others(
 
     device_cfg = job(unique, state, *settings(cluster, work, first, creds / f"{first}.password"))
     as_user(device_cfg)
-    report = simulate(device_cfg, cluster.bootstrap, 2.0)
-    assert report.records[first] > 0
-    assert report.records[second] == 0
-    assert set(report.refused) == {second} and report.refused[second]["TopicAuthorizationFailedError"] > 0
+    device_writes_only_its_own(device_cfg, cluster.bootstrap, first, second, 2.0)
 
 
 def test_a_killed_node_comes_back_and_the_admin_still_writes_and_reads_replicated_records(

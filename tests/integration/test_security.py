@@ -119,10 +119,7 @@ def test_roles_devices_write_their_own_topics_only_and_strangers_read_nothing(
         # Device `first` may write its own topic; the other device's records are refused and counted.
         device_cfg = job(unique, state, *settings(broker, work, first, creds / f"{first}.password"))
         as_user(device_cfg)
-        report = simulate(device_cfg, broker.bootstrap, 3.0)
-        assert report.records[first] > 0
-        assert report.records[second] == 0
-        assert set(report.refused) == {second} and report.refused[second]["TopicAuthorizationFailedError"] > 0
+        report = device_writes_only_its_own(device_cfg, broker.bootstrap, first, second, 3.0)
         # Nor may a device write an update topic.
         with pytest.raises(KafkaError, match="TopicAuthorization"):
             _send(broker.bootstrap, f"gradients.{admin_cfg.job.name}")
@@ -149,6 +146,17 @@ def test_roles_devices_write_their_own_topics_only_and_strangers_read_nothing(
     assert code == 0, (tmp_path / "w0.log").read_text()[-3000:]
     accounting = json.loads((state / "workers" / "w0" / "accounting.json").read_text())["devices"]
     assert accounting[first]["records_in"] == accounting[first]["consumed"] == report.records[first]
+
+
+def device_writes_only_its_own(device_cfg, bootstrap: str, own: str, other: str, seconds: float):
+    """Simulate both devices of ``device_cfg`` (logged in as device ``own``) for ``seconds``:
+    ``own``'s records are written, every one of ``other``'s refused and counted. Returns the
+    simulation's report."""
+    report = simulate(device_cfg, bootstrap, seconds)
+    assert report.records[own] > 0
+    assert report.records[other] == 0
+    assert set(report.refused) == {other} and report.refused[other]["TopicAuthorizationFailedError"] > 0
+    return report
 
 
 def _status(url: str) -> int | None:
