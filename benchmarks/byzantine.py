@@ -20,12 +20,17 @@ sits beside them on the same seed:
   trimmed_mean  coordinate-wise, trim 2 (tolerates 2 Byzantine of 8); ASP: a window of
                 one slot per worker, all 8 (``aggregate_window`` default)
   median        coordinate-wise; ASP: the same window
+  krum          multi-Krum with krum_f 2 (the same ``--trim``): the mean of the 6 updates
+                closest to their neighbours, whole updates left out; ASP: the same window
   mean+clip     the default mean with ``max_update_norm`` (clip), about the 95th
                 percentile of honest gradient norms of this model (measured: median 0.35,
                 p90 0.79, p99 1.23 over 300 steps)
 
 for BSP (fixed batch 64 per device, LR 0.3 momentum 0.9 on the aggregate, linear scaling
-with B_ref = 64 x 8) and ASP (the server applies each gradient with LR 0.3 / 8, a window
+with B_ref = 64 x 8), ADSP (local SGD at LR 0.3 momentum 0.9, batch 64, commits of the
+summed local progress, C = 10 per 10 s period at the start with the online search on, as
+in benchmarks/strategies.py; the server applies ``W += delta / N``, with a robust rule one
+aggregate per window of 8 committers' summed deltas) and ASP (the server applies each gradient with LR 0.3 / 8, a window
 with LR 0.3 / 8 x slots; no staleness bound; server momentum 0: with 0.9 every clean ASP
 run fell back to 10-30 % after a few seconds, and with 0.5 the windowed ones swung between
 70 % and 90 % from one evaluation to the next). The figure is the held-out accuracy at two
@@ -36,7 +41,7 @@ and its gap in points to the clean run of the same strategy with the plain mean 
 users have today), and to the clean run with the same aggregation. Writes
 benchmarks/results/byzantine.{json,md}. Never asserts.
 
-    python benchmarks/byzantine.py [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp]
+    python benchmarks/byzantine.py [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
         [--attacks sign_flip,scale100,noise] [--byzantine 1,2] [--clip 1.0] [--trim 2] [--out PATH]
 """
 
@@ -64,8 +69,8 @@ from trainers import simclock  # noqa: E402
 from trainers.byzantine import ATTACKS, register_byzantine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-AGGREGATIONS = ("mean", "trimmed_mean", "median", "mean+clip")
-STRATEGIES = ("bsp", "asp")
+AGGREGATIONS = ("mean", "trimmed_mean", "median", "krum", "mean+clip")
+STRATEGIES = ("bsp", "asp", "adsp")
 BATCH = 64
 CLEAN = "clean"
 
@@ -82,6 +87,9 @@ class Settings:
     lr: float = 0.3
     momentum: float = 0.9
     asp_momentum: float = 0.0
+    adsp_period_s: float = 10.0
+    adsp_commit_rate: int = 10
+    adsp_min_interval_s: float = 0.2
     read_window_s: float = 3.0
     clip: float = 1.0
     trim: int = 2
@@ -119,6 +127,8 @@ def aggregation_params(aggregation: str, s: Settings) -> dict[str, Any]:
         return {"aggregation": "trimmed_mean", "trim": s.trim}
     if aggregation == "median":
         return {"aggregation": "median"}
+    if aggregation == "krum":
+        return {"aggregation": "krum", "krum_f": s.trim}
     if aggregation == "mean+clip":
         return {"max_update_norm": s.clip, "norm_policy": "clip"}
     raise ValueError(f"unknown aggregation {aggregation!r}")
@@ -143,6 +153,9 @@ def mode_for(task: Task, s: Settings) -> simclock.Mode:
     lr = None
     if task.strategy == "bsp":
         params["reference_batch"] = BATCH * s.workers
+    elif task.strategy == "adsp":
+        params.update({"period_s": s.adsp_period_s, "commit_rate": s.adsp_commit_rate,
+                       "min_interval_s": s.adsp_min_interval_s, "search": True})
     else:
         lr = s.lr / s.workers  # per gradient on arrival; a window of k slots steps with k times that
     return simclock.Mode(f"{task.strategy}/{task.aggregation}/{task.attack}", name, params, batcher="fixed",
@@ -152,7 +165,7 @@ def mode_for(task: Task, s: Settings) -> simclock.Mode:
 def run_task(task: Task, s: Settings) -> dict[str, Any]:
     started = time.monotonic()
     streams = _streams(task.seed, s.workers, s.rate_hz, s.message_interval_s)
-    momentum = s.momentum if task.strategy == "bsp" else s.asp_momentum
+    momentum = s.asp_momentum if task.strategy == "asp" else s.momentum
     config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=0.9, stop_at_target=False,
                                 time_budget_s=s.budget_s, max_grad_norm=s.max_grad_norm)
@@ -277,12 +290,13 @@ def markdown(cells: dict[str, Any], s: Settings, seconds: float) -> str:
         f"Simulated clock (trainers/simclock.py, default cost model: step (10 ms + 2 ms/record) x slowdown, "
         f"2 ms latency, 100 Mbit/s), digits MLP (IID, held-out 20 %), {s.workers} workers one per device at "
         f"{s.rate_hz:g} records/s each, slowdowns {' '.join(f'{x:g}' for x in s.slowdowns)}, batch {BATCH}. "
-        f"BSP: LR {s.lr:g} momentum {s.momentum:g} on the aggregate, B_ref = {BATCH * s.workers}; ASP: LR "
+        f"BSP: LR {s.lr:g} momentum {s.momentum:g} on the aggregate, B_ref = {BATCH * s.workers}; ADSP: local SGD at LR {s.lr:g} momentum {s.momentum:g}, "
+        f"period {s.adsp_period_s:g} s, C = {s.adsp_commit_rate} at the start, search on; ASP: LR "
         f"{s.lr:g} / {s.workers} per gradient (x slots per window), momentum {s.asp_momentum:g}, no staleness "
         f"bound. Byzantine workers: the fastest (w0; w0 and w1), attacks sign_flip (-g), scale100 (100 g), "
         f"noise (Gaussian with the norm of g). Aggregations: mean (each strategy's default), trimmed_mean "
-        f"(trim {s.trim}), median, mean+clip (max_update_norm={s.clip:g}, norm_policy=clip); ASP's trimmed_mean "
-        f"and median collect a window of one slot per worker ({s.workers}). Accuracy at t: mean of the held-out "
+        f"(trim {s.trim}), median, krum (krum_f {s.trim}), mean+clip (max_update_norm={s.clip:g}, norm_policy=clip); the ASP and ADSP servers' "
+        f"trimmed_mean, median and krum collect a window of one slot per worker ({s.workers}). Accuracy at t: mean of the held-out "
         f"evaluations (every {s.eval_every_s:g} s) in the last {s.read_window_s:g} s before t. Seeds "
         f"{', '.join(map(str, s.seeds))} (streams, shares, initial weights, noise); medians with min-max over "
         f"seeds. {seconds / 60:.1f} min for the whole sweep (one process, one torch thread).",
@@ -342,7 +356,7 @@ def main() -> None:
     parser.add_argument("--byzantine", default="1,2", help="comma list of attacker counts")
     parser.add_argument("--aggregations", default=",".join(AGGREGATIONS))
     parser.add_argument("--clip", type=float, default=Settings.clip, help="max_update_norm of mean+clip")
-    parser.add_argument("--trim", type=int, default=Settings.trim, help="trim of trimmed_mean")
+    parser.add_argument("--trim", type=int, default=Settings.trim, help="trim of trimmed_mean and krum_f of krum")
     parser.add_argument("--out", default=str(RESULTS / "byzantine"), help="output path without suffix")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
