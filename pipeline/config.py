@@ -7,6 +7,7 @@ environment variables < ``--set section.key=value`` flags.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -636,17 +637,23 @@ def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
     if section is None or not dataclasses.is_dataclass(section):
         sections = [f.name for f in dataclasses.fields(cfg)]
         raise ConfigError(f"unknown config section {section_name!r}; sections: {', '.join(sections)}")
-    hints = get_type_hints(type(section))
+    hints = _hints(type(section))
     if key not in hints:
         keys = [f.name for f in dataclasses.fields(section)]
         raise ConfigError(f"unknown key {dotted!r}; {section_name} has: {', '.join(keys)}")
     setattr(section, key, _coerce(dotted, raw, hints[key]))
 
 
+@functools.cache
+def _hints(section_type: type) -> dict[str, Any]:
+    """The resolved field types of a config section (resolving them is most of a key's cost)."""
+    return get_type_hints(section_type)
+
+
 def _set_entry(cfg: JobConfig, parts: list[str], raw: Any) -> None:
     section_name, key, entry = parts
     section = getattr(cfg, section_name, None)
-    hints = get_type_hints(type(section)) if dataclasses.is_dataclass(section) else {}
+    hints = _hints(type(section)) if dataclasses.is_dataclass(section) else {}
     if get_origin(hints.get(key)) is not dict:
         raise ConfigError(f"config key {'.'.join(parts)!r} must look like section.key (e.g. buffer.policy); "
                           "only table keys (such as testbed.links) take section.key.name")
