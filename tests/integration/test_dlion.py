@@ -39,6 +39,11 @@ FAST_LINK = ("w0", "w1")
 FOLLOW_ITERATIONS = 120
 #: Seconds without a single iteration of the degraded worker before the wait gives up.
 STALL_S = 60
+#: The share a degraded link must fall to (from 1.0). A link's share is what fits
+#: ``0.9 x bandwidth x compute time``: 3-24 % of the gradient at 1 Mbit/s with this model on
+#: an idle machine, more when the load stretches every iteration; half still shows the
+#: exchange followed the link.
+FOLLOWED_SHARE = 0.5
 
 DLION_JOB = (
     "train.strategy=dlion",
@@ -65,6 +70,8 @@ def _sample(ctx: RunContext) -> dict:
             "steps": int(s.get("edgestream_steps_total", worker=name)),
             "ratio": {peer: s.get("edgestream_link_ratio", -1.0, worker=name, peer=peer)
                       for peer in WORKERS if peer != name},
+            "bandwidth": {peer: s.get("edgestream_link_bandwidth_bytes_per_second", -1.0, worker=name, peer=peer)
+                          for peer in WORKERS if peer != name},
         }
     return row
 
@@ -86,9 +93,10 @@ def wait_within_iterations(sample, holds, start: int, what: str) -> dict:
         if steps > last_steps:
             last_steps, last_progress = steps, time.monotonic()
         if steps - start > FOLLOW_ITERATIONS:
-            raise AssertionError(f"{SLOW} took {steps - start} iterations without {what}")
+            raise AssertionError(f"{SLOW} took {steps - start} iterations without {what}; last sample: {row}")
         if time.monotonic() - last_progress > STALL_S:
-            raise AssertionError(f"{SLOW} took no iteration for {STALL_S} s while waiting for {what}")
+            raise AssertionError(f"{SLOW} took no iteration for {STALL_S} s while waiting for {what}; "
+                                 f"last sample: {row}")
         time.sleep(0.2)  # poll interval of a bounded wait
 
 
@@ -115,9 +123,9 @@ def degrade_then_kill(ctx: RunContext, seen: dict) -> None:
     degraded_t = time.monotonic()
 
     def followed(row: dict) -> bool:
-        return all(0 <= _ratio(row, link) <= 0.3 for link in SLOW_LINKS)
+        return all(0 <= _ratio(row, link) <= FOLLOWED_SHARE for link in SLOW_LINKS)
 
-    after = wait_within_iterations(sample, followed, degraded_at, f"the shares of {SLOW}'s links to drop below 0.3")
+    after = wait_within_iterations(sample, followed, degraded_at, f"the shares of {SLOW}'s links to drop to {FOLLOWED_SHARE}")
     seen["followed_after_s"] = round(time.monotonic() - degraded_t, 1)
     seen["after"] = {f"{a}->{b}": _ratio(after, (a, b)) for a, b in (*SLOW_LINKS, FAST_LINK)}
     seen["followed_after_iterations"] = after[SLOW]["steps"] - degraded_at
