@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 
 from pipeline.config import JobConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def train_job(unique: str, state_dir, *overrides: str) -> JobConfig:
@@ -149,3 +160,88 @@ def newest_checkpoint(state_dir, worker: str):
         except CheckpointError:
             continue  # pruned between listing and reading: the next newest
     return None
+
+
+# --- edgestream processes started from the command line ---------------------------------------
+def start_cli(args, log_path: Path, *, cwd=REPO, env: dict | None = None, wrapper=()) -> subprocess.Popen:
+    """``edgestream ARGS`` (this checkout's CLI in this interpreter, behind ``wrapper``'s
+    argv if any) in a session of its own, stdout and stderr appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:  # the process holds its own copy
+        return subprocess.Popen([*wrapper, sys.executable, "-m", "pipeline.cli", *args], env=env, cwd=cwd,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def stop_session(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+    """``sig`` to every process of ``proc``'s session (its process group); its exit code."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass  # the whole group is gone already
+    return proc.wait(timeout=timeout_s)
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
+    """(status, body) of a GET of ``url``, error statuses included; None while nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return None
+
+
+def http_status(url: str, timeout_s: float = 5.0) -> int | None:
+    answer = http_get(url, timeout_s)
+    return answer[0] if answer is not None else None
+
+
+def probe(url: str) -> tuple[int, dict] | None:
+    """(status, JSON body) of a health endpoint (/healthz, /readyz); None while nothing answers."""
+    answer = http_get(url)
+    return (answer[0], json.loads(answer[1])) if answer is not None else None
+
+
+def worker_endpoint(state_dir: Path, worker: str, pid: int) -> dict | None:
+    """``STATE/workers/<worker>/endpoint.json`` of ``worker``'s incarnation ``pid``, once it wrote it."""
+    path = state_dir / "workers" / worker / "endpoint.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if info.get("pid") == pid else None
+
+
+@dataclass
+class WorkerCli:
+    """An ``edgestream worker`` process started by ``start_worker_cli``."""
+
+    name: str
+    proc: subprocess.Popen
+    state_dir: Path
+    log_path: Path
+
+    def wait_endpoint(self, timeout_s: float) -> dict:
+        """Its endpoint file (metrics, health and ready URLs), once it wrote it."""
+        return wait_until(lambda: worker_endpoint(self.state_dir, self.name, self.proc.pid), timeout_s,
+                          f"{self.name}'s endpoint")
+
+    def wait_ready(self, timeout_s: float, what: str) -> dict:
+        """Its endpoint file, once its /readyz answers 200 (each waited for up to ``timeout_s``)."""
+        info = self.wait_endpoint(timeout_s)
+        wait_until(lambda: http_status(info["ready"], timeout_s=2) == 200, timeout_s, what)
+        return info
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM to its session; its exit code."""
+        return stop_session(self.proc, signal.SIGTERM, timeout_s)
+
+
+def start_worker_cli(job_file: Path, worker: str, state_dir: Path, log_path: Path, *args: str,
+                     cwd=REPO, env: dict | None = None) -> WorkerCli:
+    """``edgestream worker --job JOB_FILE --worker WORKER ARGS`` (its state under ``state_dir``,
+    the job's ``run.state_dir``), logging to ``log_path``."""
+    proc = start_cli(["worker", "--job", str(job_file), "--worker", worker, *args], log_path, cwd=cwd, env=env)
+    return WorkerCli(worker, proc, state_dir, log_path)

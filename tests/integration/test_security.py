@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -21,11 +19,9 @@ from pipeline import acl, security
 from pipeline.config import load_config
 from pipeline.kafka_io import consumer, producer
 from pipeline.simulate import simulate
-from tests.integration.jobs import wait_until
+from tests.integration.jobs import REPO, start_worker_cli, wait_until
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -107,14 +103,10 @@ def test_roles_devices_write_their_own_topics_only_and_strangers_read_nothing(
     # A worker with the workers' principal trains on what the devices send.
     worker_sets = settings(broker, work, workers, creds / f"{workers}.password")
     (tmp_path / "job.json").write_text(json.dumps(admin_cfg.to_dict()))
-    log = open(tmp_path / "w0.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "--job", str(tmp_path / "job.json"),
-                             "--worker", "w0", *(f"--set={s}" for s in worker_sets)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    w0 = start_worker_cli(tmp_path / "job.json", "w0", state, tmp_path / "w0.log",
+                          *(f"--set={s}" for s in worker_sets))
     try:
-        endpoint = state / "workers" / "w0" / "endpoint.json"
-        info = wait_until(lambda: endpoint.exists() and json.loads(endpoint.read_text()), 90, "w0's endpoint")
-        wait_until(lambda: _status(info["ready"]) == 200, 90, "w0 ready with its restricted principal")
+        info = w0.wait_ready(90, "w0 ready with its restricted principal")
 
         # Device `first` may write its own topic; the other device's records are refused and counted.
         device_cfg = job(unique, state, *settings(broker, work, first, creds / f"{first}.password"))
@@ -140,9 +132,7 @@ def test_roles_devices_write_their_own_topics_only_and_strangers_read_nothing(
         wait_until(lambda: trained() >= report.records[first], 90,
                    f"w0 to train the {report.records[first]} records of {first}")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        code = proc.wait(timeout=60)
-        log.close()
+        code = w0.stop(timeout_s=60)
     assert code == 0, (tmp_path / "w0.log").read_text()[-3000:]
     accounting = json.loads((state / "workers" / "w0" / "accounting.json").read_text())["devices"]
     assert accounting[first]["records_in"] == accounting[first]["consumed"] == report.records[first]
@@ -157,16 +147,6 @@ def device_writes_only_its_own(device_cfg, bootstrap: str, own: str, other: str,
     assert report.records[other] == 0
     assert set(report.refused) == {other} and report.refused[other]["TopicAuthorizationFailedError"] > 0
     return report
-
-
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 def _send(bootstrap: str, topic: str) -> None:

@@ -4,41 +4,27 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from pipeline.kafka_io import end_offsets
 from pipeline.run import RunContext, run_job
 from streams import topics
-from tests.integration.jobs import newest_checkpoint, quiet, show, train_job, wait_until, workers_of
+from tests.integration.jobs import (
+    newest_checkpoint,
+    probe,
+    quiet,
+    show,
+    train_job,
+    wait_until,
+    worker_endpoint,
+    workers_of,
+)
 from trainers.checkpoint import MODEL_VERSION_KEY
 
 pytestmark = pytest.mark.integration
 
 GRACE_S = 15.0
-
-
-def probe(url: str) -> tuple[int, dict] | None:
-    """(status, JSON body) of a health endpoint; None while nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-    except OSError:
-        return None
-
-
-def endpoint(state_dir, worker: str, pid: int) -> dict | None:
-    """The endpoint file of ``worker``'s incarnation ``pid``, once it wrote it."""
-    path = state_dir / "workers" / worker / "endpoint.json"
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return info if info.get("pid") == pid else None
 
 
 def test_sigterm_checkpoints_leaves_and_the_restart_resumes_ready(kafka_bootstrap, unique, state_dir):
@@ -50,7 +36,7 @@ def test_sigterm_checkpoints_leaves_and_the_restart_resumes_ready(kafka_bootstra
         from monitoring.scrape import scrape
 
         w1 = ctx.worker("w1")
-        info = wait_until(lambda: endpoint(state_dir, "w1", w1.proc.pid), 60, "w1's endpoint file")
+        info = wait_until(lambda: worker_endpoint(state_dir, "w1", w1.proc.pid), 60, "w1's endpoint file")
         ready = wait_until(lambda: (p := probe(info["ready"])) is not None and p[0] == 200 and p, 90, "w1 ready")
         assert all(check["ok"] for check in ready[1]["checks"].values()), ready
         assert set(ready[1]["checks"]) == {"kafka", "restored", "assigned"}
@@ -66,7 +52,7 @@ def test_sigterm_checkpoints_leaves_and_the_restart_resumes_ready(kafka_bootstra
         seen["checkpoint"] = (checkpoint.meta[MODEL_VERSION_KEY], checkpoint.meta["steps"])
         # The restart: not ready until its checkpoint is restored and its partitions assigned.
         w = ctx.start_worker("w1", join=False)
-        info = wait_until(lambda: endpoint(state_dir, "w1", w.proc.pid), 60, "the restarted w1's endpoint file")
+        info = wait_until(lambda: worker_endpoint(state_dir, "w1", w.proc.pid), 60, "the restarted w1's endpoint file")
         answers = []
 
         def ready_again() -> bool:

@@ -26,19 +26,24 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import dump_config
-from tests.integration.jobs import newest_checkpoint, train_job, wait_until
+from tests.integration.jobs import (
+    REPO,
+    http_status,
+    newest_checkpoint,
+    start_cli,
+    stop_session,
+    train_job,
+    wait_until,
+)
 from tests.unit.deploy.unitfile import (
     INSTALLED_EDGESTREAM,
     UNIT_DIR,
@@ -53,7 +58,6 @@ from tests.unit.deploy.unitfile import (
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 JOB_FILE = "/etc/edgestream/job.toml"
 #: The watchdog the tests run the processes with (the units: 30 s): pings every 2 s.
 WATCHDOG_USEC = 4_000_000
@@ -209,17 +213,11 @@ class EdgeHost:
         (line,) = unit.values("Service", "ExecStart")
         argv = exec_argv(expand_specifiers(line, spec), env)
         assert argv[0] == INSTALLED_EDGESTREAM
-        argv = [sys.executable, "-m", "pipeline.cli", *argv[1:]]
-        argv = [str(self.etc / "job.json") if a == JOB_FILE else a for a in argv]
+        args = [str(self.etc / "job.json") if a == JOB_FILE else a for a in argv[1:]]
         log_path = self.root / "journal" / f"{unit_name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            # exec keeps the pid: WATCHDOG_PID names the process that must ping, as systemd sets it.
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$@"', "sh", *argv],
-                env=env, cwd=value("WorkingDirectory"), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        # exec keeps the pid: WATCHDOG_PID names the process that must ping, as systemd sets it.
+        proc = start_cli(args, log_path, env=env, cwd=value("WorkingDirectory"),
+                         wrapper=["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$@"', "sh"])
         service = Service(unit_name, proc, notify, int(env["EDGESTREAM_METRICS_PORT"]), log_path,
                           seconds(value("TimeoutStartSec")), seconds(value("TimeoutStopSec")))
         self.services.append(service)
@@ -228,8 +226,7 @@ class EdgeHost:
     def cleanup(self) -> None:
         for service in self.services:
             if service.proc.poll() is None:
-                os.killpg(service.proc.pid, signal.SIGKILL)
-                service.proc.wait(timeout=10)
+                stop_session(service.proc, signal.SIGKILL, timeout_s=10)
             service.notify.close()
 
 
@@ -249,16 +246,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 def steps_of(service: Service, worker: str) -> float:
