@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.kafka import wire
+from deploy.kafka.wire import ProtocolError  # raised here, caught as security.ProtocolError
+
 #: The environment variable that holds the SASL password when no file is configured.
 PASSWORD_ENV = "EDGESTREAM_KAFKA_PASSWORD"
 
@@ -179,34 +182,18 @@ def preflight(bootstrap: str, security: ClientSecurity | None = None, timeout_s:
 
 
 # --- a SCRAM login over the Kafka protocol (RFC 5802; SaslHandshake v1, SaslAuthenticate v1) --
-class ProtocolError(Exception):
-    """The server's reply is not what the Kafka protocol says."""
-
-
 _HASHES = {"SCRAM-SHA-512": "sha512", "SCRAM-SHA-256": "sha256"}
+_CLIENT_ID = b"edgestream-preflight"
+_MAX_REPLY = 1 << 20  # SASL replies are small: a larger size is not Kafka
 
 
 def _request(sock: ssl.SSLSocket, api_key: int, version: int, correlation: int, body: bytes) -> bytes:
-    client = b"edgestream-preflight"
-    header = struct.pack(">hhih", api_key, version, correlation, len(client)) + client
-    sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
-    size = struct.unpack(">i", _read(sock, 4))[0]
-    if not 4 <= size <= 1 << 20:
-        raise ProtocolError(f"reply of {size} bytes")
-    reply = _read(sock, size)
-    if struct.unpack(">i", reply[:4])[0] != correlation:
-        raise ProtocolError("reply to another request")
-    return reply[4:]
-
-
-def _read(sock: ssl.SSLSocket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ProtocolError("the broker closed the connection")
-        out += chunk
-    return out
+    """The body of the reply to one request (the socket's own timeout applies)."""
+    try:
+        return wire.exchange(sock, api_key, version, correlation, body,
+                             client_id=_CLIENT_ID, max_size=_MAX_REPLY)
+    except wire.ConnectionClosed:
+        raise ProtocolError("the broker closed the connection") from None
 
 
 def _string(data: bytes, at: int) -> tuple[str | None, int]:

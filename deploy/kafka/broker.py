@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.kafka import wire
+
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
 LOG4J2 = HERE / "log4j2.yaml"
@@ -136,6 +138,9 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
 _METADATA_API_KEY = 3
 _METADATA_VERSION = 4
 _PROBE_CORRELATION_ID = 0x45533031  # any value; the reply must echo it
+_METADATA_BODY = struct.pack(">ib", 0, 0)  # topics: an empty array (not null = all); no auto-create
+_PROBE_CLIENT_ID = b"edgestream-probe"
+_PROBE_MAX_REPLY = 64 * 1024 * 1024  # a size beyond this (or below 12) is not a metadata reply
 
 
 def host_port(address: str) -> tuple[str, int]:
@@ -144,25 +149,6 @@ def host_port(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{address!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
-
-
-def _metadata_request(client_id: bytes = b"edgestream-probe") -> bytes:
-    header = struct.pack(">hhih", _METADATA_API_KEY, _METADATA_VERSION, _PROBE_CORRELATION_ID,
-                         len(client_id)) + client_id
-    body = struct.pack(">ib", 0, 0)  # topics: an empty array (not null = all); no auto-create
-    frame = header + body
-    return struct.pack(">i", len(frame)) + frame
-
-
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("connection closed before a complete reply")
-        out += chunk
-    return bytes(out)
 
 
 def _metadata_brokers(host: str, port: int, deadline: float,
@@ -175,16 +161,16 @@ def _metadata_brokers(host: str, port: int, deadline: float,
             raw.settimeout(max(0.01, deadline - time.monotonic()))
             sock = wrap(raw, host) if wrap is not None else raw
             try:
-                sock.settimeout(max(0.01, deadline - time.monotonic()))
-                sock.sendall(_metadata_request())
-                head = _recv_exact(sock, 4, deadline)
-                (size,) = struct.unpack(">i", head)
-                if head[0] in (0x15, 0x16) and head[1] == 0x03:  # a TLS record (alert, handshake)
+                reply = wire.exchange(sock, _METADATA_API_KEY, _METADATA_VERSION, _PROBE_CORRELATION_ID,
+                                      _METADATA_BODY, client_id=_PROBE_CLIENT_ID,
+                                      min_size=12, max_size=_PROBE_MAX_REPLY, deadline=deadline)
+            except wire.BadReplySize as exc:
+                if exc.tls_record:
                     return 0, (f"{host}:{port} speaks TLS, not plaintext: set kafka.security_protocol "
                                "(SSL or SASL_SSL) and kafka.ssl_cafile")
-                if not 12 <= size <= 64 * 1024 * 1024:
-                    return 0, f"{host}:{port} is not a Kafka broker (reply of {size} bytes)"
-                reply = _recv_exact(sock, min(size, 16), deadline)
+                return 0, f"{host}:{port} is not a Kafka broker (reply of {exc.size} bytes)"
+            except wire.OtherCorrelation:
+                return 0, f"{host}:{port} is not a Kafka broker (unexpected reply)"
             finally:
                 if sock is not raw:
                     sock.close()
@@ -194,9 +180,7 @@ def _metadata_brokers(host: str, port: int, deadline: float,
         return 0, f"connection to {host}:{port} refused"
     except OSError as exc:
         return 0, f"{host}:{port}: {exc.strerror or exc}"
-    correlation, _throttle, brokers = struct.unpack(">iii", reply[:12])
-    if correlation != _PROBE_CORRELATION_ID:
-        return 0, f"{host}:{port} is not a Kafka broker (unexpected reply)"
+    _throttle, brokers = struct.unpack(">ii", reply[:8])
     return brokers, None
 
 
