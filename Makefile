@@ -23,7 +23,7 @@ test: venv
 	@bash scripts/system-deps.sh
 	@bash scripts/deploy-tools.sh >/dev/null
 	@bash scripts/fuzz-deps.sh
-	@$(RUN) python -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/integration
+	@$(RUN) python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests/unit tests/integration
 
 chaos: venv
 	@bash scripts/system-deps.sh

@@ -34,14 +34,15 @@ def cluster(tmp_path_factory):
 def partition_state(bootstrap: str, topic: str) -> dict:
     """Partition 0 of ``topic`` as the cluster describes it (``leader_id``,
     ``replica_nodes``, ``isr_nodes``); ``{}`` while the cluster cannot say (right after
-    a kill a client may still try the dead node)."""
+    a kill a client may still try the dead node; right after a topic is created the
+    broker that answers may not know its partitions yet)."""
     try:
         admin = admin_client(bootstrap)
     except KafkaError:
         return {}
     try:
         (entry,) = admin.describe_topics([topic])
-        return entry["partitions"][0]
+        return entry["partitions"][0] if entry.get("partitions") else {}
     except KafkaError:
         return {}
     finally:
@@ -53,7 +54,7 @@ def test_ensure_topics_replicates_three_times_with_two_in_sync(cluster, unique):
 
     assert ensure_topics(cluster.bootstrap, {topic: "sensors"}) == [topic]
 
-    state = partition_state(cluster.bootstrap, topic)
+    state = wait_until(lambda: partition_state(cluster.bootstrap, topic), 30, f"the partitions of {topic}")
     assert sorted(state["replica_nodes"]) == [1, 2, 3] and sorted(state["isr_nodes"]) == [1, 2, 3]
     admin = admin_client(cluster.bootstrap)
     try:

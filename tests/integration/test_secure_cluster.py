@@ -86,7 +86,7 @@ def test_acl_apply_lets_a_device_write_its_own_topic_and_refuses_the_others(
     first, second = admin_cfg.devices.device_ids()
     as_user(admin_cfg)
     for topic in (topics.sensor_topic(first), f"gradients.{admin_cfg.job.name}"):
-        state_of = partition_state(cluster.bootstrap, topic)
+        state_of = wait_until(lambda t=topic: partition_state(cluster.bootstrap, t), 30, f"the partitions of {topic}")
         assert sorted(state_of["replica_nodes"]) == [1, 2, 3], (topic, state_of)  # the cluster's RF 3
 
     device_cfg = job(unique, state, *settings(cluster, work, first, creds / f"{first}.password"))
