@@ -564,7 +564,7 @@ def _sigterm_interrupts() -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.kafka_io import check_reachable
-    from pipeline.run import run_job
+    from pipeline.run import process_config, run_job
     from pipeline.testbed_run import run_in_testbed, uses_testbed
     from pipeline.worker import check_training_config, process_topics, worker_cpus
 
@@ -572,6 +572,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
+    process_config(cfg)  # the workers' principal (run.workers_password_file): refused before anything else
     in_testbed = uses_testbed(cfg)  # the brokers are the testbed's own (pipeline/testbed_run.py)
     if in_testbed and (args.bootstrap or cfg.kafka.bootstrap):
         raise CommandError("a job with [testbed] enabled runs its own brokers in the testbed's broker hosts: "

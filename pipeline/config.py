@@ -301,6 +301,11 @@ class RunSection:
     max_restarts: int = 3
     #: Wait before the first restart of a worker; doubles with each further restart.
     restart_backoff_s: float = 1.0
+    #: With SASL_SSL: the password file of the job's workers principal (``<job>-workers``,
+    #: what `edgestream acl apply` wrote). `edgestream run` then starts the workers and the
+    #: server as that principal, with only its ACLs; the run itself (simulated devices,
+    #: accounting) keeps the ``kafka.*`` principal. "": every process uses ``kafka.*``.
+    workers_password_file: str = ""
 
 
 @dataclass
@@ -436,6 +441,9 @@ class JobConfig:
         _positive("run.drain_timeout_s", self.run.drain_timeout_s)
         _non_negative("run.max_restarts", self.run.max_restarts)
         _non_negative("run.restart_backoff_s", self.run.restart_backoff_s)
+        if self.run.workers_password_file and self.kafka.security_protocol != "SASL_SSL":
+            raise ConfigError("run.workers_password_file logs the workers in with SCRAM: it needs "
+                              f"kafka.security_protocol='SASL_SSL', not {self.kafka.security_protocol!r}")
         _positive("limits.max_record_message_bytes", self.limits.max_record_message_bytes)
         _positive("limits.max_records_per_message", self.limits.max_records_per_message)
         _positive("kafka.max_message_bytes", self.kafka.max_message_bytes)

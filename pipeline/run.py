@@ -6,6 +6,7 @@ error and on Ctrl-C.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
-from pipeline.config import JobConfig
+from pipeline.config import ConfigError, JobConfig
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
 from pipeline.worker import EXIT_FILE, SERVER_NAME, check_training_config, update_topics
@@ -243,14 +244,31 @@ def drained(cfg: JobConfig, rows: dict, report: SimulationReport) -> bool:
 
 def prepare_state(cfg: JobConfig) -> tuple[Path, Path]:
     """A clean state dir for a new run (worker state from earlier runs removed) and the
-    effective config written there as JSON, which worker processes load."""
+    effective config written there as JSON, which worker processes load: with
+    ``run.workers_password_file``, logged in as the job's workers principal."""
     state = cfg.state_path()
     if (state / "workers").exists():
         shutil.rmtree(state / "workers")
     state.mkdir(parents=True, exist_ok=True)
     cfg_path = state / "job.json"
-    cfg_path.write_text(json.dumps(cfg.to_dict(), indent=2))
+    cfg_path.write_text(json.dumps(process_config(cfg).to_dict(), indent=2))
     return state, cfg_path
+
+
+def process_config(cfg: JobConfig) -> JobConfig:
+    """The configuration the run's workers and server start with: ``cfg``, or with
+    ``run.workers_password_file`` a copy that logs in as ``<job>-workers`` with that file.
+    ``ConfigError`` if the file cannot be read (say how to make it)."""
+    if not cfg.run.workers_password_file:
+        return cfg
+    from pipeline.acl import workers_user
+
+    password_file = Path(cfg.run.workers_password_file).expanduser().resolve()
+    if not password_file.is_file() or not os.access(password_file, os.R_OK):
+        raise ConfigError(f"run.workers_password_file {str(password_file)!r} is not a readable file: "
+                          f"`edgestream acl apply --job JOB --password-dir DIR` writes DIR/{workers_user(cfg)}.password")
+    kafka = dataclasses.replace(cfg.kafka, sasl_username=workers_user(cfg), sasl_password_file=str(password_file))
+    return dataclasses.replace(cfg, kafka=kafka)
 
 
 def run_job(

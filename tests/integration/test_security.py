@@ -18,8 +18,9 @@ from deploy.kafka.tls import make_pki
 from pipeline import acl, security
 from pipeline.config import load_config
 from pipeline.kafka_io import consumer, producer
+from pipeline.run import run_job
 from pipeline.simulate import simulate
-from tests.integration.jobs import REPO, start_worker_cli, wait_until
+from tests.integration.jobs import REPO, quiet, start_worker_cli, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -136,6 +137,27 @@ def test_roles_devices_write_their_own_topics_only_and_strangers_read_nothing(
     assert code == 0, (tmp_path / "w0.log").read_text()[-3000:]
     accounting = json.loads((state / "workers" / "w0" / "accounting.json").read_text())["devices"]
     assert accounting[first]["records_in"] == accounting[first]["consumed"] == report.records[first]
+
+
+def test_run_starts_its_workers_as_the_workers_principal(secure_broker, tmp_path, unique, as_user):
+    broker, work = secure_broker
+    state, creds = tmp_path / "state", tmp_path / "creds"
+    admin_cfg = job(unique, state, *settings(broker, work))
+    as_user(admin_cfg)
+    acl.apply(broker.bootstrap, admin_cfg, creds)
+    workers = acl.workers_user(admin_cfg)
+    cfg = job(unique, state, *settings(broker, work), "run.duration_s=4",
+              f"run.workers_password_file={creds / f'{workers}.password'}")
+
+    result = run_job(cfg, broker.bootstrap, console=quiet(), live=False)
+
+    # The worker loaded a job logged in as the workers' principal, and under its ACLs alone
+    # trained on every record the devices (the admin, here) sent.
+    worker_job = json.loads((state / "job.json").read_text())["kafka"]
+    assert (worker_job["sasl_username"], worker_job["sasl_password_file"]) == (
+        workers, str((creds / f"{workers}.password").resolve()))
+    assert result.balanced and result.deaths == []
+    assert result.training["w0"]["trained_records"] == sum(result.produced.values()) > 0
 
 
 def device_writes_only_its_own(device_cfg, bootstrap: str, own: str, other: str, seconds: float):

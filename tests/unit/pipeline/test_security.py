@@ -154,3 +154,26 @@ def _auth_reply(code: int, message: str | None, payload: bytes) -> bytes:
 def test_scram_client_proves_the_right_password_and_reports_a_refusal():
     assert security.scram_login(FakeScramBroker("pw"), "SCRAM-SHA-256", "w", "pw") is None
     assert security.scram_login(FakeScramBroker("pw"), "SCRAM-SHA-256", "w", "wrong") == "invalid credentials"
+
+
+def test_run_gives_its_workers_the_workers_principal_and_refuses_an_unreadable_password_file(tmp_path):
+    from pipeline.config import ConfigError, load_config
+    from pipeline.run import process_config
+
+    secure = ["kafka.security_protocol=SASL_SSL", "kafka.ssl_cafile=/ca.pem", "kafka.sasl_username=admin",
+              "kafka.sasl_password_file=/admin.password", "job.name=j1"]
+    password = tmp_path / "j1-workers.password"
+    password.write_text("secret\n")
+    cfg = load_config(overrides=[*secure, f"run.workers_password_file={password}"], env={})
+
+    workers = process_config(cfg)
+    assert (workers.kafka.sasl_username, workers.kafka.sasl_password_file) == ("j1-workers", str(password))
+    assert (cfg.kafka.sasl_username, cfg.kafka.sasl_password_file) == ("admin", "/admin.password")  # the run's own
+    assert workers.kafka.ssl_cafile == "/ca.pem" and process_config(load_config(overrides=secure, env={})).kafka \
+        .sasl_username == "admin"
+    missing = load_config(overrides=[*secure, f"run.workers_password_file={tmp_path / 'none'}"], env={})
+    with pytest.raises(ConfigError, match="not a readable file: `edgestream acl apply --job JOB --password-dir DIR` "
+                                          "writes DIR/j1-workers.password"):
+        process_config(missing)
+    with pytest.raises(ConfigError, match="run.workers_password_file logs the workers in with SCRAM"):
+        load_config(overrides=[f"run.workers_password_file={password}"], env={})
