@@ -907,9 +907,16 @@ def training_view(cfg: JobConfig, scrapes: dict[str, Scrape]) -> Table:
             f"{s.get('edgestream_loss', worker=name, split='train'):.3f}",
             f"{total / count:.2f}" if count else "-",
             str(int(s.get("edgestream_compressed_steps_total", worker=name))),
-            str(int(s.get("edgestream_updates_rejected_total", worker=name))),
+            _rejected_live(s, name),
         )
     return table
+
+
+def _rejected_live(s: Scrape, name: str) -> str:
+    """Updates refused on receipt, and (``+N bound``) those the norm bound left out."""
+    refused = int(s.get("edgestream_updates_rejected_total", worker=name))
+    bound = int(s.get("edgestream_norm_rejected_updates_total", worker=name))
+    return f"{refused}" + (f" (+{bound} bound)" if bound else "")
 
 
 def training_table(result: RunResult) -> Table:

@@ -126,3 +126,14 @@ def test_the_training_summary_marks_the_byzantine_worker_and_the_updates_the_bou
 
     assert "w2 (byzantine: scale100, 7 sent)" in text
     assert "1 (over the bound 7, clipped 2)" in text
+
+
+def test_the_live_view_adds_the_updates_the_norm_bound_left_out():
+    from monitoring.scrape import Sample, Scrape
+    from pipeline.run import _rejected_live
+
+    scrape = Scrape([Sample("edgestream_updates_rejected_total", (("worker", "server"), ("reason", "bad")), 2.0),
+                     Sample("edgestream_norm_rejected_updates_total", (("worker", "server"), ("peer", "w2")), 5.0)])
+
+    assert _rejected_live(scrape, "server") == "2 (+5 bound)"
+    assert _rejected_live(scrape, "w0") == "0"
