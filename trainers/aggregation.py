@@ -182,14 +182,23 @@ def trimmed_mean(
     return result
 
 
-def _squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
-    """``||a - b||^2`` over all tensors, summed like :func:`update_norm` (float64 per
-    tensor, exactly rounded across tensors): replicas agree on it bit for bit."""
-    partial = []
-    for name in sorted(a):
-        diff = a[name].detach().to("cpu").double().reshape(-1).numpy() - b[name].detach().to("cpu").double().reshape(-1).numpy()
-        partial.append(float(np.sum(diff * diff)))
-    return math.fsum(partial)
+def _float64_parts(named_tensors: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> list:
+    """Each tensor of a contribution, in sorted name order, flattened to float64 (numpy);
+    ``AggregationError`` if a shape differs from ``reference``'s."""
+    parts = []
+    for name in sorted(reference):
+        tensor = named_tensors[name]
+        if tuple(tensor.shape) != tuple(reference[name].shape):
+            raise AggregationError(f"{name!r}: shape {tuple(tensor.shape)} differs from {tuple(reference[name].shape)}")
+        parts.append(tensor.detach().to("cpu").double().reshape(-1).numpy())
+    return parts
+
+
+def _squared_distance(a: list, b: list) -> float:
+    """``||a - b||^2`` of two contributions' :func:`_float64_parts`, summed like
+    :func:`update_norm` (per tensor by numpy, exactly rounded across tensors): replicas
+    agree on it bit for bit."""
+    return math.fsum(float(np.sum((x - y) * (x - y))) for x, y in zip(a, b, strict=True))
 
 
 def krum_select(named_tensors_list: Sequence[Mapping[str, torch.Tensor]], f: int) -> list[int]:
@@ -207,15 +216,11 @@ def krum_select(named_tensors_list: Sequence[Mapping[str, torch.Tensor]], f: int
         raise AggregationError(f"krum_f must be an int >= 0, got {f!r}")
     if count < 2 * f + 3:
         raise AggregationError(f"krum with krum_f={f} needs at least {2 * f + 3} contributions, got {count}")
-    for contribution in named_tensors_list[1:]:
-        for name, tensor in contribution.items():
-            if tuple(tensor.shape) != tuple(named_tensors_list[0][name].shape):
-                raise AggregationError(f"{name!r}: shape {tuple(tensor.shape)} differs from "
-                                       f"{tuple(named_tensors_list[0][name].shape)}")
+    parts = [_float64_parts(c, named_tensors_list[0]) for c in named_tensors_list]  # once each, not per pair
     distances = [[0.0] * count for _ in range(count)]
     for i in range(count):
         for j in range(i + 1, count):
-            distances[i][j] = distances[j][i] = _squared_distance(named_tensors_list[i], named_tensors_list[j])
+            distances[i][j] = distances[j][i] = _squared_distance(parts[i], parts[j])
     neighbours = count - f - 2
     scores = [math.fsum(sorted(distances[i][j] for j in range(count) if j != i)[:neighbours]) for i in range(count)]
     chosen = sorted(range(count), key=lambda i: (scores[i], i))[: count - f]
@@ -419,11 +424,9 @@ class RobustAggregation:
             return (self.combine(named_tensors_list, batch_sizes),
                     combine_buffers(self, buffers_list, batch_sizes))
         chosen = self.select(named_tensors_list)
-        tensors = plain_mean([named_tensors_list[i] for i in chosen])
-        buffers = [buffers_list[i] for i in chosen]
-        names = {frozenset(b) for b in buffers if b}
-        same = bool(buffers) and all(buffers) and len(names) == 1
-        return tensors, (plain_mean([b for b in buffers if b]) if same else None)
+        buffers = _shared_buffers([buffers_list[i] for i in chosen])
+        return (plain_mean([named_tensors_list[i] for i in chosen]),
+                None if buffers is None else plain_mean(buffers))
 
     def global_batch(self, batch_sizes: Sequence[int]) -> int:
         """Samples behind an aggregate, for the linear LR rule ``B_t / B_ref``: the sum for
@@ -579,9 +582,14 @@ def combine_buffers(
 ) -> dict[str, torch.Tensor] | None:
     """Buffer deltas aggregated by ``rule`` when every contribution carries the same
     non-empty set of names; None otherwise (no buffer sync for that aggregate)."""
-    if not buffers_list or any(not b for b in buffers_list):
+    shared = _shared_buffers(buffers_list)
+    return None if shared is None else rule.combine(shared, batch_sizes)
+
+
+def _shared_buffers(
+    buffers_list: Sequence[Mapping[str, torch.Tensor] | None],
+) -> list[Mapping[str, torch.Tensor]] | None:
+    """``buffers_list`` if every contribution carries the same non-empty set of names, else None."""
+    if not buffers_list or any(not b for b in buffers_list) or len({frozenset(b) for b in buffers_list}) != 1:
         return None
-    names = {frozenset(b) for b in buffers_list if b}
-    if len(names) != 1:
-        return None
-    return rule.combine([b for b in buffers_list if b], batch_sizes)
+    return list(buffers_list)
