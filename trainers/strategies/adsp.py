@@ -34,9 +34,8 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import RobustAggregation, UpdateWindow
 from trainers.commit_rate import CommitRateSearch, CommitScheduler, commit_interval
-from trainers.errors import AggregationError, StrategyError
+from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies.base import (
@@ -324,15 +323,8 @@ class ADSPServer(WindowedServer, SyncStrategy):
         (:class:`trainers.aggregation.RobustAggregation`); ``aggregate_window``: committers
         per aggregate (default: none for ``mean``, the job's workers for the robust rules)."""
         super().__init__(ctx)
-        try:
-            self.robust = RobustAggregation.from_params(
-                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy,
-                krum_f=krum_f,
-            )
-            self.aggregate_window = self.robust.window_size(aggregate_window, len(set(ctx.members)))
-        except AggregationError as exc:
-            raise StrategyError(f"adsp server: {exc}") from None
-        self._window = UpdateWindow("sum") if self.aggregate_window is not None else None
+        self._setup_robust("adsp server", "sum", ctx.members, aggregate_window, aggregation=aggregation, trim=trim,
+                           krum_f=krum_f, max_update_norm=max_update_norm, norm_policy=norm_policy)
         if not 0.0 <= float(server_momentum) < 1.0:
             raise StrategyError(f"server_momentum must be in [0, 1), got {server_momentum}")
         self.server_momentum = float(server_momentum)

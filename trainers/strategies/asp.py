@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from trainers.aggregation import RobustAggregation, UpdateWindow, scale_tensors
-from trainers.errors import AggregationError, StrategyError
+from trainers.aggregation import scale_tensors
+from trainers.errors import StrategyError
 from trainers.local import StepResult
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.staleness import StalenessTracker
@@ -140,15 +140,8 @@ class ASPServer(WindowedServer, SyncStrategy):
         (:class:`trainers.aggregation.RobustAggregation`); ``aggregate_window``: senders per
         aggregate (default: none for ``mean``, the job's workers for the robust rules)."""
         super().__init__(ctx)
-        try:
-            self.robust = RobustAggregation.from_params(
-                aggregation=aggregation, trim=trim, max_update_norm=max_update_norm, norm_policy=norm_policy,
-                krum_f=krum_f,
-            )
-            self.aggregate_window = self.robust.window_size(aggregate_window, len(set(ctx.members)))
-        except AggregationError as exc:
-            raise StrategyError(f"asp server: {exc}") from None
-        self._window = UpdateWindow("mean") if self.aggregate_window is not None else None
+        self._setup_robust("asp server", "mean", ctx.members, aggregate_window, aggregation=aggregation, trim=trim,
+                           krum_f=krum_f, max_update_norm=max_update_norm, norm_policy=norm_policy)
         if publish_every < 0:
             raise StrategyError(f"publish_every must be >= 0, got {publish_every}")
         if max_staleness is not None and max_staleness < 0:

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import UpdateWindow, WindowSlot
+from trainers.aggregation import RobustAggregation, UpdateWindow, WindowSlot
+from trainers.errors import AggregationError, StrategyError
 from trainers.messages import UpdateMessage
 
 
@@ -35,6 +36,19 @@ class WindowedServer:
     trainer: Any
     staleness: Any
     counters: Any
+
+    def _setup_robust(self, who: str, fold: str, members: Any, aggregate_window: int | None,
+                      **params: Any) -> None:
+        """Set ``robust`` from the strategy parameters (``aggregation``, ``trim``, ``krum_f``,
+        ``max_update_norm``, ``norm_policy``), ``aggregate_window`` (sized from ``members``
+        when not given) and ``_window`` (an ``UpdateWindow(fold)``, or None without one);
+        ``StrategyError`` naming ``who`` for a setting the server cannot honour."""
+        try:
+            self.robust = RobustAggregation.from_params(**params)
+            self.aggregate_window = self.robust.window_size(aggregate_window, len(set(members)))
+        except AggregationError as exc:
+            raise StrategyError(f"{who}: {exc}") from None
+        self._window = UpdateWindow(fold) if self.aggregate_window is not None else None
 
     def _window_target(self) -> int:
         """Slots that fill the window: ``aggregate_window``, or fewer when fewer workers are live."""
