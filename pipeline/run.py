@@ -33,7 +33,13 @@ from pipeline.app import app_id, sensor_group
 from pipeline.config import ConfigError, JobConfig
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
-from pipeline.worker import EXIT_FILE, SERVER_NAME, check_training_config, update_topics
+from pipeline.worker import (
+    EXIT_FILE,
+    SERVER_NAME,
+    check_training_config,
+    update_topics,
+    warn_byzantine,
+)
 from streams import topics
 
 
@@ -306,6 +312,7 @@ def run_job(
         from pipeline.training import training_topics
 
         subscribes = check_training_config(cfg)
+        warn_byzantine(cfg)
         # Every configured worker's inbox up front (point-to-point strategies): a message
         # to a worker that starts later (or joins) waits in its topic.
         inboxes = cfg.worker_names() if "inbox" in subscribes else []

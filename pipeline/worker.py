@@ -4,7 +4,6 @@ Faust app until stopped, and says how it ended (``exit.json``: code and crash re
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -125,13 +124,13 @@ def update_topics(cfg: JobConfig, name: str | None = None, subscribes: tuple[str
     return [topic for topic, kind in training_topics(cfg.job.name, inboxes).items() if kind != "dlq"]
 
 
-@functools.cache
-def warn_byzantine(workers: tuple[str, ...], attack: str) -> None:
-    """Warn that the job has Byzantine workers (``workers.byzantine``): once per process and
-    setting (``edgestream run`` checks the job more than once before it starts anything)."""
-    log.warning("fault injection (workers.byzantine): every gradient and delta sent by %s is corrupted on "
-                "purpose with %s (workers.attack), for robustness evaluation; not a setting for a real job",
-                ", ".join(workers), attack)
+def warn_byzantine(cfg: JobConfig) -> None:
+    """Warn, if the job has Byzantine workers (``workers.byzantine``), that they corrupt what
+    they send on purpose. ``edgestream run`` calls it once, before it starts any process."""
+    if cfg.workers.byzantine:
+        log.warning("fault injection (workers.byzantine): every gradient and delta sent by %s is corrupted on "
+                    "purpose with %s (workers.attack), for robustness evaluation; not a setting for a real job",
+                    ", ".join(cfg.workers.byzantine), cfg.workers.attack)
 
 
 def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
@@ -141,8 +140,6 @@ def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
     (``subscribes``; empty without training). No side effects (no Kafka, no files); imports torch."""
     if not cfg.train.enabled:
         return ()
-    if cfg.workers.byzantine:
-        warn_byzantine(tuple(cfg.workers.byzantine), cfg.workers.attack)
     from compression import registry as compressors
     from pipeline.training import build_driver, parse_params
     from trainers import build_model
