@@ -30,6 +30,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -137,14 +138,20 @@ def load_table(path: str | Path, label_column: str) -> Table:
     raise TableImportError(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv, .npy, .npz or .parquet")
 
 
-def _labels_to_ints(path: Path, raw: list[str] | np.ndarray) -> tuple[np.ndarray, list[str]]:
-    values = [str(v).strip() for v in raw]
-    if any(v == "" for v in values):
-        row = next(i for i, v in enumerate(values) if v == "")
-        raise TableImportError(f"{path}: empty label in data row {row + 1}")
+def _labels_to_ints(path: Path, raw: list[str] | np.ndarray,
+                    rows: list[int] | None = None) -> tuple[np.ndarray, list[str]]:
+    """Labels as 0..C-1 in sorted order, and the names. An empty, NaN or infinite label
+    is refused naming its data row (``rows[i]``: the table's row number of label ``i``)."""
+    values = ["" if v is None else str(v).strip() for v in raw]  # None: Parquet's missing value
+    for i, value in enumerate(values):
+        problem = _missing_label(value)
+        if problem is not None:
+            row = rows[i] if rows is not None else i + 1
+            raise TableImportError(f"{path}: {problem} in data row {row}; every row needs a class: "
+                                   "fill it in or delete the row")
     try:
         as_float = [float(v) for v in values]
-        numeric = all(math.isfinite(f) and f == int(f) for f in as_float)
+        numeric = all(f == int(f) for f in as_float)
     except ValueError:
         numeric = False
     if numeric:
@@ -157,45 +164,115 @@ def _labels_to_ints(path: Path, raw: list[str] | np.ndarray) -> tuple[np.ndarray
     return np.array([index[v] for v in values], dtype=np.int64), names
 
 
-def _features(path: Path, rows: np.ndarray, names: list[str]) -> np.ndarray:
+def _missing_label(value: str) -> str | None:
+    """Why ``value`` is not a class (empty, NaN, infinite), or None if it is one."""
+    if value == "":
+        return "empty label"
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return None if math.isfinite(number) else f"label {value!r} (not a class)"
+
+
+#: The largest magnitude a float32 feature can hold; a larger value would be stored as inf.
+_F32_MAX = float(np.finfo(np.float32).max)
+#: How many column names an error lists before "... and N more".
+_LISTED_COLUMNS = 20
+
+
+def _column_list(names: list[str]) -> str:
+    """``names`` comma-separated, the first ``_LISTED_COLUMNS`` and then how many more."""
+    shown = ", ".join(names[:_LISTED_COLUMNS])
+    more = len(names) - _LISTED_COLUMNS
+    return f"{shown}, ... and {more} more" if more > 0 else shown
+
+
+def _features(path: Path, rows: np.ndarray, names: list[str], row_numbers: list[int] | None = None) -> np.ndarray:
+    """``rows`` as float32 [N, F], refusing non-finite values and values float32 cannot hold
+    (naming the data row, ``row_numbers[r]`` if given, and the column)."""
     try:
         features = np.asarray(rows, dtype=np.float64)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise TableImportError(f"{path}: feature columns must be numeric: {exc}") from None
     if features.ndim != 2 or features.shape[1] == 0:
         raise TableImportError(f"{path}: need at least one feature column besides the label")
+
+    def where(r: int, c: int) -> str:
+        row = row_numbers[r] if row_numbers is not None else r + 1
+        return f"data row {row}, column {names[c]!r}"
+
     bad = ~np.isfinite(features)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise TableImportError(f"{path}: non-finite value in data row {r + 1}, column {names[c]!r}")
+        raise TableImportError(f"{path}: non-finite value in {where(r, c)}")
+    over = np.abs(features) > _F32_MAX
+    if over.any():
+        r, c = np.argwhere(over)[0]
+        count = int(over.sum())
+        others = f" ({count - 1} more value(s) too)" if count > 1 else ""
+        raise TableImportError(
+            f"{path}: value {features[r, c]:g} in {where(r, c)} overflows float32 "
+            f"(magnitude above {_F32_MAX:.4g}){others}; rescale the column (e.g. other units)"
+        )
     return features.astype(np.float32)
 
 
+#: Bytes read to tell a binary file from text before parsing it.
+_SNIFF_BYTES = 8192
+
+
 def _load_csv(path: Path, label_column: str, delimiter: str) -> Table:
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh, delimiter=delimiter)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise TableImportError(f"{path}: empty file") from None
-        if label_column not in header:
-            raise TableImportError(f"{path}: no label column {label_column!r}; columns: {', '.join(header)}")
-        li = header.index(label_column)
-        labels_raw, rows = [], []
-        for n, row in enumerate(reader, start=1):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) != len(header):
-                raise TableImportError(f"{path}: data row {n} has {len(row)} fields, the header {len(header)}")
-            labels_raw.append(row[li])
-            rows.append([c.strip() for i, c in enumerate(row) if i != li])
+    with open(path, "rb") as fh:
+        head = fh.read(_SNIFF_BYTES)
+    if b"\0" in head:
+        raise TableImportError(f"{path}: binary file (NUL bytes), not a CSV text table; "
+                               "export the table as UTF-8 CSV, or import it as .npy / .npz / .parquet")
+    try:
+        # utf-8-sig drops a byte-order mark, which would otherwise stick to the first name.
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            return _parse_csv(path, csv.reader(fh, delimiter=delimiter), label_column)
+    except UnicodeDecodeError as exc:
+        raise TableImportError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "export the table as UTF-8 CSV"
+        ) from None
+    except csv.Error as exc:
+        raise TableImportError(f"{path}: not a readable CSV: {exc}") from None
+
+
+def _parse_csv(path: Path, reader: Iterator[list[str]], label_column: str) -> Table:
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise TableImportError(f"{path}: empty file") from None
+    seen: dict[str, int] = {}
+    for position, name in enumerate(header, start=1):
+        if name in seen:
+            raise TableImportError(f"{path}: duplicate column name {name!r} (columns {seen[name]} and "
+                                   f"{position}); give every column a unique name")
+        seen[name] = position
+    if label_column not in header:
+        raise TableImportError(f"{path}: no label column {label_column!r}; "
+                               f"{len(header)} columns: {_column_list(header)}")
+    li = header.index(label_column)
+    labels_raw, rows, row_numbers = [], [], []
+    for n, row in enumerate(reader, start=1):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise TableImportError(f"{path}: data row {n} has {len(row)} fields, the header {len(header)}")
+        labels_raw.append(row[li])
+        rows.append([c.strip() for i, c in enumerate(row) if i != li])
+        row_numbers.append(n)
     if not rows:
         raise TableImportError(f"{path}: no data rows")
     feature_names = [h for i, h in enumerate(header) if i != li]
-    try:
-        numeric = [[float(c) for c in r] for r in rows]
-    except ValueError:
-        for n, r in enumerate(rows, start=1):
+    numeric = []
+    for n, r in zip(row_numbers, rows, strict=True):
+        try:
+            numeric.append([float(c) for c in r])
+        except ValueError:
             for name, c in zip(feature_names, r, strict=True):
                 try:
                     float(c)
@@ -203,9 +280,9 @@ def _load_csv(path: Path, label_column: str, delimiter: str) -> Table:
                     raise TableImportError(
                         f"{path}: data row {n}, column {name!r}: {c!r} is not a number"
                     ) from None
-        raise
-    labels, names = _labels_to_ints(path, labels_raw)
-    return Table(_features(path, np.array(numeric), feature_names), labels, names, feature_names)
+            raise
+    labels, names = _labels_to_ints(path, labels_raw, row_numbers)
+    return Table(_features(path, np.array(numeric), feature_names, row_numbers), labels, names, feature_names)
 
 
 def _load_npy(path: Path, label_column: str) -> Table:
@@ -228,7 +305,7 @@ def _load_npz(path: Path, label_column: str) -> Table:
     with np.load(path, allow_pickle=False) as z:
         keys = list(z.keys())
         if label_column not in keys:
-            raise TableImportError(f"{path}: no array {label_column!r}; arrays: {', '.join(keys)}")
+            raise TableImportError(f"{path}: no array {label_column!r}; arrays: {_column_list(keys)}")
         others = [k for k in keys if k != label_column]
         feat_key = next((k for k in ("features", "x", "X") if k in others), others[0] if len(others) == 1 else None)
         if feat_key is None:
@@ -254,7 +331,8 @@ def _load_parquet(path: Path, label_column: str) -> Table:
         ) from None
     table = pq.read_table(path)
     if label_column not in table.column_names:
-        raise TableImportError(f"{path}: no label column {label_column!r}; columns: {', '.join(table.column_names)}")
+        raise TableImportError(f"{path}: no label column {label_column!r}; {len(table.column_names)} columns: "
+                               f"{_column_list(table.column_names)}")
     names = [c for c in table.column_names if c != label_column]
     columns = [np.asarray(table.column(c).to_numpy(zero_copy_only=False)) for c in names]
     labels, label_names = _labels_to_ints(path, table.column(label_column).to_pylist())
@@ -293,6 +371,18 @@ def feature_stats(features: np.ndarray) -> dict[str, list[float]]:
     }
 
 
+def _check_stats(path: str | Path, stats: dict[str, list[float]], names: list[str]) -> None:
+    """Refuse a table whose per-feature statistics are not all finite: a job's input
+    standardisation and value range are built from them (``import.json`` must hold numbers)."""
+    for stat, values in stats.items():
+        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        if bad:
+            name = names[bad[0]] if len(names) == len(values) else f"feature {bad[0]}"
+            raise TableImportError(f"{path}: the {stat} of column {name!r} is {values[bad[0]]} "
+                                   f"({len(bad)} column(s) affected); rescale the column so its "
+                                   "values and their spread fit float32")
+
+
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
     # Plain arrays only (no object dtype), so readers can load with allow_pickle=False.
     tmp = path.with_name(path.name + ".tmp")
@@ -320,6 +410,8 @@ def import_table(
     train, heldout = split_heldout(dataset, fraction=spec.heldout_fraction, seed=spec.seed)
     if len(heldout) == 0:
         raise TableImportError(f"{path}: too few rows for a held-out split (every class has a single row)")
+    stats = feature_stats(train.features)
+    _check_stats(path, stats, table.feature_names)  # before anything is written
     params: dict = {}
     if spec.partition == "dirichlet":
         params = {"alpha": spec.dirichlet_alpha, "min_size": 1}
@@ -394,7 +486,7 @@ def import_table(
         "train": {"file": TRAIN_FILE, "rows": len(train)},
         "heldout": {"file": HELDOUT_FILE, "rows": len(heldout),
                     "label_histogram": np.bincount(heldout.labels, minlength=num_classes).tolist()},
-        "stats": feature_stats(train.features),
+        "stats": stats,
         "device_ids": devices,
         "rates_hz": [rates[d] for d in devices],
         "profile": spec.profile,
@@ -418,7 +510,7 @@ def import_table(
     )
     # Written last: a directory whose import.json has ``data`` holds every file it names.
     tmp = out_dir / (IMPORT_INFO + ".tmp")
-    tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    tmp.write_text(json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n")
     tmp.replace(out_dir / IMPORT_INFO)
     return report
 
