@@ -362,6 +362,18 @@ class Metrics:
             "norm above its bound); their records were dead-lettered",
             ["worker", "reason"], registry=r,
         )
+        self.culprit_probes = Counter(
+            "edgestream_culprit_probes_total",
+            "Sub-steps judged by the culprit search of refused steps (per device, then halves), "
+            "to dead-letter only the records that made a step unsound",
+            ["worker"], registry=r,
+        )
+        self.culprit_unresolved_records = Counter(
+            "edgestream_culprit_unresolved_records_total",
+            "Records of a refused step dead-lettered without being narrowed down (the search's "
+            "train.culprit_max_probes ran out, or only their group as a whole was unsound)",
+            ["worker"], registry=r,
+        )
         self.updates_rejected = Counter(
             "edgestream_updates_rejected_total", "Gradient / model messages rejected before use",
             ["worker", "reason"], registry=r,
@@ -433,7 +445,7 @@ class Metrics:
     def init_worker(self, worker: str) -> None:
         """Create the worker's training counters at 0 (same reason as ``init_device``)."""
         for counter in (self.steps, self.trained_records, self.compressed_steps, self.commits,
-                        self.injected_records):
+                        self.injected_records, self.culprit_probes, self.culprit_unresolved_records):
             counter.labels(worker)
         for reason in STEP_REJECT_REASONS:
             self.rejected_steps.labels(worker, reason)

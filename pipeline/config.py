@@ -265,6 +265,10 @@ class TrainSection:
     #: Also reject a local step whose gradient norm exceeds this many times the median of
     #: the last accepted steps' norms (after a warm-up). 0: off.
     grad_norm_spike: float = 100.0
+    #: A refused step's culprit search judges at most this many sub-steps (per device, then
+    #: halves down to single records) to dead-letter only the records that make it unsound;
+    #: a suspect group left beyond it is dead-lettered whole. 0: no search (the whole batch).
+    culprit_max_probes: int = 64
     #: `run` stops streaming early once every worker's held-out accuracy reached this (0: off).
     target_accuracy: float = 0.0
     #: torch threads per training process (the machine's cores are shared).
@@ -432,6 +436,7 @@ class JobConfig:
         _positive("train.checkpoint_keep", self.train.checkpoint_keep)
         _non_negative("train.max_grad_norm", self.train.max_grad_norm)
         _non_negative("train.max_abs_weight", self.train.max_abs_weight)
+        _non_negative("train.culprit_max_probes", self.train.culprit_max_probes)
         if self.train.grad_norm_spike != 0 and self.train.grad_norm_spike <= 1:
             raise ConfigError(f"train.grad_norm_spike must be > 1, or 0 for off (got {self.train.grad_norm_spike})")
         _positive("train.torch_threads", self.train.torch_threads)

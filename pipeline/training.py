@@ -162,6 +162,18 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def pick(parts: list[Batch], positions: np.ndarray) -> list[Batch]:
+    """The records at ``positions`` (ascending, over ``parts`` concatenated) as batches of
+    the parts they belong to, in order (a part with none of them is left out)."""
+    picked, start = [], 0
+    for batch in parts:
+        local = positions[(positions >= start) & (positions < start + batch.size)] - start
+        if len(local):
+            picked.append(batch.select(local))
+        start += batch.size
+    return picked
+
+
 def driver_config(cfg: JobConfig) -> DriverConfig:
     """The driver's settings from the job file."""
     return DriverConfig(
@@ -169,7 +181,7 @@ def driver_config(cfg: JobConfig) -> DriverConfig:
         max_step_batch=cfg.train.max_step_batch, codec=cfg.train.codec,
         codec_params=parse_params(cfg.train.codec_params), error_feedback=cfg.train.error_feedback,
         max_grad_norm=cfg.train.max_grad_norm, grad_norm_spike=cfg.train.grad_norm_spike,
-        max_abs_weight=cfg.train.max_abs_weight,
+        max_abs_weight=cfg.train.max_abs_weight, culprit_max_probes=cfg.train.culprit_max_probes,
         controller=cfg.train.compression_controller, controller_params=parse_params(cfg.train.controller_params),
     )
 
@@ -780,11 +792,17 @@ class TrainingRuntime:
         started = time.monotonic()
         wait_s = started - self._ready_since if self._ready_since is not None else 0.0
         self._ready_since = None
-        stepped: Stepped = await self._call(self.driver.step, records.features, records.labels)
+        # Each record's device: a refused step's culprit search splits the batch by it.
+        groups = np.repeat(np.array([b.device for b in parts]), [b.size for b in parts])
+        stepped: Stepped = await self._call(self.driver.step, records.features, records.labels, groups)
         compute_s = time.monotonic() - started
-        if stepped.rejection is not None:
-            await self._reject(parts, stepped.rejection)
-            return
+        if stepped.dead or stepped.rejection is not None:
+            await self._reject(parts, stepped)
+            if stepped.rejection is not None:
+                return
+        if stepped.trained is not None:  # the culprits are dead-lettered; train the others
+            parts = pick(parts, stepped.trained)
+            size = sum(b.size for b in parts)
         # Emulated compute heterogeneity and device cost (a slower device), not synchronisation:
         # the step lasts max(slowdown x measured, (step_base_s + step_per_record_s x n) x slowdown).
         emulated_s = emulated_wait_s(compute_s, size, self.cfg.workers.step_base_s,
@@ -849,32 +867,57 @@ class TrainingRuntime:
             self.metrics.prequential_correct.labels(batch.device).inc(hits)
             start += batch.size
 
-    async def _reject(self, parts: list[Batch], rejection: StepRejection) -> None:
-        """A step the driver refused: nothing applied or published; each batch's records go
-        to ``sensors.dlq`` (re-encoded, with the reason), then are settled as dead-lettered."""
-        records = sum(b.size for b in parts)
+    async def _reject(self, parts: list[Batch], stepped: Stepped) -> None:
+        """A step the driver refused: nothing of it applied or published. Its records (all of
+        them, or only the culprits its search found: ``stepped.dead``) go to ``sensors.dlq``
+        (re-encoded, per device, with the reason), then are settled as dead-lettered."""
+        if stepped.dead:
+            letters = [(pick(parts, c.indices), c.rejection) for c in stepped.dead]
+            rejection = stepped.dead[0].rejection
+        else:
+            assert stepped.rejection is not None
+            letters = [(parts, stepped.rejection)]
+            rejection = stepped.rejection
+        records = sum(b.size for batches, _ in letters for b in batches)
         self.stats.rejected_steps += 1
         self.stats.dead_lettered_records += records
         self.stats.rejected_by_reason[rejection.reason] = self.stats.rejected_by_reason.get(rejection.reason, 0) + 1
         self.metrics.rejected_steps.labels(self.name, rejection.reason).inc()
-        log.warning("%s: step rejected (%s): %s; %d records dead-lettered", self.name, rejection.reason,
-                    rejection.detail, records)
+        if stepped.probes:
+            self.metrics.culprit_probes.labels(self.name).inc(stepped.probes)
+        unresolved = sum(len(c.indices) for c in stepped.dead if not c.resolved)
+        if unresolved:
+            self.metrics.culprit_unresolved_records.labels(self.name).inc(unresolved)
+        if stepped.dead:
+            devices = sorted({b.device for batches, _ in letters for b in batches})
+            log.warning("%s: step rejected (%s): %s; culprit search (%d sub-steps): %d records of %s "
+                        "dead-lettered%s, %d trained", self.name, rejection.reason, rejection.detail,
+                        stepped.probes, records, ", ".join(devices),
+                        f" ({unresolved} not narrowed down)" if unresolved else "", stepped.trained_records)
+        else:
+            log.warning("%s: step rejected (%s): %s; %d records dead-lettered", self.name, rejection.reason,
+                        rejection.detail, records)
+        for batches, why in letters:
+            for batch in batches:
+                await self._dead_letter_batch(batch, why)
+
+    async def _dead_letter_batch(self, batch: Batch, rejection: StepRejection) -> None:
+        """``batch``'s records to ``sensors.dlq`` with ``rejection``'s reason, then settled dead."""
         assert self.sensor_dead_letter is not None and self.settle is not None
-        for batch in parts:
-            headers = {
-                topics.DLQ_HEADER_REASON: rejection.reason.encode(),
-                topics.DLQ_HEADER_DETAIL: rejection.detail.encode()[:1024],
-                topics.DLQ_HEADER_TOPIC: topics.sensor_topic(batch.device).encode(),
-                topics.DLQ_HEADER_WORKER: self.name.encode(),
-                topics.DLQ_HEADER_RECORDS: str(batch.size).encode(),
-            }
-            offsets = self._source_offsets(batch)
-            if offsets is not None:
-                headers[topics.DLQ_HEADER_PARTITION] = str(offsets[0]).encode()
-                headers[topics.DLQ_HEADER_OFFSET] = str(offsets[1]).encode()
-                headers[topics.DLQ_HEADER_OFFSETS] = f"{offsets[1]}-{offsets[2]}".encode()
-            await self.sensor_dead_letter(codec.encode(batch.records), headers)  # durable first
-            await self.settle(batch, DEAD, rejection.reason)
+        headers = {
+            topics.DLQ_HEADER_REASON: rejection.reason.encode(),
+            topics.DLQ_HEADER_DETAIL: rejection.detail.encode()[:1024],
+            topics.DLQ_HEADER_TOPIC: topics.sensor_topic(batch.device).encode(),
+            topics.DLQ_HEADER_WORKER: self.name.encode(),
+            topics.DLQ_HEADER_RECORDS: str(batch.size).encode(),
+        }
+        offsets = self._source_offsets(batch)
+        if offsets is not None:
+            headers[topics.DLQ_HEADER_PARTITION] = str(offsets[0]).encode()
+            headers[topics.DLQ_HEADER_OFFSET] = str(offsets[1]).encode()
+            headers[topics.DLQ_HEADER_OFFSETS] = f"{offsets[1]}-{offsets[2]}".encode()
+        await self.sensor_dead_letter(codec.encode(batch.records), headers)  # durable first
+        await self.settle(batch, DEAD, rejection.reason)
 
     @staticmethod
     def _source_offsets(batch: Batch) -> tuple[int, int, int] | None:

@@ -11,7 +11,10 @@ Two modes:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from streams.buffering import Sources, StreamBuffer, concat, slice_records
 from streams.records import RecordBatch
@@ -30,6 +33,27 @@ class Batch:
     @property
     def size(self) -> int:
         return self.records.count
+
+    def select(self, positions: Sequence[int]) -> Batch:
+        """The records at ``positions`` (ascending, within this batch) as a batch of their
+        own, with the sources they came from (so part of a batch can be settled one way and
+        the rest another: a refused step's culprits dead-lettered, the others trained)."""
+        index = np.asarray(positions, dtype=np.int64)
+        if len(index) == self.size:
+            return self
+        records = RecordBatch(
+            device=self.records.device, seq=self.records.seq[index], event_time=self.records.event_time[index],
+            features=self.records.features[index],
+            labels=None if self.records.labels is None else self.records.labels[index],
+        )
+        sources: Sources = []
+        start = 0
+        for token, count in self.sources:
+            taken = int(np.count_nonzero((index >= start) & (index < start + count)))
+            if taken:
+                sources.append((token, taken))
+            start += count
+        return Batch(self.device, records, self.created_at, sources)
 
 
 @dataclass

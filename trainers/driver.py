@@ -19,6 +19,11 @@ the order a worker does it:
    encode every outgoing message on its own link's codec. A rejected step publishes
    nothing; the adapter dead-letters its records. An accepted one: the adapter
    publishes, then acknowledges the records behind it.
+   When the adapter says which group (device) each record came from (``groups``), a
+   refused step is not the end: the culprit search (``trainers.guard.CulpritSearch``)
+   judges sub-steps (``strategy.probe_step``, nothing applied) to find the records that
+   make it unsound, and the step is taken again on the others alone; ``Stepped.dead``
+   names the records to dead-letter, each group with its own reason.
    ``queued_steps()`` / ``step_queued()``: the same on an input the strategy received in a
    message instead of stream records (a later stage of a split model); the adapter runs
    them before stream steps. A refused step of either kind calls
@@ -35,6 +40,7 @@ call at a time; no call reads a clock, sleeps, or does I/O.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +55,7 @@ from compression.memory import ErrorFeedback, NoMemory
 from compression.pipeline import GradientCodec
 from trainers.errors import BatchError, StrategyError
 from trainers.evaluation import EvalResult, evaluate
-from trainers.guard import StepGuard, StepRejection
+from trainers.guard import Culprits, CulpritSearch, StepGuard, StepRejection
 from trainers.local import LocalTrainer
 from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies.base import SyncStrategy
@@ -87,6 +93,9 @@ class DriverConfig:
     controller_params: dict[str, Any] = field(default_factory=dict)
     #: Prequential accuracy/loss over the last this many scored batches (beside the totals).
     prequential_window: int = 50
+    #: Most sub-steps the culprit search of one refused step judges (0: no search; the
+    #: whole batch is dead-lettered).
+    culprit_max_probes: int = 64
 
 
 @dataclass(frozen=True)
@@ -129,14 +138,18 @@ class Handled:
 @dataclass(frozen=True)
 class Stepped:
     """What ``step`` did with one batch: ``rejection`` set means nothing was applied or
-    published and the batch's records must be dead-lettered with its reason."""
+    published and the batch's records must be dead-lettered with its reason.
+
+    After a culprit search, ``dead`` lists the records to dead-letter (positions in the
+    batch, each group with its own reason; with ``rejection`` set they cover the whole
+    batch) and ``trained`` the positions the accepted step trained on (None: all)."""
 
     rejection: StepRejection | None
     outbound: list[Outbound]
     records: int
     loss: float = math.nan
-    #: Per streamed record, whether the model before this step predicted it (the
-    #: prequential score); None if the step was rejected or could not tell.
+    #: Per trained streamed record (``trained``, in order), whether the model before this
+    #: step predicted it (the prequential score); None if the step was rejected or could not tell.
     correct_mask: np.ndarray | None = None
     #: Samples the injector added to the batch (trained on, not scored).
     injected: int = 0
@@ -145,6 +158,19 @@ class Stepped:
     samples: int = 0
     #: Staleness of the updates the strategy applied during the step (queued steps).
     staleness: tuple[int, ...] = ()
+    #: Records to dead-letter, found by the culprit search (empty: none, or all of them
+    #: for ``rejection`` when there was no search).
+    dead: tuple[Culprits, ...] = ()
+    #: Positions of the streamed records the step trained on (None: all of them).
+    trained: np.ndarray | None = None
+    #: Sub-steps the culprit search judged.
+    probes: int = 0
+
+    @property
+    def trained_records(self) -> int:
+        if self.rejection is not None:
+            return 0
+        return self.records if self.trained is None else int(len(self.trained))
 
 
 @dataclass
@@ -232,6 +258,11 @@ class TrainingDriver:
         self.injector = injector
         self.shared_decodes = shared_decodes
         self.guard = StepGuard(config.max_grad_norm, config.grad_norm_spike)
+        self.culprit_search = CulpritSearch(config.culprit_max_probes)
+        self.searches = 0
+        self.probes = 0
+        self.culprit_records = 0
+        self.unresolved_records = 0
         self.prequential = Prequential(config.prequential_window)
         # Build one codec now: a bad codec name or parameter fails at start, not at the
         # first step.
@@ -331,13 +362,29 @@ class TrainingDriver:
         return max(1, int(wanted)) if wanted is not None else self.config.max_step_batch
 
     # -- 4. the local step ----------------------------------------------------------------------
-    def step(self, features: np.ndarray, labels: np.ndarray | None) -> Stepped:
-        """Train on one batch (the records of one or several device batches)."""
+    def step(self, features: np.ndarray, labels: np.ndarray | None, groups: np.ndarray | None = None) -> Stepped:
+        """Train on one batch (the records of one or several device batches).
+
+        ``groups`` (optional): one key per record, the device it came from. With it, a
+        refused step goes through the culprit search: only the records that make it
+        unsound are dead-lettered (``Stepped.dead``), the step is taken on the rest."""
         records = int(len(features))
         if labels is None:
             return self._rejected(StepRejection("bad_batch", "records carry no labels"), records)
         x = np.ascontiguousarray(features, dtype=np.float32)
         y = np.asarray(labels, dtype=np.int64)
+        stepped, rejection = self._try_step(x, y)
+        if rejection is None:
+            return stepped
+        if groups is None or not self.culprit_search.max_probes or records < 2:
+            return self._rejected(rejection, records)
+        return self._search(x, y, np.asarray(groups), rejection)
+
+    def _try_step(self, x: np.ndarray, y: np.ndarray,
+                  trained: np.ndarray | None = None) -> tuple[Stepped, StepRejection | None]:
+        """One local step on streamed records ``x, y`` through the guard; on a refusal,
+        nothing is applied and the strategy is told (``local_step_rejected``)."""
+        records = int(len(x))
         injected = 0
         if self.injector is not None:
             x, y, injected = self.injector(x, y)
@@ -345,11 +392,12 @@ class TrainingDriver:
             result = self.strategy.local_step(self.trainer, x, y)
         except BatchError as exc:
             self.strategy.local_step_rejected()
-            return self._rejected(self.guard.reject_batch(exc), records)
+            rejection = self.guard.reject_batch(exc)
+            return self._rejected(rejection, records), rejection
         rejection = self.guard.check(result)
         if rejection is not None:
             self.strategy.local_step_rejected()
-            return self._rejected(rejection, records)
+            return self._rejected(rejection, records), rejection
         mask = None if result.correct is None else np.asarray(result.correct[:records], dtype=bool)
         if mask is not None:
             self.prequential.add(records, int(mask.sum()), result.loss)
@@ -365,7 +413,41 @@ class TrainingDriver:
         if any(o.compressed and o.kind in ("gradient", "delta") for o in encoded):
             self.compressed_steps += 1
         return Stepped(None, encoded, records, result.loss, mask, injected, self._decision_switch(),
-                       samples=result.batch_size, staleness=tuple(self.strategy.staleness.take_new()))
+                       samples=result.batch_size, staleness=tuple(self.strategy.staleness.take_new()),
+                       trained=trained), None
+
+    def _search(self, x: np.ndarray, y: np.ndarray, groups: np.ndarray, rejection: StepRejection) -> Stepped:
+        """The culprit search of a refused step, then the step on the records it cleared.
+
+        Probes are judged against the model the refused step saw (nothing was applied), so
+        the step on the clean records scores and trains them exactly as if the culprits had
+        never been in the batch. Only this worker's own step is involved: replicas of a
+        replicated strategy (BSP) see one ordinary gradient of fewer samples."""
+        records = int(len(x))
+
+        def probe(indices: np.ndarray) -> StepRejection | None:
+            try:
+                result = self.strategy.probe_step(self.trainer, x[indices], y[indices])
+            except BatchError as exc:
+                return StepRejection(getattr(exc, "reason", "bad_batch"), str(exc))
+            return self.guard.judge(result)
+
+        outcome = self.culprit_search.run(groups, rejection, probe)
+        self.searches += 1
+        self.probes += outcome.probes
+        dead = list(outcome.culprits)
+        stepped: Stepped | None = None
+        if len(outcome.clean):
+            stepped, final = self._try_step(x[outcome.clean], y[outcome.clean], trained=outcome.clean)
+            if final is not None:  # the clean records together still fail: nothing is trained
+                dead.append(Culprits(outcome.clean, final, resolved=False))
+                stepped = None
+        dead.sort(key=lambda c: int(c.indices[0]))
+        self.culprit_records += sum(len(c.indices) for c in dead if c.resolved)
+        self.unresolved_records += sum(len(c.indices) for c in dead if not c.resolved)
+        if stepped is None:
+            return Stepped(rejection, [], records, dead=tuple(dead), probes=outcome.probes)
+        return dataclasses.replace(stepped, records=records, dead=tuple(dead), probes=outcome.probes)
 
     def step_queued(self) -> Stepped:
         """One step on the strategy's next queued input (``queued_steps() > 0``): no stream
@@ -478,5 +560,7 @@ class TrainingDriver:
             "loss": self.prequential.loss, "window_accuracy": self.prequential.window_accuracy,
             "window_loss": self.prequential.window_loss,
         }
-        stats["guard"] = {"accepted": self.guard.accepted, "rejected": self.guard.rejected}
+        stats["guard"] = {"accepted": self.guard.accepted, "rejected": self.guard.rejected,
+                          "culprit_searches": self.searches, "culprit_probes": self.probes,
+                          "culprit_records": self.culprit_records, "unresolved_records": self.unresolved_records}
         return stats

@@ -9,6 +9,11 @@ is above an absolute bound or far above the recent norms, is rejected. The calle
 then neither applies nor publishes it and dead-letters the step's records with the
 rejection's ``reason``; the worker goes on with its next batch.
 
+A refused step need not cost every record in it: :class:`CulpritSearch` finds the
+records that make it unsound (the batch split by device, then halves within a suspect
+group, down to single records, at most ``max_probes`` judged sub-steps), so only those
+are dead-lettered and the rest are trained.
+
 Pure and synchronous: no clock, no I/O; deterministic given the sequence of steps.
 """
 
@@ -16,8 +21,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from trainers.errors import BatchError
@@ -75,6 +82,11 @@ class StepGuard:
         self.accepted = 0
         self.rejected = 0
 
+    def judge(self, result: StepResult) -> StepRejection | None:
+        """What :meth:`check` would say of ``result``, counting and remembering nothing (a
+        sub-step of the culprit search, judged against the same recent norms)."""
+        return self._judge(result)
+
     def check(self, result: StepResult) -> StepRejection | None:
         """None if ``result`` may be used; otherwise why not (and it is not remembered)."""
         rejection = self._judge(result)
@@ -128,3 +140,111 @@ class StepGuard:
                 norm,
             )
         return None
+
+
+@dataclass(frozen=True)
+class Culprits:
+    """Records of a refused batch to dead-letter, with why.
+
+    ``indices``: positions in the batch, ascending. ``resolved`` is False for a group the
+    search did not narrow down (its probe budget ran out, or only the group as a whole is
+    unsound): it is dead-lettered whole, innocent records included, and counted as such.
+    """
+
+    indices: np.ndarray
+    rejection: StepRejection
+    resolved: bool = True
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What :meth:`CulpritSearch.run` found: the records to train (``clean``, positions in
+    the batch, ascending), those to dead-letter (``culprits``), and the sub-steps it judged."""
+
+    clean: np.ndarray
+    culprits: tuple[Culprits, ...]
+    probes: int
+
+    @property
+    def unresolved_records(self) -> int:
+        return sum(len(c.indices) for c in self.culprits if not c.resolved)
+
+
+class CulpritSearch:
+    """Finds the records that make a refused step unsound, with a bounded number of probes.
+
+    A *probe* judges a step on a subset of the batch (``probe(indices)`` returns the
+    rejection, or None when that subset alone would be accepted). Order of work:
+
+    1. With records of more than one group (device), one probe per group, groups in
+       sorted order: a group that passes is clean.
+    2. Each failing group (or the whole batch, when it holds one group) is halved, first
+       half first, and each half probed; failing halves are halved again (breadth first),
+       down to single records, which are the culprits, dead-lettered with their own
+       rejection.
+    3. At most ``max_probes`` probes per search: a suspect group the budget cannot split
+       any more is dead-lettered whole (``resolved=False``), as is a group whose halves
+       both pass although the group fails (only the combination is unsound).
+
+    Invariant: ``clean`` and the culprits' indices partition the batch; the outcome
+    depends only on the groups, the rejection and the probes' verdicts, so any process
+    that sees the same batch and verdicts finds the same culprits.
+    """
+
+    def __init__(self, max_probes: int = 64) -> None:
+        if max_probes < 0:
+            raise ValueError(f"max_probes must be >= 0, got {max_probes}")
+        self.max_probes = max_probes
+
+    def run(
+        self,
+        groups: Sequence[object] | np.ndarray,
+        rejection: StepRejection,
+        probe: Callable[[np.ndarray], StepRejection | None],
+    ) -> SearchOutcome:
+        """Search a batch whose records belong to ``groups`` (one key per record) and whose
+        whole step was refused with ``rejection``."""
+        keys = np.asarray(groups)
+        everything = np.arange(len(keys))
+        probes = 0
+        clean: list[np.ndarray] = []
+        culprits: list[Culprits] = []
+        suspects: deque[tuple[np.ndarray, StepRejection]] = deque()
+        distinct = sorted(set(keys.tolist()), key=str)
+        if len(distinct) > 1:
+            for key in distinct:
+                members = everything[keys == key]
+                if probes >= self.max_probes:
+                    culprits.append(Culprits(members, rejection, resolved=False))
+                    continue
+                probes += 1
+                verdict = probe(members)
+                if verdict is None:
+                    clean.append(members)
+                else:
+                    suspects.append((members, verdict))
+        elif len(keys):
+            suspects.append((everything, rejection))
+        while suspects:
+            members, verdict = suspects.popleft()
+            if len(members) == 1:
+                culprits.append(Culprits(members, verdict))
+                continue
+            if probes + 2 > self.max_probes:
+                culprits.append(Culprits(members, verdict, resolved=False))
+                continue
+            half = len(members) // 2
+            parts = (members[:half], members[half:])
+            verdicts = [probe(part) for part in parts]
+            probes += 2
+            if all(v is None for v in verdicts):
+                culprits.append(Culprits(members, verdict, resolved=False))
+                continue
+            for part, part_verdict in zip(parts, verdicts, strict=True):
+                if part_verdict is None:
+                    clean.append(part)
+                else:
+                    suspects.append((part, part_verdict))
+        kept = np.sort(np.concatenate(clean)) if clean else np.zeros(0, dtype=np.int64)
+        culprits.sort(key=lambda c: int(c.indices[0]))
+        return SearchOutcome(kept.astype(np.int64), tuple(culprits), probes)

@@ -252,6 +252,20 @@ class SyncStrategy(ABC):
         ``local_step`` drops them). Default: nothing."""
         return None
 
+    def probe_step(self, trainer: LocalTrainer, features: Any, labels: Any) -> StepResult:
+        """A step on part of a refused batch, computed only to be judged (the driver's culprit
+        search): nothing of it is applied, published or counted, whatever it shows. Default:
+        :meth:`local_step`, then :meth:`local_step_discarded` (also when it raises)."""
+        try:
+            return self.local_step(trainer, features, labels)
+        finally:
+            self.local_step_discarded()
+
+    def local_step_discarded(self) -> None:
+        """Drop what :meth:`local_step` just prepared, for a probe (:meth:`probe_step`): like
+        :meth:`local_step_rejected` but counted as nothing. Default: ``local_step_rejected``."""
+        self.local_step_rejected()
+
     def queued_steps(self) -> int:
         """Local steps this worker can take now on inputs it received in messages rather than
         from its streams (a later stage of a split model: activations); the adapter runs them

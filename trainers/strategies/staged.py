@@ -301,6 +301,11 @@ class StagedStrategy(SyncStrategy):
         """The guard refused the step: its messages are dropped, its activation is not awaited,
         and the stage that sent its input is told not to wait for that input's gradient."""
         self.counters["rejected_steps"] += 1
+        self.local_step_discarded()
+
+    def local_step_discarded(self) -> None:
+        """Drop the step's messages and pending activation; tell the stage that sent its input
+        not to wait for that input's gradient (a probe on stream records has no such input)."""
         self._outgoing = []
         if self._step_key is not None:
             self._pending.pop(self._step_key, None)

@@ -122,3 +122,15 @@ def test_window_queue_fills_up_to_the_limit_and_splits_the_batch_that_does_not_f
     assert queue.records == 44 and len(queue) == 1
     (rest,) = queue.take(256)
     assert rest.records.seq.tolist() == list(range(56, 100)) and rest.sources == [("c0", 44)]
+
+
+def test_select_keeps_the_chosen_records_and_the_share_of_each_source():
+    batch = Batch("d", chunk(0, 10), 0.0, [("a", 4), ("b", 6)])
+
+    picked = batch.select([1, 3, 5])
+    rest = batch.select([0, 2, 4, 6, 7, 8, 9])
+
+    assert [int(s) for s in picked.records.seq] == [1, 3, 5]
+    assert picked.sources == [("a", 2), ("b", 1)] and rest.sources == [("a", 2), ("b", 5)]
+    assert picked.size + rest.size == batch.size and picked.device == "d"
+    assert batch.select(range(10)) is batch
