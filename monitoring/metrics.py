@@ -82,6 +82,18 @@ class Metrics:
         self.buffer_capacity = Gauge(
             "edgestream_buffer_capacity_records", "Configured buffer capacity", ["device"], registry=r
         )
+        self.device_backlog = Gauge(
+            "edgestream_device_backlog_records",
+            "Records of the device read and not yet trained beyond one window batch (0: kept up with; "
+            "growing: it arrives faster than its worker batches and trains)",
+            ["device"], registry=r,
+        )
+        self.batch_cap = Gauge(
+            "edgestream_batch_cap_records",
+            "The current cap of the device's window batch (batcher.max_batch, widened up to "
+            "batcher.max_batch_widen while arrivals outpace it)",
+            ["device"], registry=r,
+        )
         self.buffer_dropped = Counter(
             "edgestream_buffer_dropped_records_total",
             "Records dropped by an explicit buffer or window policy",

@@ -138,6 +138,9 @@ class BatcherSection:
     batch_size: int = 64
     #: In window mode, what happens to records beyond max_batch: persist | truncate.
     window_overflow: str = "persist"
+    #: In window mode, the most records a window batch may widen to while a device's
+    #: arrivals outpace max_batch / window_s (a memory bound); 0: no widening.
+    max_batch_widen: int = 0
 
 
 @dataclass
@@ -402,6 +405,9 @@ class JobConfig:
         _positive("batcher.window_s", self.batcher.window_s)
         _positive("batcher.max_batch", self.batcher.max_batch)
         _positive("batcher.batch_size", self.batcher.batch_size)
+        if self.batcher.max_batch_widen and self.batcher.max_batch_widen < self.batcher.max_batch:
+            raise ConfigError(f"batcher.max_batch_widen ({self.batcher.max_batch_widen}) must be 0 (no widening) "
+                              f"or at least batcher.max_batch ({self.batcher.max_batch})")
         _positive("devices.count", self.devices.count)
         for key, count in (("devices.count", self.devices.count), ("workers.count", self.workers.count)):
             if count > MAX_DEVICES:  # before anything lists the devices or workers

@@ -245,6 +245,7 @@ class IngestCore:
                 batch_size=cfg.batcher.batch_size,
                 window_overflow=cfg.batcher.window_overflow,
                 start=start,
+                max_batch_widen=cfg.batcher.max_batch_widen,
             )
             self.rates[device] = RateEstimator(tau_s=max(2.0, 2 * cfg.batcher.window_s), start=start)
             self.resolved[device] = DeviceLedger.from_dict(restored.get(device, {}))
@@ -260,6 +261,10 @@ class IngestCore:
             # Read when scraped, so the hot path sets no gauge per message.
             series.buffer_depth.set_function(lambda buf=buf: buf.depth)
             series.event_time_lag.set_function(state.event_time_lag_s)
+            batcher = self.batchers[device]
+            self.metrics.device_backlog.labels(device).set_function(
+                lambda state=state, batcher=batcher: batcher.backlog(state.pending))
+            self.metrics.batch_cap.labels(device).set_function(lambda batcher=batcher: batcher.batch_cap)
             ledger = self.ledgers[device]
             for kind, read in (
                 ("read", lambda ledger=ledger: ledger.records_in),
@@ -539,12 +544,15 @@ class IngestCore:
         return {device: ledger.to_dict() for device, ledger in self.resolved.items()}
 
     def accounting(self) -> dict[str, dict[str, Any]]:
-        """Per-device counts: read, trained (consumed), dropped, dead-lettered, pending."""
+        """Per-device counts: read, trained (consumed), dropped, dead-lettered, pending; and
+        how much may be pending without the device falling behind (``window_records``, at
+        most ``capacity_hz`` records/s taken) and what is beyond it (``backlog``)."""
         out = {}
         for device in self.devices:
             buf = self.buffers[device]
             ledger = self.ledgers[device]
             state = self._by_name[device]
+            batcher = self.batchers[device]
             out[device] = {
                 **ledger.to_dict(),
                 "batched": self.batchers[device].batched_records_total,
@@ -553,6 +561,10 @@ class IngestCore:
                 "pending": state.pending,
                 "max_depth": buf.max_depth,
                 "pauses": buf.pauses_total,
+                "window_records": batcher.window_records,
+                "capacity_hz": batcher.capacity_hz if batcher.mode == "window" else None,
+                "backlog": batcher.backlog(state.pending),
+                "batch_cap": batcher.batch_cap,
             }
         return out
 

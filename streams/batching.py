@@ -3,7 +3,10 @@
 Two modes:
   * ``window`` (ScaDLES): every ``window_s`` seconds emit whatever arrived, capped at
     ``max_batch``. The excess is kept for the next window (``persist``) or dropped and
-    counted (``truncate``).
+    counted (``truncate``). With ``max_batch_widen`` above ``max_batch`` the cap widens
+    (doubling) while a device's arrivals outpace it, up to that bound, and narrows back
+    once they fit again: a moderately fast device is kept up with; beyond the bound its
+    backlog grows and is reported (``backlog``).
   * ``fixed`` (the conventional baseline): emit exactly ``batch_size`` records as soon
     as that many are buffered; a slow stream simply waits.
 """
@@ -65,11 +68,17 @@ class WindowDrop:
     sources: Sources
 
 
+#: Consecutive windows that must leave records behind before the cap widens (one burst
+#: does not widen it).
+WIDEN_AFTER_WINDOWS = 2
+
+
 class AdaptiveBatcher:
     """Turns a ``StreamBuffer`` into batches; owns no I/O and reads no clock.
 
     Invariant: every record leaving the buffer through this class is either in an
-    emitted ``Batch`` or counted in ``window_dropped_total``.
+    emitted ``Batch`` or counted in ``window_dropped_total``; in ``window`` mode no batch
+    is larger than ``batch_cap``, and ``max_batch <= batch_cap <= window_records``.
     """
 
     def __init__(
@@ -82,19 +91,29 @@ class AdaptiveBatcher:
         batch_size: int = 64,
         window_overflow: str = "persist",
         start: float = 0.0,
+        max_batch_widen: int = 0,
     ) -> None:
+        """``max_batch_widen``: the most records a widened window batch may take (a memory
+        bound); 0 (or ``max_batch``) keeps every window at ``max_batch``."""
         if mode not in ("window", "fixed"):
             raise ValueError(f"unknown batcher mode {mode!r}; use 'window' or 'fixed'")
         if window_overflow not in ("persist", "truncate"):
             raise ValueError(f"unknown window_overflow {window_overflow!r}")
         if window_s <= 0 or max_batch < 1 or batch_size < 1:
             raise ValueError("window_s, max_batch and batch_size must be positive")
+        if max_batch_widen and max_batch_widen < max_batch:
+            raise ValueError(f"max_batch_widen ({max_batch_widen}) must be 0 (off) or at least max_batch "
+                             f"({max_batch})")
         self.buffer = buffer
         self.mode = mode
         self.window_s = window_s
         self.max_batch = max_batch
         self.batch_size = batch_size
         self.window_overflow = window_overflow
+        self.max_batch_widen = max(max_batch, max_batch_widen)
+        #: The cap of the next window batch: ``max_batch``, widened under sustained overload.
+        self.batch_cap = max_batch
+        self._overloaded_windows = 0  # consecutive windows that left records behind
         self.next_window_at = start + window_s
         self.batches_total = 0
         self.batched_records_total = 0
@@ -116,19 +135,54 @@ class AdaptiveBatcher:
         Windows with nothing buffered emit nothing. If several windows elapsed since the
         last poll (a stalled loop), each gets its own batch, so the cap is per window.
         Truncation drops are collected in ``drops`` for the caller to account and ack.
+        Each window then adjusts the cap (``_adjust_cap``).
         """
         if self.mode != "window":
             return []
         out = []
         while now >= self.next_window_at:
             self.next_window_at += self.window_s
+            emitted = 0
             if self.buffer.depth > 0:
-                out.append(self._emit(self.max_batch, now))
+                out.append(self._emit(self.batch_cap, now))
+                emitted = out[-1].size
+            self._adjust_cap(emitted, left_behind=self.buffer.depth)
             if self.window_overflow == "truncate" and self.buffer.depth > 0:
                 dropped = self.buffer.drop_oldest(self.buffer.depth)
                 self.window_dropped_total += dropped.dropped
                 self.drops.append(WindowDrop(self.buffer.device, dropped.dropped, dropped.sources))
         return out
+
+    def _adjust_cap(self, emitted: int, left_behind: int) -> None:
+        """Widen the cap (doubling, up to ``max_batch_widen``) after ``WIDEN_AFTER_WINDOWS``
+        consecutive windows that left records behind; narrow it (halving, down to
+        ``max_batch``) after a window whose batch would have fit in half of it."""
+        if left_behind > 0:
+            self._overloaded_windows += 1
+            if self._overloaded_windows >= WIDEN_AFTER_WINDOWS and self.batch_cap < self.max_batch_widen:
+                self.batch_cap = min(self.max_batch_widen, 2 * self.batch_cap)
+                self._overloaded_windows = 0
+            return
+        self._overloaded_windows = 0
+        if self.batch_cap > self.max_batch and emitted <= self.batch_cap // 2:
+            self.batch_cap = max(self.max_batch, self.batch_cap // 2)
+
+    @property
+    def window_records(self) -> int:
+        """The most records one window batch can take (``fixed``: one batch): what may be
+        pending without the device falling behind."""
+        return self.max_batch_widen if self.mode == "window" else self.batch_size
+
+    @property
+    def capacity_hz(self) -> float:
+        """The most records per second the batcher takes from the device, widened fully
+        (``fixed`` mode waits for the stream: unbounded)."""
+        return self.window_records / self.window_s if self.mode == "window" else float("inf")
+
+    def backlog(self, pending: int) -> int:
+        """Records of ``pending`` (read, not yet trained) beyond one window: what the device
+        has run ahead of the batcher (0 for a device that is kept up with)."""
+        return max(0, pending - self.window_records)
 
     def flush(self, now: float) -> Batch | None:
         """Emit everything still buffered as one (possibly short) batch."""

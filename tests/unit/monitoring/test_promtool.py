@@ -40,7 +40,7 @@ def test_generated_config_with_targets_is_valid(tmp_path):
 def test_alert_rules_are_valid():
     result = promtool("check", "rules", str(RULES_FILE))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_alert_rule_unit_tests_pass():

@@ -338,3 +338,25 @@ def test_records_out_of_the_declared_range_are_dead_lettered_and_the_rest_goes_o
     assert (acc["records_in"], acc["consumed"], acc["dead_records"], acc["dead_letter_messages"]) == (4, 3, 1, 0)
     scrape = Scrape.parse(_exposition(core))
     assert scrape.get("edgestream_dead_letter_records_total", device="dev00", reason="out_of_range") == 1
+
+
+def test_backlog_beyond_one_window_is_exported_and_in_the_accounting():
+    core = core_for("batcher.window_s=1", "batcher.max_batch=8", "batcher.max_batch_widen=16")
+    for i in range(10):
+        feed(core, "dev00", message("dev00", i * 10, 10), i, now=0.1 * i)  # 100 records
+        feed(core, "dev01", message("dev01", i, 1), i, now=0.1 * i)  # 10 records
+    for t in (1.0, 2.0, 3.0):
+        for batch in core.on_tick(t).batches:
+            core.settle_batch(batch)  # the sink keeps up: what is pending sits in the buffer
+
+    acc = core.accounting()
+    # windows 1 and 2 left records behind at the cap of 8: the third batch took 16
+    assert acc["dev00"]["batch_cap"] == 16 and acc["dev00"]["window_records"] == 16
+    assert acc["dev00"]["pending"] == 100 - 8 - 8 - 16 == 68 and acc["dev00"]["backlog"] == 68 - 16
+    assert acc["dev00"]["capacity_hz"] == 16.0
+    assert acc["dev01"]["pending"] == 0 and acc["dev01"]["backlog"] == 0
+    scrape = Scrape.parse(_exposition(core))
+    assert scrape.get("edgestream_device_backlog_records", device="dev00") == 52
+    assert scrape.get("edgestream_device_backlog_records", device="dev01") == 0
+    assert scrape.get("edgestream_batch_cap_records", device="dev00") == 16
+    assert scrape.get("edgestream_batch_cap_records", device="dev01") == 8

@@ -134,3 +134,86 @@ def test_select_keeps_the_chosen_records_and_the_share_of_each_source():
     assert picked.sources == [("a", 2), ("b", 1)] and rest.sources == [("a", 2), ("b", 5)]
     assert picked.size + rest.size == batch.size and picked.device == "d"
     assert batch.select(range(10)) is batch
+
+
+# --- widening the window cap (batcher.max_batch_widen) ------------------------------------
+
+
+def _overload(buf, b, rate_per_window: int, windows: int, t0: float = 0.0, start_seq: int = 0):
+    """``rate_per_window`` records arrive in each of ``windows`` windows of 1 s; returns the
+    sizes emitted and the cap after each window."""
+    sizes, caps = [], []
+    for w in range(windows):
+        buf.push(chunk(start_seq + w * rate_per_window, rate_per_window))
+        sizes += [x.size for x in b.poll(t0 + w + 1.0)]
+        caps.append(b.batch_cap)
+    return sizes, caps
+
+
+def test_cap_widens_under_sustained_overload_and_never_beyond_the_bound():
+    buf, b = make(window_s=1.0, max_batch=8, max_batch_widen=40)
+
+    sizes, caps = _overload(buf, b, rate_per_window=100, windows=12)
+
+    assert caps[:2] == [8, 16]  # two windows left records behind: doubled
+    assert max(caps) == 40 and caps[-1] == 40  # 8 -> 16 -> 32 -> 40, the bound
+    assert max(sizes) == 40 and all(s <= c for s, c in zip(sizes, [8, *caps[:-1]], strict=True))
+    assert b.window_records == 40 and b.capacity_hz == 40.0
+    assert b.backlog(buf.depth) == buf.depth - 40 > 0  # 100/s against 40/s: the backlog grows
+
+
+def test_moderate_overload_is_kept_up_with_once_widened():
+    buf, b = make(window_s=1.0, max_batch=8, max_batch_widen=64)
+
+    sizes, caps = _overload(buf, b, rate_per_window=20, windows=10)
+
+    assert caps[-1] == 32 and sizes[-1] == 20  # the whole window's arrivals in one batch
+    assert buf.depth == 0 and b.backlog(buf.depth) == 0
+    assert sum(sizes) == 200
+
+
+def test_cap_shrinks_back_once_arrivals_fit_again():
+    buf, b = make(window_s=1.0, max_batch=8, max_batch_widen=64)
+    _overload(buf, b, rate_per_window=100, windows=8)
+    assert b.batch_cap == 64
+    buf.drop_oldest(buf.depth)  # the backlog is gone (kept out of the assertion below)
+
+    _, caps = _overload(buf, b, rate_per_window=3, windows=6, t0=8.0, start_seq=10_000)
+
+    assert caps[:4] == [32, 16, 8, 8] and caps[-1] == 8  # halving, down to max_batch
+
+
+def test_one_burst_does_not_widen_the_cap():
+    buf, b = make(window_s=1.0, max_batch=8, max_batch_widen=64)
+    buf.push(chunk(0, 12))
+
+    assert [x.size for x in b.poll(1.0)] == [8] and b.batch_cap == 8
+    assert [x.size for x in b.poll(2.0)] == [4] and b.batch_cap == 8
+
+
+def test_without_a_widen_bound_the_cap_stays_at_max_batch():
+    buf, b = make(window_s=1.0, max_batch=8)
+
+    sizes, caps = _overload(buf, b, rate_per_window=20, windows=10)
+
+    assert set(caps) == {8} and set(sizes) == {8}
+    assert b.window_records == 8 and b.backlog(buf.depth) == buf.depth - 8 == 112
+
+
+def test_widened_truncation_drops_only_beyond_the_widened_cap():
+    buf, b = make(window_s=1.0, max_batch=8, max_batch_widen=16, window_overflow="truncate")
+
+    sizes, _ = _overload(buf, b, rate_per_window=20, windows=4)
+
+    assert sizes == [8, 8, 16, 16] and b.window_dropped_total == 12 + 12 + 4 + 4
+    assert b.batched_records_total + b.window_dropped_total == 80
+
+
+def test_fixed_mode_backlog_is_beyond_one_batch():
+    buf, b = make("fixed", batch_size=5)
+    assert b.window_records == 5 and b.backlog(4) == 0 and b.backlog(12) == 7
+
+
+def test_a_widen_bound_below_max_batch_is_refused():
+    with pytest.raises(ValueError, match="max_batch_widen"):
+        AdaptiveBatcher(StreamBuffer("d", 10), "window", max_batch=64, max_batch_widen=32)
