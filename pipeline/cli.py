@@ -34,6 +34,9 @@ DEBUG_ENV = "EDGESTREAM_DEBUG"
 EXIT_CONFIG = 2
 #: Exit status of a command stopped by a runtime error (Kafka unreachable, a crash).
 EXIT_RUNTIME = 1
+#: Exit status of a worker/server whose checkpoint files are all unusable: a restart meets
+#: the same files, so supervisors must not restart it (systemd RestartPreventExitStatus=).
+EXIT_NO_CHECKPOINT = 3
 #: Seconds `broker status` gives a broker to answer (the command must answer within 2 s).
 STATUS_TIMEOUT_S = 1.0
 LOGLEVELS = ("debug", "info", "warning", "error", "critical")
@@ -752,11 +755,16 @@ def failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str, str
         if cause is not None and _names(cause) & KAFKA_CONNECTION_ERRORS:  # lost the cluster
             _, line, reason = failure(cause, args)
             return EXIT_RUNTIME, f"crashed: {line}", reason
+        if cause is not None and "NoUsableCheckpoint" in _names(cause):
+            return failure(cause, args)
         reason = one_line(exc)
         return EXIT_RUNTIME, f"crashed: {reason}", reason
     if names & CONFIG_ERRORS:
         reason = one_line(exc)
         return EXIT_CONFIG, f"configuration error: {reason}", reason
+    if "NoUsableCheckpoint" in names:
+        reason = kind + one_line(exc)
+        return EXIT_NO_CHECKPOINT, f"cannot start: {reason}", reason
     if "KafkaUnreachable" in names or "SecurityError" in names:
         reason = one_line(exc)
         return EXIT_RUNTIME, reason, reason

@@ -30,6 +30,7 @@ from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
+from pipeline.cli import EXIT_NO_CHECKPOINT
 from pipeline.config import ConfigError, JobConfig
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
@@ -768,6 +769,9 @@ class RunContext:
         death = {"process": w.name, "code": code, "reason": self._death_reason(w, code),
                  "at_s": round(now - self.started_at, 1), "restart_in_s": None}
         self.deaths.append(death)
+        if code == EXIT_NO_CHECKPOINT:  # every checkpoint rejected: a restart meets the same files
+            raise ProcessFailed(f"{_role(w.name)} {death['reason']}; not restarted (exit {code}: a restart "
+                                f"cannot help), so the run stops{_log_hint(w)}", w.name, list(self.deaths))
         if done >= allowed:
             deaths = sum(1 for d in self.deaths if d["process"] == w.name)
             raise ProcessFailed(

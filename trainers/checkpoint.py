@@ -14,6 +14,9 @@ Directory layout (:class:`CheckpointStore`, one directory per worker)::
     checkpoint-000000042.bin    newest
     checkpoint.bin              legacy single file (before the store): the oldest candidate
                                 (``legacy_path=`` names it if it lives elsewhere)
+    rejected/                   files a restore skipped before it found a usable one
+        checkpoint-000000043.bin          (moved here, never read, pruned or counted again)
+        checkpoint-000000043.bin.reason   why it was rejected, one line
 
 Each save writes a new file whose sequence number is one above the highest existing
 one (and above any this store has used), so a name is never reused, then prunes.
@@ -27,14 +30,17 @@ gradient lands, and timestamps would trip any useful bound.
 
 Keep/fallback rule: after a save the store keeps the ``keep`` newest files and
 deletes older ones (only names it owns: ``checkpoint-<seq>.bin``, the legacy
-``checkpoint.bin`` and its own orphaned temporary files). Files this store rejected
-during :meth:`CheckpointStore.restore` do not count toward ``keep``, so bad files
-never push the good ones out; they go once ``keep`` newer good files exist. Restore
-tries the newest file first and falls back to older ones, skipping (with a logged
-warning naming file and reason) any that is missing bytes, corrupt, not safely
-loadable, unsound, or does not fit the trainer/strategy. A skipped candidate leaves
-trainer and strategy exactly as they were: soundness is checked before anything is
-loaded, and a load that fails part-way is rolled back to a snapshot.
+``checkpoint.bin`` and its own orphaned temporary files). Restore tries the newest
+file first and falls back to older ones, skipping (with a logged warning naming file
+and reason) any that is missing bytes, corrupt, not safely loadable, unsound, or does
+not fit the trainer/strategy. Once an older file is restored, the skipped ones are
+moved into ``rejected/`` with their reason, so they never count toward ``keep`` nor
+push good files out, and stay for inspection (deleting them is the operator's call).
+When every file is rejected nothing is moved (:class:`NoUsableCheckpoint`): whether to
+start from scratch or put a good file back is the operator's decision, and a restart
+must fail the same way, not silently start fresh. A skipped candidate leaves trainer
+and strategy exactly as they were: soundness is checked before anything is loaded,
+and a load that fails part-way is rolled back to a snapshot.
 """
 
 from __future__ import annotations
@@ -79,6 +85,9 @@ SHAPE_MISMATCH = "state does not fit this job"
 
 LEGACY_NAME = "checkpoint.bin"
 """The single, overwritten checkpoint file of workers from before :class:`CheckpointStore`."""
+REJECTED_DIR = "rejected"
+"""Subdirectory of a store's directory that rejected files are moved into (see the module doc)."""
+REASON_SUFFIX = ".reason"
 
 _DIGEST_BYTES = 32
 _SEQ_DIGITS = 9
@@ -201,7 +210,7 @@ def save_checkpoint(
         payload = buffer.getvalue()
         torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - pickling and the safe unpickler raise many types
-        raise CheckpointError(target, f"state holds objects a weights_only load refuses: {exc}") from exc
+        raise CheckpointError(target, f"state holds objects a weights_only load refuses: {_load_error(exc)}") from exc
     data = MAGIC + hashlib.sha256(payload).digest() + payload
 
     # Step 3. Write a temporary file in the same directory, flush and fsync it.
@@ -252,7 +261,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         obj = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - digest matched, so this is a foreign payload
-        raise CheckpointCorrupt(source, f"payload does not load safely: {exc}") from exc
+        raise CheckpointCorrupt(source, f"payload does not load safely: {_load_error(exc)}") from exc
     try:
         if obj["format"] != FORMAT_VERSION:
             raise CheckpointCorrupt(source, f"unsupported format {obj['format']!r}")
@@ -266,6 +275,18 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         )
     except (KeyError, TypeError, json.JSONDecodeError) as exc:
         raise CheckpointCorrupt(source, f"payload lacks a checkpoint field: {exc}") from exc
+
+
+#: Paragraphs of torch's weights-only load errors that are boilerplate, not the reason
+#: (one of them advises ``weights_only=False``, which is exactly what must not be done).
+_TORCH_BOILERPLATE = ("Weights only load failed", "Check the documentation of torch.load", "Please file an issue")
+
+
+def _load_error(exc: Exception) -> str:
+    """What a failed ``torch.load``/``torch.save`` says, without torch's boilerplate, on one line."""
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", str(exc))]
+    kept = [p for p in paragraphs if p and not p.startswith(_TORCH_BOILERPLATE)]
+    return "; ".join(kept) or type(exc).__name__
 
 
 # -- trainer + strategy -----------------------------------------------------------------
@@ -408,9 +429,10 @@ class CheckpointStore:
     """The last ``keep`` checkpoints of one worker in ``directory``, newest restored first.
 
     Invariants: file names are ``checkpoint-<seq>.bin`` with ``seq`` strictly
-    increasing over the directory's life (never reused, also after pruning); every
-    file this store writes is whole (atomic write) and sound (unsound state is
-    refused); a failed :meth:`restore` attempt leaves trainer and strategy unchanged.
+    increasing over the directory's life (never reused, also after pruning or after a
+    file was moved into ``rejected/``); every file this store writes is whole (atomic
+    write) and sound (unsound state is refused); a failed :meth:`restore` attempt
+    leaves trainer and strategy unchanged.
     Single writer: one store per directory. Synchronous and clock-free; call it from
     the training thread. See the module docstring for the keep/fallback rule.
     """
@@ -453,7 +475,9 @@ class CheckpointStore:
         """
         # Step 1. Name it above every file on disk and every name this store used, so
         # a name is never reused even if files were deleted behind our back.
-        seq = max([self._last_seq, *(s for s, _ in self._numbered())]) + 1
+        # Files moved into rejected/ keep their numbers too.
+        used = [*self._numbered(), *self._numbered(self.rejected_directory)]
+        seq = max([self._last_seq, *(s for s, _ in used)]) + 1
         path = self.directory / checkpoint_name(seq)
         # Step 2. Write it atomically (refusing unsound state).
         save_training_checkpoint(path, trainer, strategy, offsets, meta, max_abs=self.max_abs)
@@ -488,20 +512,55 @@ class CheckpointStore:
                 log.warning(
                     "restored the older checkpoint %s after rejecting %d newer one(s)", path, len(skipped)
                 )
+                self._move_aside(skipped)
             return RestoreResult(checkpoint, tuple(skipped))
+        # Nothing moved: a restart must meet the same files, and the operator decides.
         raise NoUsableCheckpoint(self.directory, [(s.path, s.reason) for s in skipped])
 
-    def _numbered(self) -> list[tuple[int, str]]:
-        """``(seq, name)`` of this store's numbered files present in the directory."""
-        return [(int(m[1]), name) for name in self._listdir() if (m := _NAME.fullmatch(name))]
+    @property
+    def rejected_directory(self) -> Path:
+        """Where :meth:`restore` moves the files it skipped before a usable one."""
+        return self.directory / REJECTED_DIR
 
-    def _listdir(self) -> list[str]:
+    def _move_aside(self, skipped: list[SkippedCheckpoint]) -> None:
+        """Move each skipped file into ``rejected/`` with a ``.reason`` file beside it.
+
+        A file that cannot be moved stays where it is, remembered as rejected so it
+        still does not count toward ``keep`` (it goes with the next prune).
+        """
+        target_dir = self.rejected_directory
+        for path, reason in skipped:
+            try:
+                target_dir.mkdir(exist_ok=True)
+                target = target_dir / path.name
+                n = 0
+                while target.exists():  # only the legacy name can recur
+                    n += 1
+                    target = target_dir / f"{path.name}.{n}"
+                os.replace(path, target)
+            except FileNotFoundError:
+                self._rejected.discard(path)  # gone behind our back: nothing to keep apart
+                continue
+            except OSError as exc:
+                log.warning("could not move the rejected checkpoint %s into %s: %s", path, target_dir, exc)
+                continue
+            self._rejected.discard(path)
+            with contextlib.suppress(OSError):
+                target.with_name(target.name + REASON_SUFFIX).write_text(" ".join(reason.split()) + "\n")
+            log.warning("moved the rejected checkpoint %s to %s", path, target)
+
+    def _numbered(self, directory: Path | None = None) -> list[tuple[int, str]]:
+        """``(seq, name)`` of this store's numbered files present in ``directory`` (default: its own)."""
+        return [(int(m[1]), name) for name in self._listdir(directory) if (m := _NAME.fullmatch(name))]
+
+    def _listdir(self, directory: Path | None = None) -> list[str]:
+        directory = self.directory if directory is None else directory
         try:
-            return os.listdir(self.directory)
+            return os.listdir(directory)
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise CheckpointError(self.directory, f"cannot list checkpoint directory: {exc}") from exc
+            raise CheckpointError(directory, f"cannot list checkpoint directory: {exc}") from exc
 
     def _prune(self, newest: int) -> None:
         """Delete files beyond the ``keep`` newest not-rejected ones, and orphaned temp files."""

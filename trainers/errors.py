@@ -113,21 +113,33 @@ class NoUsableCheckpoint(CheckpointError):
 
     ``path`` is the directory; ``rejected`` lists ``(file, reason)`` newest first.
     Starting from scratch is an operator decision, so this is not a
-    :class:`CheckpointNotFound`: the message says how to do it.
+    :class:`CheckpointNotFound`: the message, one line, gives every file's reason and
+    what to do (a restart alone meets the same files).
     """
+
+    #: Characters of one file's reason the message keeps (the store logs each one whole).
+    REASON_CHARS = 200
 
     def __init__(self, path: str | Path, rejected: list[tuple[Path, str]]) -> None:
         self.rejected = list(rejected)
         directory = Path(path)
         # Files outside the directory (a legacy checkpoint.bin) need their full path.
-        lines = "".join(
-            f"\n  {file.name if file.parent == directory else file}: {reason}" for file, reason in self.rejected
+        outside = [file for file, _ in self.rejected if file.parent != directory]
+        reasons = "; ".join(
+            f"{file if file in outside else file.name}: {_clip(reason, self.REASON_CHARS)}"
+            for file, reason in self.rejected
         )
+        also = "".join(f", and {file} too" for file in outside)
         super().__init__(
             directory,
-            f"none of the {len(self.rejected)} checkpoint file(s) is usable:{lines}\n"
-            f"To start this worker from scratch, move these files away (e.g. "
-            f"`mv {directory} {directory}.rejected`; keep them for inspection): the worker then "
-            "starts from the initial model and re-reads its topics from the consumer group's "
-            "committed offsets.",
+            f"none of the {len(self.rejected)} checkpoint file(s) is usable ({reasons}); a restart cannot "
+            f"help: to start this worker from scratch (initial model, topics re-read from the consumer "
+            f"group's committed offsets) move them aside, e.g. `mv {directory} {directory}.rejected`{also} "
+            f"(keep them for inspection), or put a good checkpoint file back into {directory}",
         )
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` on one line (whitespace collapsed), cut to ``limit`` characters with '...'."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."

@@ -382,3 +382,58 @@ def test_server_unit_notifies_and_stops_on_sigterm(host, unique, tmp_path):
     assert_notifications_come_from_the_main_process(server)
     assert_stops_cleanly(server, grace_s(host))
     assert newest_checkpoint(host.state, "server") is not None
+
+
+def corrupt_checkpoints(directory: Path) -> dict[str, str]:
+    """Four unusable checkpoint files in ``directory``, each broken another way: name -> the
+    words of the reason the store gives for it."""
+    import hashlib
+
+    from trainers.checkpoint import MAGIC, checkpoint_name
+
+    not_torch = b"not a torch payload"
+    files = {
+        checkpoint_name(1): (b"garbage", "bad magic"),
+        checkpoint_name(2): (b"", "bad magic"),
+        checkpoint_name(3): (MAGIC + bytes(32) + b"payload", "digest mismatch"),
+        checkpoint_name(4): (MAGIC + hashlib.sha256(not_torch).digest() + not_torch, "does not load safely"),
+    }
+    directory.mkdir(parents=True)
+    for name, (content, _) in files.items():
+        (directory / name).write_bytes(content)
+    return {name: why for name, (_, why) in files.items()}
+
+
+def test_worker_unit_without_a_usable_checkpoint_exits_3_which_the_unit_does_not_restart(host, unique, tmp_path):
+    """Every checkpoint corrupt: the worker exits 3 with one complete line (each file's reason,
+    what to do), the unit's RestartPreventExitStatus= holds 3, and nothing is moved aside."""
+    host.install(one_worker_job(unique, tmp_path / "unused"))
+    host.instance_env("worker-w0.env", free_port())
+    checkpoints = host.state / "workers" / "w0" / "checkpoints"
+    reasons = corrupt_checkpoints(checkpoints)
+
+    worker = host.start("edgestream-worker@.service", "edgestream-worker@w0.service")
+    try:
+        code = worker.proc.wait(timeout=worker.timeout_start_s)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker still runs on unusable checkpoints:\n{worker.log_tail()}") from None
+
+    unit = parse_unit(UNIT_DIR / "edgestream-worker@.service")
+    assert code == 3, f"exit {code}:\n{worker.log_tail()}"
+    assert str(code) in unit.words("Service", "RestartPreventExitStatus")  # systemd leaves it failed
+    assert unit.get("Service", "Restart") == "on-failure"
+    # The log holds the store's JSON warnings and then the process's last word, on one line.
+    plain = [line for line in worker.log_path.read_text().splitlines() if line and not line.startswith("{")]
+    assert len(plain) == 1, plain
+    (line,) = plain
+    assert line.startswith(f"edgestream worker w0: cannot start: NoUsableCheckpoint: checkpoint {checkpoints}: "
+                           "none of the 4 checkpoint file(s) is usable (")
+    for name, why in reasons.items():
+        assert f"{name}: " in line and why in line, (name, why)
+    assert f"move them aside, e.g. `mv {checkpoints} {checkpoints}.rejected`" in line
+    assert f"or put a good checkpoint file back into {checkpoints}" in line and "more with --debug" not in line
+    assert not worker.notify.with_field("READY", "1")
+    verdict = json.loads((host.state / "workers" / "w0" / "exit.json").read_text())
+    assert verdict["code"] == 3 and verdict["reason"].startswith("NoUsableCheckpoint: ")
+    # Starting from scratch is the operator's call: every file is still where it was.
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(reasons)

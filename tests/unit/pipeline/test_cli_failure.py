@@ -40,6 +40,23 @@ def test_failure_maps_each_kind_of_error_to_its_exit_status(exc, code, start):
     assert got == code and line.startswith(start), line
 
 
+def test_no_usable_checkpoint_is_its_own_exit_status_with_the_whole_reason_on_one_line(tmp_path):
+    from trainers.errors import NoUsableCheckpoint
+
+    directory = tmp_path / "checkpoints"
+    exc = NoUsableCheckpoint(directory, [(directory / "checkpoint-000000002.bin", "payload digest\nmismatch"),
+                                         (directory / "checkpoint-000000001.bin", "bad magic")])
+
+    for raised in (exc, ProcessCrashed(exc, 1)):  # also when the Faust app stopped on it
+        code, line, reason = cli.failure(raised, args_of("worker"))
+
+        assert code == cli.EXIT_NO_CHECKPOINT == 3
+        assert code not in (cli.EXIT_CONFIG, cli.EXIT_RUNTIME)
+        assert line == f"cannot start: {reason}" and reason.startswith("NoUsableCheckpoint: checkpoint ")
+        assert "checkpoint-000000002.bin: payload digest mismatch; checkpoint-000000001.bin: bad magic" in line
+        assert line.endswith(f"or put a good checkpoint file back into {directory}") and "--debug" not in line
+
+
 def test_training_name_errors_are_configuration_errors():
     from compression.errors import CompressorConfigError
     from trainers.errors import ModelConfigError, UnknownStrategyError

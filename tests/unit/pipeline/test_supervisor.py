@@ -131,11 +131,30 @@ def test_a_stale_exit_file_of_another_incarnation_is_not_the_reason(harness, tmp
     ctx.supervise()
     stale = {"code": 1, "reason": "CheckpointError: old news", "pid": 1}
     (tmp_path / "workers" / "w0" / "exit.json").write_text(json.dumps(stale))
-    proc_of(ctx, "w0").exit(3)
+    proc_of(ctx, "w0").exit(4)
 
     ctx.supervise()
 
-    assert ctx.deaths[0]["reason"] == "exited with code 3"
+    assert ctx.deaths[0]["reason"] == "exited with code 4"
+
+
+def test_a_worker_without_a_usable_checkpoint_is_not_restarted(harness, tmp_path):
+    ctx, _, started = harness
+    ctx.supervise()
+    w0 = ctx.worker("w0")
+    reason = "NoUsableCheckpoint: checkpoint /s/w0/checkpoints: none of the 2 checkpoint file(s) is usable (...)"
+    (tmp_path / "workers" / "w0" / "exit.json").write_text(json.dumps({"code": 3, "reason": reason,
+                                                                       "pid": w0.proc.pid}))
+    w0.proc.exit(3)
+
+    with pytest.raises(ProcessFailed) as failed:
+        ctx.supervise()
+
+    message = str(failed.value)
+    assert message.startswith(f"worker w0 crashed (exit 3): {reason}; not restarted (exit 3: a restart cannot help)")
+    assert ctx.cfg.run.max_restarts == 2  # restarts were allowed, yet none is scheduled
+    assert ctx.restarts == [] and [n for n, _ in started] == ["w0", "w1"]
+    assert ctx.deaths[0]["restart_in_s"] is None
 
 
 def test_max_restarts_zero_stops_at_the_first_death(harness):

@@ -21,6 +21,8 @@ from trainers.checkpoint import (
     LEGACY_NAME,
     MAGIC,
     MODEL_VERSION_KEY,
+    REASON_SUFFIX,
+    REJECTED_DIR,
     CheckpointStore,
     checkpoint_name,
     find_unsound_tensor,
@@ -426,10 +428,50 @@ def test_all_bad_raises_no_usable_checkpoint_listing_each_file_and_the_way_out(t
     assert error.path == tmp_path
     assert [path for path, _ in error.rejected] == [third, second, first]
     message = str(error)
+    assert "\n" not in message  # one line: the CLI prints only a message's first line
     for path, why in [(third, "non-finite"), (second, "bad magic"), (first, "digest mismatch")]:
         assert f"{path.name}: " in message and why in message
-    assert "move these files away" in message and "committed offsets" in message
+    assert message.endswith(f"a restart cannot help: to start this worker from scratch (initial model, topics "
+                            f"re-read from the consumer group's committed offsets) move them aside, e.g. "
+                            f"`mv {tmp_path} {tmp_path}.rejected` (keep them for inspection), or put a good "
+                            f"checkpoint file back into {tmp_path}")
     assert not isinstance(error, CheckpointNotFound)
+    # Nothing moved: a restart meets the same files and fails the same way.
+    assert _names(tmp_path) == [checkpoint_name(i) for i in (1, 2, 3)]
+    with pytest.raises(NoUsableCheckpoint):
+        CheckpointStore(tmp_path).restore(*_worker(seed=7))
+
+
+def test_a_foreign_payload_is_rejected_with_torchs_reason_without_its_boilerplate(tmp_path: Path) -> None:
+    payload = b"not a torch payload"
+    path = tmp_path / checkpoint_name(1)
+    path.write_bytes(MAGIC + hashlib.sha256(payload).digest() + payload)
+
+    with pytest.raises(CheckpointCorrupt) as caught:
+        load_checkpoint(path)
+
+    assert caught.value.detail == "payload does not load safely: Unsupported operand 110"
+
+
+def test_a_long_multi_line_reason_is_collapsed_and_clipped_in_the_message(tmp_path: Path) -> None:
+    reason = "state does not fit this job: Error(s) in loading state_dict for MLP:\n\t" + "size mismatch " * 40
+
+    message = str(NoUsableCheckpoint(tmp_path, [(tmp_path / checkpoint_name(1), reason)]))
+
+    assert "\n" not in message and "\t" not in message
+    assert f"({checkpoint_name(1)}: state does not fit this job: Error(s) in loading state_dict for MLP: size" in message
+    clipped = message.split(": ", 2)[-1].split("); a restart")[0]
+    assert clipped.endswith("...") and len(clipped) <= NoUsableCheckpoint.REASON_CHARS + len(checkpoint_name(1)) + 2
+
+
+def test_a_legacy_file_outside_the_directory_is_named_in_full_with_the_way_out(tmp_path: Path) -> None:
+    legacy = tmp_path / LEGACY_NAME
+    directory = tmp_path / "checkpoints"
+
+    message = str(NoUsableCheckpoint(directory, [(legacy, "bad magic")]))
+
+    assert f"({legacy}: bad magic)" in message
+    assert f"`mv {directory} {directory}.rejected`, and {legacy} too" in message
 
 
 @pytest.mark.parametrize("make_dir", [True, False])
@@ -454,13 +496,41 @@ def test_rejected_files_do_not_push_good_ones_out(tmp_path: Path) -> None:
     restarted = CheckpointStore(tmp_path, keep=3)
     assert restarted.restore(*_worker(seed=7)).path == good
 
+    moved_at_restore = _names(tmp_path)
     restarted.save(*worker, offsets={})
     restarted.save(*worker, offsets={})
     kept_while_fewer_than_three_good = _names(tmp_path)
     restarted.save(*worker, offsets={})
 
-    assert kept_while_fewer_than_three_good == [checkpoint_name(i) for i in range(1, 6)]
-    assert _names(tmp_path) == [checkpoint_name(i) for i in (4, 5, 6)]
+    # The rejected files were moved into rejected/ at once, each with its reason.
+    assert moved_at_restore == [checkpoint_name(1), REJECTED_DIR]
+    rejected = tmp_path / REJECTED_DIR
+    assert _names(rejected) == [f"{checkpoint_name(s)}{suffix}" for s in (2, 3) for suffix in ("", REASON_SUFFIX)]
+    assert (rejected / checkpoint_name(2)).read_bytes() == b"garbage"
+    assert "bad magic" in (rejected / (checkpoint_name(3) + REASON_SUFFIX)).read_text()
+    # Numbers go on above the rejected ones (never reused); only good files count toward keep.
+    assert kept_while_fewer_than_three_good == [checkpoint_name(i) for i in (1, 4, 5)] + [REJECTED_DIR]
+    assert _names(tmp_path) == [checkpoint_name(i) for i in (4, 5, 6)] + [REJECTED_DIR]
+    assert len(_names(rejected)) == 4  # pruning never touches rejected/
+
+
+def test_keep_three_with_a_rejected_newest_leaves_three_good_files_beside_rejected(tmp_path: Path) -> None:
+    """The issue's case: 4 files with checkpoint_keep = 3 after a corrupt newest one."""
+    worker = _trained(steps=1)
+    store = CheckpointStore(tmp_path, keep=3)
+    for _ in range(3):
+        store.save(*worker, offsets={})
+    newest = store.save(*worker, offsets={})  # 2, 3, 4 kept
+    newest.write_bytes(_truncate(newest.read_bytes()))
+
+    restarted = CheckpointStore(tmp_path, keep=3)
+    result = restarted.restore(*_worker(seed=7))
+    restarted.save(*worker, offsets={})
+
+    assert result.path == tmp_path / checkpoint_name(3)
+    assert [s.path for s in result.skipped] == [newest]
+    assert _names(tmp_path) == [checkpoint_name(i) for i in (2, 3, 5)] + [REJECTED_DIR]
+    assert _names(tmp_path / REJECTED_DIR) == [checkpoint_name(4), checkpoint_name(4) + REASON_SUFFIX]
 
 
 # -- the legacy single file -----------------------------------------------------------------
