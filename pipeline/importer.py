@@ -232,13 +232,22 @@ def _load_csv(path: Path, label_column: str, delimiter: str) -> Table:
         # utf-8-sig drops a byte-order mark, which would otherwise stick to the first name.
         with open(path, newline="", encoding="utf-8-sig") as fh:
             return _parse_csv(path, csv.reader(fh, delimiter=delimiter), label_column)
-    except UnicodeDecodeError as exc:
-        raise TableImportError(
-            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-            "export the table as UTF-8 CSV"
-        ) from None
+    except UnicodeDecodeError:
+        raise TableImportError(f"{path}: not UTF-8 text ({_first_bad_byte(path)}); "
+                               "export the table as UTF-8 CSV") from None
     except csv.Error as exc:
         raise TableImportError(f"{path}: not a readable CSV: {exc}") from None
+
+
+def _first_bad_byte(path: Path) -> str:
+    """Where the first byte that is not UTF-8 is: the reader's error counts from its buffer."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return f"byte 0x{data[exc.start]:02x} at offset {exc.start}, line {line}"
+    return "it changed while being read"
 
 
 def _parse_csv(path: Path, reader: Iterator[list[str]], label_column: str) -> Table:

@@ -105,7 +105,7 @@ def test_a_utf8_bom_is_stripped_from_the_first_column_name(tmp_path, capsys):
 
 @pytest.mark.parametrize("content, says", [
     (bytes(range(256)) * 8, "binary file (NUL bytes)"),
-    (b"x,label\n1,\xff\xfe\x80\n", "not UTF-8 text (byte 0xff at offset 10)"),
+    (b"x,label\n" + b"1,a\n" * 5000 + b"1,\xff\xfe\x80\n", "not UTF-8 text (byte 0xff at offset 20010, line 5002)"),
 ], ids=["nul-bytes", "not-utf8"])
 def test_binary_input_is_refused_with_exit_2(tmp_path, capsys, content, says):
     (tmp_path / "blob.csv").write_bytes(content)
