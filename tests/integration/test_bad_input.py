@@ -8,6 +8,8 @@ identical, the target accuracy reached and every record accounted for.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from pipeline.simulate import job_fleet_data
 from streams import codec, topics
 from streams.records import RecordBatch
 from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until, workers_of
-from trainers.checkpoint import MAGIC, load_checkpoint
+from trainers.checkpoint import MAGIC, REASON_SUFFIX, REJECTED_DIR, load_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +166,7 @@ def test_a_worker_restarted_on_a_poisoned_checkpoint_falls_back_to_the_previous_
         newest = sorted(checkpoints.glob("checkpoint-*.bin"))[-1]
         poison(newest)
         seen["poisoned"] = newest.name
+        seen["checkpoints"] = str(checkpoints)
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash_on_poison)
     show(result)
@@ -172,6 +175,11 @@ def test_a_worker_restarted_on_a_poisoned_checkpoint_falls_back_to_the_previous_
     trained = workers_of(result)
     w1 = trained["w1"]
     assert [p.rsplit("/", 1)[-1] for p in w1["restored_skipped"]] == [seen["poisoned"]]
+    # The poisoned file was moved aside with its reason, out of checkpoint_keep's count.
+    rejected = Path(seen["checkpoints"]) / REJECTED_DIR
+    assert not (Path(seen["checkpoints"]) / seen["poisoned"]).exists()
+    assert (rejected / seen["poisoned"]).exists()
+    assert "non-finite" in (rejected / (seen["poisoned"] + REASON_SUFFIX)).read_text()
     assert w1["restored_from"] is not None and w1["restored_from"] > 0
     assert min(t["accuracy"] for t in trained.values()) >= 0.9
     assert len({t["digest"] for t in trained.values()}) == 1
