@@ -226,6 +226,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 f"--port sets the port of a single broker; the {args.brokers} nodes of a cluster each take a "
                 "free port: drop --port (`edgestream broker status` lists every node's address)", EXIT_CONFIG)
         running = _local_broker_bootstrap(state)
+        if running and args.fresh:
+            raise CommandError(f"the local broker at {running} is running; stop it first (`edgestream broker stop "
+                               f"--state-dir {state}`), then `broker start --fresh` empties its data")
+        if args.fresh:
+            shutil.rmtree(state / "kafka", ignore_errors=True)  # topics, offsets and its address
         if running:
             size = len(BrokerInfo.load(info_file).nodes) or 1
             if size != args.brokers:
@@ -591,6 +596,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_training_config(cfg)
     console = Console() if sys.stdout.isatty() else Console(width=140)
     broker = None
+    work: Path | None = None  # the data of the broker this run starts (removed at its end)
     try:
         if in_testbed:
             result = run_in_testbed(cfg, console, garbage_per_device=args.garbage, keep=args.keep_testbed)
@@ -610,6 +616,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+        if work is not None:
+            if args.keep_broker:
+                console.print(f"the run's broker data is kept in {work} (--keep-broker)")
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+    if result.outcome == "drain_timeout":
+        console.print(f"[red]the drain timed out: {result.reason.split('; per device:')[0]}[/red]", soft_wrap=True)
+        return 1
     if not result.balanced:
         console.print("[red]accounting does not balance: see the table above[/red]")
         return 2
@@ -652,7 +666,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--brokers", type=broker_nodes, default=1, metavar="N",
                    help="start: N nodes, each broker + controller (3: one node may fail; topics get "
                         "replication factor 3, min.insync.replicas 2); a cluster starts empty (default: 1)")
-    p.add_argument("--port", type=port, default=0, help="client port of a single broker (default: a free one)")
+    p.add_argument("--port", type=port, default=0,
+                   help="client port of a single broker (default: the one its data was last started on, "
+                        "else a free one)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start: empty the local broker's data first (topics, sensors.dlq, committed offsets, "
+                        "its address); refused while it runs. Without it a single broker keeps its topics "
+                        "and address across stop/start")
     p.add_argument("--heap", default=None, type=heap_size,
                    help="JVM heap per node (default: 512m, 384m per node of a cluster)")
     p.add_argument("--bootstrap", metavar="HOST:PORT", type=bootstrap_address,
@@ -713,6 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject N malformed messages per device")
     p.add_argument("--keep-testbed", action="store_true",
                    help="with [testbed]: leave the hosts and brokers up after the run (`edgestream testbed down`)")
+    p.add_argument("--keep-broker", action="store_true",
+                   help="a run that starts its own broker (no --bootstrap, no local broker running) removes its "
+                        "data (STATE/broker-*) when it ends; keep it instead")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (table + JSON)")

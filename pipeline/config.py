@@ -299,8 +299,11 @@ class TrainSection:
 @dataclass
 class RunSection:
     duration_s: float = 20.0
-    #: After the simulators stop, how long to wait for every record to be accounted for.
+    #: After the simulators stop, how long the drain waits without progress (records read,
+    #: trained or pending, steps, versions, lag: none moved) before it ends as a timeout.
     drain_timeout_s: float = 30.0
+    #: The most the drain waits in all, even while it makes progress.
+    drain_max_s: float = 600.0
     #: Directory for run state (worker data dirs, summaries); default .edgestream/runs/<job>.
     state_dir: str = ""
     #: A worker process that dies during `edgestream run` is restarted up to this many
@@ -450,6 +453,7 @@ class JobConfig:
         _non_negative("train.target_accuracy", self.train.target_accuracy)
         _positive("run.duration_s", self.run.duration_s)
         _positive("run.drain_timeout_s", self.run.drain_timeout_s)
+        _positive("run.drain_max_s", self.run.drain_max_s)
         _non_negative("run.max_restarts", self.run.max_restarts)
         _non_negative("run.restart_backoff_s", self.run.restart_backoff_s)
         if self.run.workers_password_file and self.kafka.security_protocol != "SASL_SSL":

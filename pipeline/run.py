@@ -32,7 +32,9 @@ from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
 from pipeline.cli import EXIT_NO_CHECKPOINT
 from pipeline.config import ConfigError, JobConfig
+from pipeline.drain import WAIT, DrainProgress, waiting_for
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
+from pipeline.outage import BrokerWatch
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
 from pipeline.worker import (
     EXIT_FILE,
@@ -42,6 +44,11 @@ from pipeline.worker import (
     warn_byzantine,
 )
 from streams import topics
+
+#: The run's result (``RunResult.to_dict``), written on every exit, in the run's state dir.
+SUMMARY_FILE = "summary.json"
+#: What ``RunResult.outcome`` may be (``failed: <reason>`` too).
+RUN_OUTCOMES = ("balanced", "unbalanced", "drain_timeout", "interrupted", "failed")
 
 
 class RunError(RuntimeError):
@@ -99,6 +106,13 @@ class RunResult:
     #: A stage-split job (``train.stages``): the stages' final checkpoints put together and
     #: evaluated on the held-out set (``pipeline.training.assembled_evaluation``).
     assembled: dict | None = None
+    #: How the run ended: ``balanced``, ``unbalanced``, ``drain_timeout``, ``interrupted``
+    #: or ``failed: <reason>`` (``RUN_OUTCOMES``).
+    outcome: str = "balanced"
+    #: Why it ended so, in one line ("" for a balanced run).
+    reason: str = ""
+    #: Processes that wrote no accounting or training summary (name -> what happened).
+    missing: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return self.__dict__
@@ -257,6 +271,7 @@ def prepare_state(cfg: JobConfig) -> tuple[Path, Path]:
     if (state / "workers").exists():
         shutil.rmtree(state / "workers")
     state.mkdir(parents=True, exist_ok=True)
+    (state / SUMMARY_FILE).unlink(missing_ok=True)  # never a previous run's result in its place
     cfg_path = state / "job.json"
     cfg_path.write_text(json.dumps(process_config(cfg).to_dict(), indent=2))
     return state, cfg_path
@@ -340,7 +355,10 @@ def run_job(
     ctx = RunContext(cfg, bootstrap, state, cfg_path, [], testbed=testbed)
     stop = ctx.stop
     t_start = time.monotonic()
-    report: SimulationReport | None = None
+    report_box: dict[str, SimulationReport] = {}
+    outcome, reason = "", ""
+    failure: BaseException | None = None
+    watch = BrokerWatch(bootstrap, "run", lambda line: console.print(f"[yellow]{line}[/yellow]")).start()
     try:
         for name in names:
             ctx.start(name)
@@ -352,7 +370,6 @@ def run_job(
             [f"{w.name} {w.metrics_url}" for w in ctx.workers] + [f"simulator {sim_url}"]))
         console.print(f"[bold]Prometheus targets file:[/bold] {ctx.targets_file} "
                       "(see docs/monitoring.md; `edgestream prometheus` scrapes it)")
-        report_box: dict[str, SimulationReport] = {}
         errors: list[BaseException] = []
 
         def produce() -> None:
@@ -394,49 +411,13 @@ def run_job(
             if errors:
                 raise errors[0]
             report = report_box["final"]
-            for device, n in ctx.injected_records.items():
-                report.records[device] = report.records.get(device, 0) + n
-            for device, n in ctx.injected_garbage.items():
-                report.garbage.setdefault(device, {})["injected"] = n
-
-            settle = {"key": None, "since": time.monotonic()}
-
-            def check() -> bool:
-                ctx.supervise()
-                scrapes = scrape_all(ctx.workers)
-                rows = device_view(cfg, scrapes, report)
-                if live:
-                    view.update(render_all(cfg, rows, scrapes, f"{title} - draining", ctx.restarts_line()),
-                                refresh=True)
-                if not ctx.all_ready():
-                    return False  # a process is restarting: its figures are not in yet
-                # A device whose worker left (or never started) is not read any more: its
-                # records stay in Kafka and the summary counts them as unread.
-                reading = ctx.running_devices()
-                rows = {d: r for d, r in rows.items() if d in reading}
-                if drained(cfg, rows, report):
-                    return True
-                if not training:
-                    return False
-                # Training can hold records it cannot use yet (BSP waits for peers whose
-                # streams ended). Settled = nothing left to read and no progress for 3 s;
-                # what is held shows up as pending (not acknowledged, re-read on restart).
-                progress = {d: [r["read"], r["trained"], r["pending"], r.get("lag")] for d, r in rows.items()}
-                key = json.dumps([progress, {w: s.get("edgestream_trained_records_total", worker=w)
-                                             for w, s in scrapes.items()}], sort_keys=True)
-                if key != settle["key"]:
-                    settle.update(key=key, since=time.monotonic())
-                    return False
-                return all(r.get("lag", -1) == 0 for r in rows.values()) and \
-                    time.monotonic() - settle["since"] >= 3.0
-
+            _add_injected(ctx, report)
             if drain:
-                blocked = BlockedWatch(scrape_all(ctx.workers))
-                wait_for(check, cfg.run.drain_timeout_s, "every record to be batched, dropped or dead-lettered",
-                         on_fail=lambda: blocked.hint(scrape_all(ctx.workers)) + "; per device: " + json.dumps(
-                             device_view(cfg, scrape_all(ctx.workers), report)),
-                         since=ctx.last_ready_at)
-            if training and drain:
+                reason = _drain(cfg, ctx, report, view if live else None, title, watch)
+                outcome = "drain_timeout" if reason else ""
+                if reason:
+                    console.print(f"[red]{reason}[/red]")
+            if training and drain and not reason:
                 # Replicas that read the whole update log agree on the version; where the
                 # strategy keeps replicas apart (local steps, per-worker pulls), every
                 # process's version stops moving instead.
@@ -450,46 +431,27 @@ def run_job(
                     pass  # not settled in time: the summary's versions and digests show it
         if not console.is_terminal:
             console.line()  # rich ends a live view on a non-terminal without a newline
+    except KeyboardInterrupt as exc:
+        outcome, reason, failure = "interrupted", "interrupted (Ctrl-C or SIGTERM)", exc
+    except BaseException as exc:
+        outcome, reason, failure = f"failed: {_one_line(exc)}", _one_line(exc), exc
     finally:
         stop.set()
+        watch.stop()
         procs = list(reversed(ctx.workers))
         codes = dict(zip([w.name for w in procs], stop_processes([w.proc for w in procs]), strict=True))
-    accounting: dict[str, dict[str, int]] = {}
-    train_summary: dict[str, dict] = {}
-    running = set(ctx.running_workers())
-    for w in ctx.workers:
-        wdir = state / "workers" / w.name
-        if w.name != SERVER_NAME:
-            path = wdir / "accounting.json"
-            if not path.exists():
-                raise RunError(f"worker {w.name} exited ({codes.get(w.name)}) without writing {path}{_log_hint(w)}")
-            accounting.update(json.loads(path.read_text())["devices"])
-        if training:
-            path = wdir / "training.json"
-            if not path.exists():
-                raise RunError(f"{w.name} exited ({codes.get(w.name)}) without writing {path}{_log_hint(w)}")
-            train_summary[w.name] = json.loads(path.read_text())
-    assert report is not None
-    produced = dict(report.records)
-    garbage = {d: sum(v.values()) for d, v in report.garbage.items()}
-    for worker in cfg.worker_names():
-        for device in cfg.devices_of(worker):
-            a = accounting.setdefault(device, dict(NOTHING_READ))  # a worker that never ran
-            a["running"] = worker in running
-            a["unread"] = 0 if a["running"] else produced.get(device, 0) - a["records_in"]
-            if not a["running"]:
-                a["in_kafka"] = records_in_kafka(bootstrap, device, sensor_group(cfg, worker), cfg)
-    balanced = all(balances(produced[d], garbage[d], a) for d, a in accounting.items())
-    result = RunResult(produced, garbage, accounting, balanced, time.monotonic() - t_start,
-                       {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
-                       list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined))
-    if training and cfg.train.stages:
-        from pipeline.simulate import job_fleet_data
-        from pipeline.training import assembled_evaluation  # torch: only for training runs
-
-        result.assembled = assembled_evaluation(
-            cfg, job_fleet_data(cfg), {name: state / "workers" / name for name in cfg.worker_names()})
-    (state / "summary.json").write_text(json.dumps(result.to_dict(), indent=2))
+    report = report_box.get("final") or report_box.get("live")
+    if report is not None and "final" not in report_box:
+        _add_injected(ctx, report)
+    try:
+        result = _collect(cfg, ctx, state, report, codes, time.monotonic() - t_start, query_kafka=failure is None)
+    except Exception as exc:  # noqa: BLE001 - the summary of a run that failed must not hide why
+        if failure is not None:
+            raise failure from exc
+        raise
+    result.outcome = outcome or ("balanced" if result.balanced else "unbalanced")
+    result.reason = reason or ("" if result.balanced else "accounting does not balance (see the table)")
+    (state / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2))
     console.print(summary_table(result, training))
     if training:
         console.print(training_table(result))
@@ -499,6 +461,131 @@ def run_job(
                       f"held-out accuracy {result.assembled['accuracy']:.3f}, loss {result.assembled['loss']:.3f}")
     if result.deaths:
         console.print(deaths_table(result))
+    for line in result.missing.values():
+        console.print(f"[yellow]{line}[/yellow]", soft_wrap=True)
+    console.print(f"outcome: {result.outcome}; summary in {state / SUMMARY_FILE}", soft_wrap=True)
+    if failure is not None:
+        raise failure
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as one line: its message, or its class name when it has none."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, RunError) and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _add_injected(ctx: RunContext, report: SimulationReport) -> None:
+    """What hooks injected beside the simulators joins the report's figures."""
+    for device, n in ctx.injected_records.items():
+        report.records[device] = report.records.get(device, 0) + n
+    for device, n in ctx.injected_garbage.items():
+        report.garbage.setdefault(device, {})["injected"] = n
+
+
+def _drain(cfg: JobConfig, ctx: RunContext, report: SimulationReport, view: Live | None, title: str,
+           watch: BrokerWatch) -> str:
+    """Wait until every record is settled (``drained``; a training run also until nothing
+    moves for 3 s with no lag left); "" then, else why it stopped waiting (one line).
+
+    The drain waits while anything moves (``DrainProgress``: records read, trained or
+    pending, steps, versions, lag; a process that became ready; Kafka unreachable), at
+    most ``run.drain_timeout_s`` without progress and ``run.drain_max_s`` in all.
+    """
+    training = cfg.train.enabled
+    progress = DrainProgress(cfg.run.drain_timeout_s, cfg.run.drain_max_s)
+    blocked = BlockedWatch(scrape_all(ctx.workers))
+    settle = {"key": None, "since": time.monotonic()}
+    while True:
+        ctx.supervise()
+        progress.restarted(ctx.last_ready_at())
+        if watch.down():
+            progress.restarted(time.monotonic())  # the broker is away: waiting is not being stuck
+        scrapes = scrape_all(ctx.workers)
+        all_rows = device_view(cfg, scrapes, report)
+        # A device whose worker left (or never started) is not read any more: its
+        # records stay in Kafka and the summary counts them as unread.
+        reading = set(ctx.running_devices())
+        rows = {d: r for d, r in all_rows.items() if d in reading}
+        figures = [{d: [r["read"], r["trained"], r["pending"], r.get("lag")] for d, r in rows.items()},
+                   {w: [s.get("edgestream_trained_records_total", worker=w), s.get("edgestream_steps_total", worker=w),
+                        s.get("edgestream_model_version", worker=w)] for w, s in scrapes.items()}]
+        progress.observe(figures)
+        what = waiting_for(rows, report.records) + ("; Kafka unreachable" if watch.down() else "")
+        if view is not None:
+            view.update(render_all(cfg, all_rows, scrapes, f"{title} - {progress.status(what)}",
+                                   ctx.restarts_line()), refresh=True)
+        if ctx.all_ready() and _settled(cfg, rows, report, figures, settle, training):
+            return ""
+        if progress.verdict() != WAIT:
+            return (progress.timeout_reason(what) + blocked.hint(scrape_all(ctx.workers))
+                    + "; per device: " + json.dumps(rows))
+        time.sleep(0.2)  # poll interval; DrainProgress enforces the deadlines
+
+
+def _settled(cfg: JobConfig, rows: dict, report: SimulationReport, figures: list, settle: dict,
+             training: bool) -> bool:
+    """Every record read and settled (``drained``); or, for training (which can hold records
+    it cannot use yet: BSP waits for peers whose streams ended), nothing left to read and
+    no progress for 3 s (what is held shows up as pending: not acknowledged, re-read on
+    restart)."""
+    if drained(cfg, rows, report):
+        return True
+    if not training:
+        return False
+    key = json.dumps(figures, sort_keys=True)
+    if key != settle["key"]:
+        settle.update(key=key, since=time.monotonic())
+        return False
+    return all(r.get("lag", -1) == 0 for r in rows.values()) and time.monotonic() - settle["since"] >= 3.0
+
+
+def _collect(cfg: JobConfig, ctx: RunContext, state: Path, report: SimulationReport | None,
+             codes: dict[str, int | None], duration_s: float, *, query_kafka: bool) -> RunResult:
+    """The run's result from what its processes wrote on exit. A process that wrote no
+    accounting (or training summary) is named in ``missing``; its devices show as nothing
+    read. ``query_kafka`` False (the run failed: the cluster may be what failed): the
+    records of a stopped worker's devices still in Kafka are not counted."""
+    training = cfg.train.enabled
+    accounting: dict[str, dict[str, int]] = {}
+    train_summary: dict[str, dict] = {}
+    missing: dict[str, str] = {}
+    running = set(ctx.running_workers())
+    for w in ctx.workers:
+        wdir = state / "workers" / w.name
+        files = ([] if w.name == SERVER_NAME else ["accounting.json"]) + (["training.json"] if training else [])
+        for file in files:
+            path = wdir / file
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                missing[w.name] = (f"{_role(w.name)} exited ({codes.get(w.name)}) without writing {path}: "
+                                   f"its figures are not in the tables{_log_hint(w)}")
+                continue
+            if file == "accounting.json":
+                accounting.update(data["devices"])
+            else:
+                train_summary[w.name] = data
+    report = report or SimulationReport()
+    produced = {d: report.records.get(d, 0) for d in cfg.devices.device_ids()}
+    garbage = {d: sum(report.garbage.get(d, {}).values()) for d in cfg.devices.device_ids()}
+    for worker in cfg.worker_names():
+        for device in cfg.devices_of(worker):
+            a = accounting.setdefault(device, dict(NOTHING_READ))  # a worker that never ran
+            a["running"] = worker in running
+            a["unread"] = 0 if a["running"] else produced.get(device, 0) - a["records_in"]
+            if not a["running"] and query_kafka:
+                a["in_kafka"] = records_in_kafka(ctx.bootstrap, device, sensor_group(cfg, worker), cfg)
+    balanced = not missing and all(balances(produced[d], garbage[d], a) for d, a in accounting.items())
+    result = RunResult(produced, garbage, accounting, balanced, duration_s,
+                       {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
+                       list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined), missing=missing)
+    if training and cfg.train.stages and not missing:
+        from pipeline.simulate import job_fleet_data
+        from pipeline.training import assembled_evaluation  # torch: only for training runs
+
+        result.assembled = assembled_evaluation(
+            cfg, job_fleet_data(cfg), {name: state / "workers" / name for name in cfg.worker_names()})
     return result
 
 

@@ -21,15 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from kafka.errors import KafkaTimeoutError
 
 from monitoring.metrics import Metrics
 from pipeline.config import ConfigError, JobConfig, parse_value_range
 from pipeline.kafka_io import TopicSetupError, ensure_topics, producer, sensor_topics_for
+from pipeline.outage import BrokerWatch
 from streams import codec, topics
 from streams.garbage import KINDS, make_garbage
 from streams.simulator import FleetData, build_simulators, fleet_data
 
 log = logging.getLogger(__name__)
+
+#: Seconds the simulator's producer keeps a record it could not deliver (a broker that is
+#: down or restarting), retrying, before the record counts as refused.
+SEND_RETRY_S = 300.0
 
 
 def declared_value_range(
@@ -155,7 +161,12 @@ def simulate(
         records={d: 0 for d in devices}, messages={d: 0 for d in devices},
         garbage={d: {} for d in devices},
     )
-    prod = producer(bootstrap, cfg.kafka.max_message_bytes)
+    # A broker that restarts (same address) gets the records the devices produced meanwhile:
+    # the producer keeps them, retries and reconnects within a second for SEND_RETRY_S;
+    # what it still cannot deliver then is refused and counted (``refused``).
+    prod = producer(bootstrap, cfg.kafka.max_message_bytes, delivery_timeout_ms=int(SEND_RETRY_S * 1000),
+                    max_block_ms=int(SEND_RETRY_S * 1000), reconnect_backoff_max_ms=1000)
+    watch = BrokerWatch(bootstrap, "simulator", log.warning).start()
     lock = threading.Lock()
 
     def refused(device: str, count: int, exc: BaseException) -> None:
@@ -195,12 +206,16 @@ def simulate(
             for sim in sims:
                 for batch in sim.step(t0, t1, wall_origin):
                     value = codec.encode(batch)
-                    sent = prod.send(topics.sensor_topic(sim.device), value=value, key=sim.device.encode())
-                    sent.add_errback(refused, sim.device, batch.count)
-                    sent.add_callback(taken, sim.device, batch.count)
                     report.records[sim.device] += batch.count
                     report.messages[sim.device] += 1
                     report.bytes += len(value)
+                    try:
+                        sent = prod.send(topics.sensor_topic(sim.device), value=value, key=sim.device.encode())
+                    except KafkaTimeoutError as exc:  # no room to keep it for SEND_RETRY_S: refused, counted
+                        refused(sim.device, batch.count, exc)
+                        continue
+                    sent.add_errback(refused, sim.device, batch.count)
+                    sent.add_callback(taken, sim.device, batch.count)
                 for k in range(garbage_at.get(tick, 0)):
                     kind = KINDS[(sum(report.garbage[sim.device].values()) + k) % len(KINDS)]
                     value = make_garbage(kind, sim.device, data.feature_shape, seed=tick)
@@ -215,6 +230,7 @@ def simulate(
                 stop.wait(delay)
         prod.flush()
     finally:
+        watch.stop()
         prod.close()
     report.duration_s = time.monotonic() - start_mono
     _write_report(report, report_path)

@@ -33,6 +33,7 @@ from pipeline.kafka_io import (
     sensor_topics_for,
     set_group_offsets,
 )
+from pipeline.outage import BrokerWatch
 from pipeline.service import CONTEXT, ProcessService, StopSignals
 from pipeline.simulate import job_fleet_data
 from streams import topics
@@ -394,10 +395,12 @@ def run_worker(
             summary.update(await runtime.shutdown())
 
     _beat(app, metrics.health)
+    watch = BrokerWatch(bootstrap, f"worker {worker}", log.warning).start()  # says an outage once, and its end
     try:
         _execute(app, loglevel, on_signal=runtime.begin_stop if runtime is not None else None,
                  stop_signals=service.signals, own_logging=cfg.service.log_format == "json")
     finally:
+        watch.stop()
         metrics.worker_up.labels(worker).set(0)
         write_json_atomic(state / "accounting.json", {"worker": worker, "devices": core.accounting()})
         if summary:

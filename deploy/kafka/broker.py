@@ -3,7 +3,8 @@
 The jars are resolved once with Maven from ``deploy/kafka/pom.xml`` (the only place
 the Kafka version is written; ``EDGESTREAM_KAFKA_VERSION`` overrides it for one run, to
 test against another release) into a user cache dir, one directory per version.
-``LocalBroker`` formats storage, starts ``kafka.Kafka`` on free loopback ports with a
+``LocalBroker`` formats storage, starts ``kafka.Kafka`` on free loopback ports (kept
+beside its data in ``address.json``: a restart on the same data reuses them) with a
 capped heap, waits until the broker answers a metadata request, and stops it (the
 whole process group) on ``stop()``.
 """
@@ -131,6 +132,67 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
+
+
+#: Beside a node's data: the address it was started on (``saved_address``).
+ADDRESS_FILE = "address.json"
+
+
+def saved_address(work_dir: Path) -> dict[str, Any]:
+    """The host, client port and controller port a node's data was last started with
+    (``{}``: never started, or an unreadable file)."""
+    try:
+        data = json.loads((Path(work_dir) / ADDRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if k in ("host", "port", "controller_port")} if isinstance(data, dict) else {}
+
+
+def save_address(work_dir: Path, host: str, port: int, controller_port: int) -> None:
+    """Keep a node's address beside its data, so a restart on that data reuses it."""
+    path = Path(work_dir) / ADDRESS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"host": host, "port": port, "controller_port": controller_port}))
+    tmp.replace(path)
+
+
+def port_owner(port: int) -> str:
+    """Who listens on TCP ``port`` on this host, in words (``pid 123 (java ...)``), from
+    /proc; "another process" where that cannot be read."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines, None)
+                for line in lines:
+                    fields = line.split()
+                    # local_address is HEXIP:HEXPORT; state 0A is LISTEN
+                    if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        except OSError:
+            continue
+    if inodes:
+        for pid_dir in Path("/proc").iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            try:
+                fds = list((pid_dir / "fd").iterdir())
+            except OSError:
+                continue
+            links = set()
+            for fd in fds:
+                try:
+                    links.add(os.readlink(fd))
+                except OSError:
+                    continue  # closed meanwhile
+            if any(f"socket:[{inode}]" in links for inode in inodes):
+                try:
+                    argv = (pid_dir / "cmdline").read_bytes().split(b"\0")
+                    command = " ".join(a.decode(errors="replace") for a in argv[:3] if a)
+                except OSError:
+                    command = "?"
+                return f"pid {pid_dir.name} ({command[:80]})"
+    return "another process"
 
 
 #: Metadata v4 (Kafka >= 1.0, still served by 4.x, which dropped v0-v3): the request
@@ -421,8 +483,13 @@ class LocalBroker:
         self.bind_host = bind_host or host
         self.netns = netns
         self.node_id = node_id
-        self.port = port or free_port()
-        self.controller_port = controller_port or free_port()
+        # The address is part of the data's identity: a node restarted on its storage comes
+        # back where its clients (a running job) still look for it.
+        saved = saved_address(self.work_dir)
+        if saved.get("host", host) != host:
+            saved = {}
+        self.port = port or saved.get("port") or free_port()
+        self.controller_port = controller_port or saved.get("controller_port") or free_port()
         self.quorum_voters = quorum_voters or f"{node_id}@{host}:{self.controller_port}"
         self.heap = heap
         self.message_max_bytes = message_max_bytes
@@ -531,6 +598,8 @@ class LocalBroker:
         if self.security is not None:
             self.security.check_covers([self.host])
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._check_ports_free()
+        save_address(self.work_dir, self.host, self.port, self.controller_port)
         props_file = self.work_dir / "server.properties"
         props_file.write_text(self._properties())
         cluster_id = self._cluster_id()
@@ -546,6 +615,18 @@ class LocalBroker:
             start_new_session=True, cwd=self.work_dir,
         )
         log.close()
+
+    def _check_ports_free(self) -> None:
+        """``BrokerError`` (one line) if another process listens on this node's client or
+        controller port: naming it, and how to start elsewhere."""
+        if self.netns:
+            return  # its own namespace: the caller's sockets say nothing about it
+        for what, port in (("client", self.port), ("controller", self.controller_port)):
+            if _port_open(port, self.host):
+                raise BrokerError(
+                    f"the {what} port {self.host}:{port} of the broker data in {self.work_dir} is taken by "
+                    f"{port_owner(port)}; stop that process, or start on another address with --port PORT "
+                    "(keeps the data) or --fresh (empty data, free ports)")
 
     def format_command(self, props_file: Path, cluster_id: str) -> list[str]:
         """The storage format command of this node. A secure node's adds the admin's SCRAM

@@ -1,0 +1,179 @@
+"""The local broker across restarts, the broker data a run leaves, and how a run ends (issue #30,
+defects 1, 2 and 8), through the `edgestream` command line on real brokers.
+
+- ``broker start`` after a SIGKILL comes back on the same address with its topics;
+  ``--fresh`` empties the data (refused while the broker runs).
+- ``run`` against that broker survives a SIGKILL of it mid-stream and a plain
+  ``broker start``: exit 0, balanced, the summary's outcome says so, and the run said the
+  outage and its end in one line each.
+- ``run`` removes the data of the broker it started, unless ``--keep-broker``.
+- a drain that ends at its cap still writes the summary (outcome ``drain_timeout``) and
+  prints the tables; exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitoring.scrape import scrape
+from pipeline.kafka_io import ensure_topics, topic_names
+from streams.topics import SENSOR_DLQ
+from tests.integration.jobs import REPO, start_cli, stop_session, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def cli(*args: str, cwd: Path = REPO, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+    """``edgestream ARGS`` to its end (this checkout, this interpreter)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+def job_args(unique: str, state: Path, *overrides: str) -> list[str]:
+    """A small training job: two devices, two BSP workers, an MLP."""
+    sets = [f"job.name=r{unique}", f"run.state_dir={state}", f"devices.ids=a{unique},b{unique}",
+            "devices.count=2", "devices.rates_hz=60,40", "devices.message_interval_s=0.1",
+            "batcher.window_s=0.25", "batcher.max_batch=64", "workers.count=2", "train.enabled=true",
+            "train.model=mlp", "train.lr=0.1", "train.eval_every_s=1", "train.checkpoint_every_steps=10",
+            "run.drain_timeout_s=60", *overrides]
+    return [arg for value in sets for arg in ("--set", value)]
+
+
+class Broker:
+    """A local broker of ``edgestream broker start --state-dir STATE``."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+
+    def start(self, *args: str) -> subprocess.CompletedProcess:
+        return cli("broker", "start", "--state-dir", str(self.state), *args)
+
+    def started(self, *args: str) -> str:
+        """Start it; its bootstrap address (the last line it prints)."""
+        done = self.start(*args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    def pid(self) -> int:
+        return json.loads((self.state / "broker.json").read_text())["pid"]
+
+    def kill(self) -> None:
+        """SIGKILL the broker JVM's process group: no controlled shutdown."""
+        os.killpg(self.pid(), signal.SIGKILL)
+
+    def stop(self) -> None:
+        cli("broker", "stop", "--state-dir", str(self.state), timeout_s=60)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    running = Broker(tmp_path / "broker")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_broker_start_after_sigkill_comes_back_on_its_address_and_fresh_empties_it(broker):
+    address = broker.started()
+    topic = SENSOR_DLQ  # a dead-letter dump of a later run must not show this broker's old letters
+    ensure_topics(address, {topic: "dlq"})
+
+    broker.kill()
+    wait_until(lambda: cli("broker", "status", "--state-dir", str(broker.state)).returncode == 1, 30,
+               "the killed broker to be down")
+    again = broker.start()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.strip().splitlines()[-1] == address  # same port, not a new free one
+    assert topic in topic_names(address)  # same data
+
+    refused = broker.start("--fresh")
+    assert refused.returncode != 0
+    message = (refused.stdout + refused.stderr).strip()
+    assert "is running; stop it first" in message and len(message.splitlines()) == 1
+    assert topic in topic_names(address)  # nothing removed by the refused --fresh
+
+    broker.stop()
+    assert broker.started() == address and topic in topic_names(address)  # stop/start keeps both
+    broker.stop()
+    fresh_address = broker.started("--fresh")
+    assert topic not in topic_names(fresh_address)
+
+
+def test_a_run_survives_a_broker_sigkill_and_a_plain_broker_start(broker, unique, tmp_path):
+    address = broker.started()
+    state = tmp_path / "state"
+    log = tmp_path / "run.log"
+    run = start_cli(["run", "--bootstrap", address, *job_args(unique, state, "run.duration_s=30")], log)
+    try:
+        endpoints = wait_until(lambda: re.search(r"metrics endpoints:\s*w0 (\S+), w1 (\S+),", log.read_text()),
+                               120, "the run to start streaming")
+        urls = {"w0": endpoints.group(1), "w1": endpoints.group(2)}
+
+        def trained() -> bool:
+            scrapes = {w: scrape(url) for w, url in urls.items()}
+            return all(s is not None and s.get("edgestream_steps_total", worker=w) >= 3 for w, s in scrapes.items())
+
+        wait_until(trained, 60, "both workers to train a few steps")
+        broker.kill()
+        wait_until(lambda: f"run: Kafka at {address} unreachable" in log.read_text(), 30,
+                   "the run to say the broker is unreachable")
+        assert broker.started() == address  # a plain `broker start`: the same address
+        code = run.wait(timeout=180)
+    finally:
+        if run.poll() is None:
+            stop_session(run)
+    output = log.read_text()
+    print(output[-6000:])
+    assert code == 0, output[-3000:]
+    summary = json.loads((state / "summary.json").read_text())
+    assert summary["outcome"] == "balanced" and summary["balanced"]
+    assert all(summary["accounting"][d]["records_in"] == n for d, n in summary["produced"].items())
+    assert sum(summary["produced"].values()) > 0
+    assert output.count(f"run: Kafka at {address} unreachable") == 1
+    assert f"run: Kafka at {address} is reachable again" in output
+    simulation = json.loads((state / "simulation.json").read_text())
+    assert simulation["refused"] == {}  # the simulator kept the records for the restarted broker
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_run_removes_the_data_of_the_broker_it_started_unless_kept(tmp_path, unique, keep):
+    state = tmp_path / "state"
+    # cwd: a directory without a running local broker (.edgestream/broker), so the run starts one
+    done = cli("run", *job_args(unique, state, "train.enabled=false", "run.duration_s=3"),
+               *(["--keep-broker"] if keep else []), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    left = sorted(p.name for p in state.glob("broker-*"))
+    if keep:
+        assert len(left) == 1 and (state / left[0] / "data").is_dir()
+        assert f"the run's broker data is kept in {state / left[0]}" in done.stdout.replace("\n", "")
+    else:
+        assert left == []
+    assert json.loads((state / "summary.json").read_text())["outcome"] == "balanced"
+
+
+def test_a_drain_at_its_cap_writes_the_summary_and_prints_the_tables(kafka_bootstrap, unique, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "summary.json").write_text('{"outcome": "a previous run"}')
+    # 400 records/s per device against at most max_batch / window_s = 256 records/s trained:
+    # records are still unread when streaming ends, and the drain may wait 0.5 s in all.
+    done = cli("run", "--bootstrap", kafka_bootstrap,
+               *job_args(unique, state, "devices.rates_hz=400,400", "run.duration_s=4", "run.drain_max_s=0.5"))
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    assert "final accounting" in output and "training summary" in output
+    assert "the drain timed out: the drain reached run.drain_max_s=0.5s" in output.replace("\n", "")
+    summary = json.loads((state / "summary.json").read_text())
+    assert summary["outcome"] == "drain_timeout"
+    assert "run.drain_max_s" in summary["reason"]
+    assert set(summary["accounting"]) == {f"a{unique}", f"b{unique}"}
