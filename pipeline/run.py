@@ -113,6 +113,12 @@ class RunResult:
     reason: str = ""
     #: Processes that wrote no accounting or training summary (name -> what happened).
     missing: dict[str, str] = field(default_factory=dict)
+    #: Devices that fell behind (``backlog_of``): device -> records pending beyond one
+    #: window at the end. Derived from ``accounting``; the accounting may still balance.
+    backlog: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.backlog = {d: n for d, a in sorted(self.accounting.items()) if (n := backlog_of(a))}
 
     def to_dict(self) -> dict:
         return self.__dict__
@@ -216,7 +222,7 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
     for i, device in enumerate(cfg.devices.device_ids()):
         row = {"target_hz": cfg.devices.rate_of(i), "produced": 0, "rate_hz": 0.0, "depth": 0,
                "batches": 0, "read": 0, "trained": 0, "dropped": 0, "dead_records": 0, "pending": 0,
-               "dlq": 0}
+               "dlq": 0, "backlog": 0, "batch_cap": 0}
         if report is not None:
             row["produced"] = report.records.get(device, 0)
             row["garbage"] = sum(report.garbage.get(device, {}).values())
@@ -228,6 +234,8 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
                                ("dead_records", "dead_lettered"), ("pending", "pending")):
                 row[key] += int(s.get("edgestream_ledger_records", device=device, state=state))
             row["dlq"] += int(s.get("edgestream_ledger_dead_letter_messages", device=device))
+            row["backlog"] += int(s.get("edgestream_device_backlog_records", device=device))
+            row["batch_cap"] = max(row["batch_cap"], int(s.get("edgestream_batch_cap_records", device=device)))
             lag = s.get("edgestream_consumer_lag_records", -1, device=device)
             if lag >= 0:
                 row["lag"] = row.get("lag", 0) + int(lag)
@@ -236,15 +244,21 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
 
 
 def render(cfg: JobConfig, rows: dict, title: str) -> Table:
+    """The live device table. ``backlog``: records pending beyond one window batch (the
+    device arrives faster than its worker batches and trains), red while above 0; with
+    ``batcher.max_batch_widen``, ``batch cap`` is each device's current window cap."""
     table = Table(title=title, expand=False)
     trained = "trained" if cfg.train.enabled else "batched"
-    for col in ("device", "target/s", "produced", "arrival/s", "buffer", "batches", trained,
-                "dropped", "dead-lettered", "pending", "bad msgs"):
+    widening = cfg.batcher.mode == "window" and cfg.batcher.max_batch_widen > cfg.batcher.max_batch
+    for col in ("device", "target/s", "produced", "arrival/s", "buffer", "batches", *(["batch cap"] * widening),
+                trained, "dropped", "dead-lettered", "pending", "backlog", "bad msgs"):
         table.add_column(col, justify="right")
     for device, r in rows.items():
+        backlog = r.get("backlog", 0)
         table.add_row(device, f"{r['target_hz']:.0f}", str(r["produced"]), f"{r['rate_hz']:.1f}",
-                      str(r["depth"]), str(r["batches"]), str(r["trained"]), str(r["dropped"]),
-                      str(r["dead_records"]), str(r["pending"]), str(r["dlq"]))
+                      str(r["depth"]), str(r["batches"]), *([str(r.get("batch_cap", 0))] * widening),
+                      str(r["trained"]), str(r["dropped"]), str(r["dead_records"]), str(r["pending"]),
+                      f"[red]{backlog}[/red]" if backlog else "-", str(r["dlq"]))
     return table
 
 
@@ -1077,6 +1091,28 @@ def balances(produced: int, garbage: int, a: dict) -> bool:
             and unread + pending <= a.get("in_kafka", 0) and a["dead_letter_messages"] <= garbage)
 
 
+def backlog_of(a: dict) -> int:
+    """Records of a device pending at the end beyond one window batch (``window_records``,
+    what the worker's batcher takes per window, widened fully): 0 for a device that was
+    kept up with, else how far it ran ahead of what its worker batches and trains."""
+    return max(0, a.get("buffered", 0) + a.get("in_sink", 0) - a.get("window_records", 0))
+
+
+def balance_status(produced: int, garbage: int, a: dict) -> str:
+    """The summary's ``balanced`` cell: ``yes`` only if the row adds up (``balances``) and
+    nothing is pending beyond one window; a row that adds up with a backlog says
+    ``pending N (rate above capacity ...)``; ``NO`` if it does not add up."""
+    if not balances(produced, garbage, a):
+        return "[red]NO[/red]"
+    backlog = backlog_of(a)
+    if not backlog:
+        return "yes"
+    pending = a["buffered"] + a["in_sink"]
+    capacity = a.get("capacity_hz")
+    limit = f": {capacity:.0f}/s" if capacity else ""  # the most the batcher takes, widened
+    return f"[yellow]pending {pending} (rate above capacity{limit})[/yellow]"
+
+
 def summary_table(result: RunResult, training: bool = True) -> Table:
     trained = "trained" if training else "batched"
     table = Table(title=f"final accounting (produced = {trained} + dropped + dead-lettered + pending; "
@@ -1085,7 +1121,7 @@ def summary_table(result: RunResult, training: bool = True) -> Table:
                 "bad msgs sent", "bad msgs dead-lettered", "balanced"):
         table.add_column(col, justify="right")
     for device, a in sorted(result.accounting.items()):
-        ok = balances(result.produced[device], result.garbage[device], a)
+        status = balance_status(result.produced[device], result.garbage[device], a)
         dead = str(a["dead_records"])
         if a.get("dead_records_by_reason"):
             dead += " (" + ", ".join(f"{k} {v}" for k, v in sorted(a["dead_records_by_reason"].items())) + ")"
@@ -1094,9 +1130,11 @@ def summary_table(result: RunResult, training: bool = True) -> Table:
             unread += f" ({a.get('in_kafka', 0)} in Kafka)"
         table.add_row(device, str(result.produced[device]), str(a["consumed"]), str(a["dropped"]), dead,
                       str(a["buffered"] + a["in_sink"]), unread, str(a["max_depth"]), str(result.garbage[device]),
-                      str(a["dead_letter_messages"]), "yes" if ok else "[red]NO[/red]")
+                      str(a["dead_letter_messages"]), status)
     table.caption = ("* pending: read but not trained yet (a fixed-mode remainder, or records held while "
                      "BSP waits for peers whose streams ended); not acknowledged, so re-read on restart. "
+                     "More than one window batch pending: the device arrives faster than its worker "
+                     "batches and trains (balanced says 'pending N (rate above capacity)'; docs/ingest.md). "
                      "** unread: never read because the device's worker left the job (or never started); "
                      "still in Kafka above its committed offset (in Kafka: the records there), nothing lost")
     return table
