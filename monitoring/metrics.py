@@ -34,7 +34,7 @@ DROP_REASONS = ("overflow", "window_truncate")
 #: kept here so monitoring does not import torch).
 STEP_REJECT_REASONS = ("bad_batch", "non_finite_loss", "non_finite_gradient", "gradient_norm", "gradient_spike")
 #: ``reason`` values of ``edgestream_dead_letter_records_total``: out of range at ingest, or a rejected step.
-DEAD_RECORD_REASONS = ("out_of_range", *STEP_REJECT_REASONS)
+DEAD_RECORD_REASONS = ("out_of_range", "outside_observed_range", *STEP_REJECT_REASONS)
 STALENESS_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 STALENESS_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 #: ``param`` values of ``edgestream_loss_curve_fit``: ``l(t) = 1 / (a2 t + b) + c0`` and the fit's RMSE.

@@ -95,7 +95,12 @@ class DataSection:
     #: ``none``: no range check; ``"LO,HI"``: every feature in [LO, HI].
     value_range: str = "auto"
     #: For ranges derived from data: widen [min, max] by this fraction of (max - min) on each side.
+    #: Also the margin of the bounds learned from the stream with ``value_range = "none"``.
     value_margin: float = 1.0
+    #: With ``value_range = "none"``: each worker learns per-feature bounds from the records
+    #: it trains; after this many records, records outside them (widened by ``value_margin``)
+    #: are dead-lettered as ``outside_observed_range`` before the step. 0: no learned bounds.
+    observed_warmup: int = 512
 
 
 @dataclass
@@ -398,6 +403,7 @@ class JobConfig:
             )
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
+        _non_negative("data.observed_warmup", self.data.observed_warmup)
         if not 0 < self.data.heldout_fraction < 1:
             raise ConfigError(f"data.heldout_fraction must lie in (0, 1) (got {self.data.heldout_fraction})")
         _choice("data.partition", self.data.partition, ("iid", "dirichlet", "classes"))

@@ -182,6 +182,9 @@ def driver_config(cfg: JobConfig) -> DriverConfig:
         codec_params=parse_params(cfg.train.codec_params), error_feedback=cfg.train.error_feedback,
         max_grad_norm=cfg.train.max_grad_norm, grad_norm_spike=cfg.train.grad_norm_spike,
         max_abs_weight=cfg.train.max_abs_weight, culprit_max_probes=cfg.train.culprit_max_probes,
+        observed_margin=(cfg.data.value_margin if cfg.data.value_range.strip().lower() == "none"
+                         and cfg.data.observed_warmup > 0 else None),
+        observed_warmup=max(1, cfg.data.observed_warmup),
         controller=cfg.train.compression_controller, controller_params=parse_params(cfg.train.controller_params),
     )
 
@@ -427,6 +430,13 @@ class TrainingRuntime:
         self.restored_ledger = dict(checkpoint.meta.get("ledger", {}))
         self.stats.steps = int(checkpoint.meta.get("steps", 0))
         self.stats.trained_records = int(checkpoint.meta.get("trained_records", 0))
+        observed = checkpoint.meta.get("observed_range")
+        if observed is not None and self.driver.observed is not None:
+            try:
+                self.driver.observed.load_state_dict(observed)
+            except ValueError as exc:  # the checkpoint is sound otherwise: learn them again
+                log.warning("%s: the checkpoint's observed value range is not usable (%s); learning it again",
+                            self.name, exc)
         self.restored_from = self.trainer.version
         self.restored_skipped = [str(path) for path, _ in restored.skipped]
         log.warning("%s restored checkpoint %s at model version %d (step %d)", self.name,
@@ -453,6 +463,8 @@ class TrainingRuntime:
                    "updates": dict(self.update_offsets)}
         meta = {"steps": self.stats.steps, "trained_records": self.stats.trained_records,
                 "worker": self.name, "saved_at": time.time(), "ledger": ingest.get("ledger", {})}
+        if self.driver.observed is not None:  # learned bounds: a restart must not forget them
+            meta["observed_range"] = self.driver.observed.state_dict()
         return offsets, meta
 
     async def _checkpoint(self) -> None:
@@ -879,24 +891,25 @@ class TrainingRuntime:
             letters = [(parts, stepped.rejection)]
             rejection = stepped.rejection
         records = sum(b.size for batches, _ in letters for b in batches)
-        self.stats.rejected_steps += 1
         self.stats.dead_lettered_records += records
-        self.stats.rejected_by_reason[rejection.reason] = self.stats.rejected_by_reason.get(rejection.reason, 0) + 1
-        self.metrics.rejected_steps.labels(self.name, rejection.reason).inc()
+        if stepped.refused is not None:  # the guard refused the step (not only records outside the range)
+            refused = stepped.refused.reason
+            self.stats.rejected_steps += 1
+            self.stats.rejected_by_reason[refused] = self.stats.rejected_by_reason.get(refused, 0) + 1
+            self.metrics.rejected_steps.labels(self.name, refused).inc()
         if stepped.probes:
             self.metrics.culprit_probes.labels(self.name).inc(stepped.probes)
         unresolved = sum(len(c.indices) for c in stepped.dead if not c.resolved)
         if unresolved:
             self.metrics.culprit_unresolved_records.labels(self.name).inc(unresolved)
-        if stepped.dead:
-            devices = sorted({b.device for batches, _ in letters for b in batches})
-            log.warning("%s: step rejected (%s): %s; culprit search (%d sub-steps): %d records of %s "
-                        "dead-lettered%s, %d trained", self.name, rejection.reason, rejection.detail,
-                        stepped.probes, records, ", ".join(devices),
-                        f" ({unresolved} not narrowed down)" if unresolved else "", stepped.trained_records)
-        else:
-            log.warning("%s: step rejected (%s): %s; %d records dead-lettered", self.name, rejection.reason,
-                        rejection.detail, records)
+        devices = ", ".join(sorted({b.device for batches, _ in letters for b in batches}))
+        reasons = ", ".join(sorted({why.reason for _, why in letters}))
+        head = (f"step rejected ({stepped.refused.reason}): {stepped.refused.detail}; "
+                if stepped.refused is not None else "")
+        search = f" after {stepped.probes} sub-steps" if stepped.probes else ""
+        narrowed = f", {unresolved} of them not narrowed down" if unresolved else ""
+        log.warning("%s: %s%d records of %s dead-lettered (%s%s)%s, %d trained; first: %s", self.name, head,
+                    records, devices, reasons, narrowed, search, stepped.trained_records, rejection.detail)
         for batches, why in letters:
             for batch in batches:
                 await self._dead_letter_batch(batch, why)

@@ -23,7 +23,10 @@ the order a worker does it:
    refused step is not the end: the culprit search (``trainers.guard.CulpritSearch``)
    judges sub-steps (``strategy.probe_step``, nothing applied) to find the records that
    make it unsound, and the step is taken again on the others alone; ``Stepped.dead``
-   names the records to dead-letter, each group with its own reason.
+   names the records to dead-letter, each group with its own reason. A stream without a
+   declared range (``observed_margin`` set) first has its records checked against the
+   per-feature bounds learned from what it trained so far (``trainers.observed``): those
+   outside are dead (``outside_observed_range``) before any step sees them.
    ``queued_steps()`` / ``step_queued()``: the same on an input the strategy received in a
    message instead of stream records (a later stage of a split model); the adapter runs
    them before stream steps. A refused step of either kind calls
@@ -58,6 +61,8 @@ from trainers.evaluation import EvalResult, evaluate
 from trainers.guard import Culprits, CulpritSearch, StepGuard, StepRejection
 from trainers.local import LocalTrainer
 from trainers.messages import Outgoing, UpdateMessage
+from trainers.observed import REASON as OUTSIDE_OBSERVED_RANGE
+from trainers.observed import ObservedRange
 from trainers.strategies.base import SyncStrategy
 from trainers.validation import TensorSpec
 from trainers.wire import HEADER_CODEC, MessageRejected, decode_update, encode_update
@@ -96,6 +101,10 @@ class DriverConfig:
     #: Most sub-steps the culprit search of one refused step judges (0: no search; the
     #: whole batch is dead-lettered).
     culprit_max_probes: int = 64
+    #: Learned per-feature bounds (``trainers.observed.ObservedRange``) for a stream that
+    #: declares no range: their margin (None: not used), and the records seen before they apply.
+    observed_margin: float | None = None
+    observed_warmup: int = 512
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,9 @@ class Stepped:
     trained: np.ndarray | None = None
     #: Sub-steps the culprit search judged.
     probes: int = 0
+    #: Why the step on the whole batch was refused (None: it was not; records may still be
+    #: dead, refused before the step: outside the observed range).
+    refused: StepRejection | None = None
 
     @property
     def trained_records(self) -> int:
@@ -259,6 +271,9 @@ class TrainingDriver:
         self.shared_decodes = shared_decodes
         self.guard = StepGuard(config.max_grad_norm, config.grad_norm_spike)
         self.culprit_search = CulpritSearch(config.culprit_max_probes)
+        self.observed = (ObservedRange(config.observed_margin, config.observed_warmup)
+                         if config.observed_margin is not None else None)
+        self.outside_records = 0
         self.searches = 0
         self.probes = 0
         self.culprit_records = 0
@@ -373,12 +388,47 @@ class TrainingDriver:
             return self._rejected(StepRejection("bad_batch", "records carry no labels"), records)
         x = np.ascontiguousarray(features, dtype=np.float32)
         y = np.asarray(labels, dtype=np.int64)
+        keys = None if groups is None else np.asarray(groups)
+        outside = self.observed.outside(x) if self.observed is not None else None
+        if outside is None or not outside.any():
+            stepped = self._step_searched(x, y, keys)
+        else:
+            stepped = self._step_inside(x, y, keys, outside)
+        if self.observed is not None and stepped.rejection is None:
+            self.observed.observe(x if stepped.trained is None else x[stepped.trained])
+        return stepped
+
+    def _step_searched(self, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None) -> Stepped:
+        """The step, and the culprit search if it is refused (and ``groups`` are known)."""
+        records = int(len(x))
         stepped, rejection = self._try_step(x, y)
         if rejection is None:
             return stepped
         if groups is None or not self.culprit_search.max_probes or records < 2:
             return self._rejected(rejection, records)
-        return self._search(x, y, np.asarray(groups), rejection)
+        return self._search(x, y, groups, rejection)
+
+    def _step_inside(self, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None,
+                     outside: np.ndarray) -> Stepped:
+        """The records outside the observed range are dead before the step; the step (and
+        its search) runs on the others; positions are mapped back to the whole batch."""
+        assert self.observed is not None
+        records = int(len(x))
+        refused = Culprits(np.flatnonzero(outside),
+                           StepRejection(OUTSIDE_OBSERVED_RANGE, self.observed.describe(x[outside])))
+        self.outside_records += len(refused.indices)
+        keep = np.flatnonzero(~outside)
+        if not len(keep):
+            return Stepped(refused.rejection, [], records, dead=(refused,))
+        inner = self._step_searched(x[keep], y[keep], None if groups is None else groups[keep])
+        dead = [refused, *(Culprits(keep[c.indices], c.rejection, c.resolved) for c in inner.dead)]
+        if inner.rejection is not None and not inner.dead:  # refused whole, without a search
+            dead.append(Culprits(keep, inner.rejection, resolved=False))
+        dead.sort(key=lambda c: int(c.indices[0]))
+        if inner.rejection is not None:
+            return dataclasses.replace(inner, records=records, dead=tuple(dead), trained=None)
+        trained = keep if inner.trained is None else keep[inner.trained]
+        return dataclasses.replace(inner, records=records, dead=tuple(dead), trained=trained)
 
     def _try_step(self, x: np.ndarray, y: np.ndarray,
                   trained: np.ndarray | None = None) -> tuple[Stepped, StepRejection | None]:
@@ -446,8 +496,9 @@ class TrainingDriver:
         self.culprit_records += sum(len(c.indices) for c in dead if c.resolved)
         self.unresolved_records += sum(len(c.indices) for c in dead if not c.resolved)
         if stepped is None:
-            return Stepped(rejection, [], records, dead=tuple(dead), probes=outcome.probes)
-        return dataclasses.replace(stepped, records=records, dead=tuple(dead), probes=outcome.probes)
+            return Stepped(rejection, [], records, dead=tuple(dead), probes=outcome.probes, refused=rejection)
+        return dataclasses.replace(stepped, records=records, dead=tuple(dead), probes=outcome.probes,
+                                   refused=rejection)
 
     def step_queued(self) -> Stepped:
         """One step on the strategy's next queued input (``queued_steps() > 0``): no stream
@@ -471,7 +522,7 @@ class TrainingDriver:
                        staleness=tuple(self.strategy.staleness.take_new()))
 
     def _rejected(self, rejection: StepRejection, records: int) -> Stepped:
-        return Stepped(rejection, [], records)
+        return Stepped(rejection, [], records, refused=rejection)
 
     # -- 5. evaluation --------------------------------------------------------------------------
     def evaluate(self, features: np.ndarray, labels: np.ndarray) -> tuple[EvalResult, list[Outbound]]:
@@ -562,5 +613,6 @@ class TrainingDriver:
         }
         stats["guard"] = {"accepted": self.guard.accepted, "rejected": self.guard.rejected,
                           "culprit_searches": self.searches, "culprit_probes": self.probes,
-                          "culprit_records": self.culprit_records, "unresolved_records": self.unresolved_records}
+                          "culprit_records": self.culprit_records, "unresolved_records": self.unresolved_records,
+                          "outside_observed_range": self.outside_records}
         return stats

@@ -105,9 +105,11 @@ def test_a_huge_value_and_corrupted_messages_are_dead_lettered_at_ingest(kafka_b
 def test_without_a_range_the_step_guard_keeps_the_huge_value_out_of_the_model(kafka_bootstrap, unique,
                                                                                state_dir):
     # The layer behind the range: a stream without a declared range lets 1e38 through the
-    # decoder; the step that trains on it must be refused, not applied and not published.
+    # decoder (the bounds learned from the stream are off here: data.observed_warmup=0); the
+    # step that trains on it must be refused, not applied and not published, and its culprit
+    # search must dead-letter the huge record, not the step's other records.
     cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92",
-                    "data.value_range=none", *FAST_STEPS)
+                    "data.value_range=none", "data.observed_warmup=0", *FAST_STEPS)
     device = cfg.devices_of("w0")[0]
 
     def inject(ctx: RunContext) -> None:
@@ -127,11 +129,12 @@ def test_without_a_range_the_step_guard_keeps_the_huge_value_out_of_the_model(ka
     assert all(t["rejected_steps"] == 0 for name, t in trained.items() if name != "w0")
     assert result.balanced
     acc = result.accounting[device]
-    assert acc["dead_records"] == w0["dead_lettered_records"] >= 32  # the whole step, the huge record in it
-    assert acc["dead_records_by_reason"] == {reason: acc["dead_records"]}
+    # the huge record (with at most its half-batch neighbour), not the whole step of >= 32 records
+    assert 1 <= acc["dead_records"] == w0["dead_lettered_records"] <= 2
+    assert set(acc["dead_records_by_reason"]) <= {"gradient_norm", "non_finite_loss", "non_finite_gradient",
+                                                  "gradient_spike"}
     letters = dead_letters(kafka_bootstrap, device)
     assert sum(int(h[topics.DLQ_HEADER_RECORDS]) for h, _ in letters) == acc["dead_records"]
-    assert {h[topics.DLQ_HEADER_REASON] for h, _ in letters} == {reason}
     assert any(codec.decode(v).features.max() == np.float32(HUGE) for _, v in letters)
 
 
