@@ -33,8 +33,9 @@ DROP_REASONS = ("overflow", "window_truncate")
 #: ``reason`` values of ``edgestream_rejected_steps_total`` (trainers/guard.py ``REASONS``;
 #: kept here so monitoring does not import torch).
 STEP_REJECT_REASONS = ("bad_batch", "non_finite_loss", "non_finite_gradient", "gradient_norm", "gradient_spike")
-#: ``reason`` values of ``edgestream_dead_letter_records_total``: out of range at ingest, or a rejected step.
-DEAD_RECORD_REASONS = ("out_of_range", "outside_observed_range", *STEP_REJECT_REASONS)
+#: ``reason`` values of ``edgestream_dead_letter_records_total``: out of range or an event time off
+#: its message's Kafka timestamp at ingest (streams/eventtime.py ``BAD_TIMESTAMP``), or a rejected step.
+DEAD_RECORD_REASONS = ("out_of_range", "bad_timestamp", "outside_observed_range", *STEP_REJECT_REASONS)
 STALENESS_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 STALENESS_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 #: ``param`` values of ``edgestream_loss_curve_fit``: ``l(t) = 1 / (a2 t + b) + c0`` and the fit's RMSE.
@@ -111,6 +112,12 @@ class Metrics:
         self.duplicates_skipped = Counter(
             "edgestream_duplicate_messages_skipped_total",
             "Messages seen again after a resume seek and skipped (already handled)",
+            ["device"], registry=r,
+        )
+        self.duplicate_records = Counter(
+            "edgestream_duplicate_records_total",
+            "Records dropped at ingest because their device sent their sequence number before "
+            "(data.duplicate_window)",
             ["device"], registry=r,
         )
         self.dead_letters = Counter(
@@ -450,7 +457,7 @@ class Metrics:
         for reason in DEAD_RECORD_REASONS:
             self.dead_letter_records.labels(device, reason)
         for counter in (self.records_in, self.messages_in, self.bytes_in, self.batches, self.batched_records,
-                        self.sink_records, self.partition_pauses, self.duplicates_skipped,
+                        self.sink_records, self.partition_pauses, self.duplicates_skipped, self.duplicate_records,
                         self.trained_device_records, self.prequential_records, self.prequential_correct):
             counter.labels(device)
 

@@ -248,6 +248,19 @@ class IngestDriver:
                 await self.source.resume(actions.resume)
 
 
+def _kafka_time_s(timestamp_ms: int | None) -> float | None:
+    """A Kafka record's timestamp in seconds, or None if it has none (-1)."""
+    return timestamp_ms / 1000.0 if timestamp_ms is not None and timestamp_ms >= 0 else None
+
+
+def _run_times_s(run: list[Any]) -> list[float] | None:
+    """The Kafka timestamps of a run of records in seconds, or None if any has none."""
+    times = [r.timestamp for r in run]
+    if any(t is None or t < 0 for t in times):
+        return None
+    return [t / 1000.0 for t in times]
+
+
 class SensorToken(NamedTuple):
     """Acknowledgement token of the messages ``offset..last`` read by the direct source."""
 
@@ -408,7 +421,8 @@ class DirectSensorSource(Service):
             actions = None
             if not self.tracker.has_done(key, first, last):
                 actions = core.on_run(
-                    topic, [r.value for r in run], SensorToken(topic, partition, first, last), now, wall_now
+                    topic, [r.value for r in run], SensorToken(topic, partition, first, last), now, wall_now,
+                    _run_times_s(run),
                 )
             if actions is not None:
                 self.tracker.seen_range(key, first, last)
@@ -427,6 +441,7 @@ class DirectSensorSource(Service):
                     actions = core.on_message(
                         topic, partition, offset, record.key, record.value,
                         SensorToken(topic, partition, offset, offset), now, wall_now,
+                        _kafka_time_s(record.timestamp),
                     )
                     part.handled = offset
                     if actions:
@@ -561,6 +576,7 @@ class FaustSensorSource:
                     actions.extend(core.on_message(
                         msg.topic, msg.partition, msg.offset, msg.key, event.value, event,
                         now=now, wall_now=wall_now,
+                        timestamp_s=msg.timestamp if msg.timestamp is not None and msg.timestamp >= 0 else None,
                     ))
                 await self.driver.perform(actions)
 

@@ -21,6 +21,8 @@ from streams.profiles import SCADLES_RATES
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
 #: Values of ``data.source``.
 DATA_SOURCES = ("digits", "synthetic", "recording")
+#: ``data.max_timestamp_skew_s = "auto"`` for a generated source (digits, synthetic): one hour.
+AUTO_TIMESTAMP_SKEW_S = 3600.0
 #: Values of ``kafka.ingest_source``.
 INGEST_SOURCES = ("direct", "faust")
 #: Values of ``kafka.security_protocol`` and ``kafka.sasl_mechanism``.
@@ -101,6 +103,31 @@ class DataSection:
     #: it trains; after this many records, records outside them (widened by ``value_margin``)
     #: are dead-lettered as ``outside_observed_range`` before the step. 0: no learned bounds.
     observed_warmup: int = 512
+    #: Records whose event time lies further than this from their message's Kafka timestamp,
+    #: or further back than this from the device's newest event time, are dead-lettered as
+    #: ``bad_timestamp``. ``auto``: 3600 for digits and synthetic, none for a recording (its
+    #: replay keeps the recorded event times, Kafka stamps the send time); ``none``: no
+    #: check; or seconds.
+    max_timestamp_skew_s: str = "auto"
+    #: Per device, how many sequence numbers at or below the highest one seen are remembered:
+    #: a record whose number is among them is dropped as ``duplicate``. 0: no check.
+    duplicate_window: int = 4096
+
+    def timestamp_skew_s(self) -> float | None:
+        """``max_timestamp_skew_s`` resolved: seconds, or None for no check."""
+        text = str(self.max_timestamp_skew_s).strip().lower()
+        if text == "none":
+            return None
+        if text == "auto":
+            return None if self.source == "recording" else AUTO_TIMESTAMP_SKEW_S
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ConfigError(f"data.max_timestamp_skew_s={self.max_timestamp_skew_s!r}: use auto, none, or "
+                              "seconds > 0 (e.g. 600)")
+        return seconds
 
 
 @dataclass
@@ -404,6 +431,8 @@ class JobConfig:
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
         _non_negative("data.observed_warmup", self.data.observed_warmup)
+        self.data.timestamp_skew_s()
+        _non_negative("data.duplicate_window", self.data.duplicate_window)
         if not 0 < self.data.heldout_fraction < 1:
             raise ConfigError(f"data.heldout_fraction must lie in (0, 1) (got {self.data.heldout_fraction})")
         _choice("data.partition", self.data.partition, ("iid", "dirichlet", "classes"))

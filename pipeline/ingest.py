@@ -34,7 +34,9 @@ from pipeline.config import JobConfig
 from streams import codec
 from streams.batching import AdaptiveBatcher, Batch
 from streams.buffering import Sources, StreamBuffer
+from streams.dedup import SeqWindow
 from streams.errors import RecordDecodeError, TopicNameError
+from streams.eventtime import BAD_TIMESTAMP, EventTimeCheck
 from streams.rates import RateEstimator
 from streams.records import RecordBatch
 from streams.topics import device_of, sensor_topic
@@ -83,6 +85,8 @@ class IngestActions:
 
 #: Outcomes a record can be settled with.
 CONSUMED, DROPPED, DEAD = "consumed", "dropped", "dead"
+#: The drop reason of a record whose sequence number its device sent before.
+DUPLICATE = "duplicate"
 
 
 @dataclass
@@ -97,6 +101,7 @@ class DeviceLedger:
     dead_letter_messages: int = 0
     dead_letters_by_reason: dict[str, int] = field(default_factory=dict)  # messages rejected whole
     dead_records_by_reason: dict[str, int] = field(default_factory=dict)
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)  # overflow, window_truncate, duplicate
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +110,7 @@ class DeviceLedger:
             "dead_letter_messages": self.dead_letter_messages,
             "dead_letters_by_reason": dict(self.dead_letters_by_reason),
             "dead_records_by_reason": dict(self.dead_records_by_reason),
+            "dropped_by_reason": dict(self.dropped_by_reason),
         }
 
     @classmethod
@@ -113,7 +119,8 @@ class DeviceLedger:
                                                  "dead_records", "dead_letter_messages")}
         return cls(**ints,
                    dead_letters_by_reason={str(k): int(v) for k, v in data.get("dead_letters_by_reason", {}).items()},
-                   dead_records_by_reason={str(k): int(v) for k, v in data.get("dead_records_by_reason", {}).items()})
+                   dead_records_by_reason={str(k): int(v) for k, v in data.get("dead_records_by_reason", {}).items()},
+                   dropped_by_reason={str(k): int(v) for k, v in data.get("dropped_by_reason", {}).items()})
 
     def copy(self) -> DeviceLedger:
         return DeviceLedger.from_dict(self.to_dict())
@@ -122,12 +129,16 @@ class DeviceLedger:
         self.dead_records += n
         self.dead_records_by_reason[reason] = self.dead_records_by_reason.get(reason, 0) + n
 
+    def add_dropped(self, reason: str, n: int) -> None:
+        self.dropped += n
+        self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + n
+
 
 class _OpenToken:
     """One registered token whose records are not all settled yet."""
 
     __slots__ = ("device", "messages", "records", "remaining", "consumed", "dropped", "dead", "dead_reasons",
-                 "whole_reason")
+                 "whole_reason", "dropped_reasons", "seqs")
 
     def __init__(self, device: str, messages: int, records: int) -> None:
         self.device = device
@@ -139,6 +150,8 @@ class _OpenToken:
         self.dead = 0
         self.dead_reasons: dict[str, int] | None = None
         self.whole_reason: str | None = None  # the message was dead-lettered whole, for this reason
+        self.dropped_reasons: dict[str, int] | None = None
+        self.seqs: np.ndarray | None = None  # sequence numbers it brought into the duplicate window
 
 
 class _DeviceSeries:
@@ -160,7 +173,7 @@ class _Device:
     """Everything ``on_message`` touches for one device, behind one lookup (the hot path)."""
 
     __slots__ = ("name", "buffer", "batcher", "rate", "ledger", "series", "decoder", "newest_event_time",
-                 "read_at", "in_sink")
+                 "read_at", "in_sink", "seen", "clock")
 
     def __init__(self, name: str, buffer: StreamBuffer, batcher: AdaptiveBatcher, rate: RateEstimator,
                  ledger: DeviceLedger, series: _DeviceSeries, decoder: codec.Decoder) -> None:
@@ -174,6 +187,8 @@ class _Device:
         self.newest_event_time: float | None = None  # event time of the newest record read
         self.read_at = 0.0  # wall clock when it was read
         self.in_sink = 0  # records of batches handed to the sink, not settled yet
+        self.seen: SeqWindow | None = None  # sequence numbers read (data.duplicate_window)
+        self.clock: EventTimeCheck | None = None  # event times vs the broker's (data.max_timestamp_skew_s)
 
     def event_time_lag_s(self) -> float:
         if self.newest_event_time is None:
@@ -209,8 +224,12 @@ class IngestCore:
     ) -> None:
         """``value_range``: declared (lo, hi) of every feature (records outside are
         dead-lettered as ``out_of_range``); ``restored``: the resolved ledgers of a
-        checkpoint (``resolved_ledgers()``), which both ledgers continue from;
-        ``require_labels``: dead-letter messages without labels (a training job)."""
+        checkpoint (``resolved_ledgers()``), which both ledgers continue from, and the
+        duplicate windows too (each device's ``"seen"``: only numbers of settled messages,
+        so a message re-read because it was not settled is handled again, not dropped);
+        ``require_labels``: dead-letter messages without labels (a training job).
+        ``cfg.data.duplicate_window`` and ``cfg.data.max_timestamp_skew_s`` set the
+        duplicate and event-time checks (``_admit``)."""
         self.cfg = cfg
         self.devices = list(devices)
         self.metrics = metrics or Metrics()
@@ -231,6 +250,10 @@ class IngestCore:
         self._series: dict[str, _DeviceSeries] = {}  # labelled children, bound once (hot path)
         self._by_topic: dict[str, _Device] = {}  # sensors.<device> -> its state (hot path)
         self._by_name: dict[str, _Device] = {}
+        #: Per device, the sequence numbers of fully settled messages: the checkpoint's window.
+        self.resolved_seen: dict[str, SeqWindow] = {}
+        window = cfg.data.duplicate_window
+        skew_s = cfg.data.timestamp_skew_s()
         restored = restored or {}
         for device in self.devices:
             buf = StreamBuffer(
@@ -256,6 +279,12 @@ class IngestCore:
                 self._decoder(device),
             )
             self._by_name[device] = state
+            if window:
+                stored = restored.get(device, {}).get("seen")
+                self.resolved_seen[device] = SeqWindow.from_dict(stored, window) if stored else SeqWindow(window)
+                state.seen = self.resolved_seen[device].copy()
+            if skew_s is not None:
+                state.clock = EventTimeCheck(skew_s)
             self.metrics.init_device(device)
             self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
             # Read when scraped, so the hot path sets no gauge per message.
@@ -290,8 +319,11 @@ class IngestCore:
         token: Any,
         now: float,
         wall_now: float,
+        timestamp_s: float | None = None,
     ) -> IngestActions:
-        """Handle one Kafka message from a device topic."""
+        """Handle one Kafka message from a device topic; ``timestamp_s``: its Kafka
+        timestamp (seconds), which its records' event times are checked against (none:
+        no event-time check)."""
         # The hot path: one lookup for the device's state, counters only (gauges are read
         # when scraped, the arrival rate is published on ticks).
         actions = IngestActions()
@@ -309,7 +341,8 @@ class IngestCore:
         try:
             batch = state.decoder.decode(data)
         except codec.OutOfRange as exc:
-            self._split_out_of_range(state, topic, partition, offset, key, exc, token, now, wall_now, actions)
+            self._split_out_of_range(state, topic, partition, offset, key, exc, token, timestamp_s, now, wall_now,
+                                     actions)
             return actions
         except RecordDecodeError as exc:
             actions.dead_letters.append(
@@ -326,10 +359,11 @@ class IngestCore:
             for other in self._by_topic.values():
                 other.decoder = self._decoder(other.name)
         self._register(token, device, 1, batch.count)
-        self._accept(state, batch, token, now, wall_now, actions)
+        self._admit(state, topic, partition, offset, key, batch, token, timestamp_s, now, wall_now, actions)
         return actions
 
-    def on_run(self, topic: str, values: list[bytes], token: Any, now: float, wall_now: float) -> IngestActions | None:
+    def on_run(self, topic: str, values: list[bytes], token: Any, now: float, wall_now: float,
+               timestamps_s: list[float] | None = None) -> IngestActions | None:
         """Consecutive messages of one device topic as one buffer chunk, or None.
 
         Same outcome as ``on_message`` for each of them (counts, buffer contents,
@@ -337,9 +371,10 @@ class IngestCore:
         their records are settled, and the depth's high-water mark may be higher by up
         to the run (it enters the buffer at once). None, with nothing done, unless every
         message shares the stream's last good header and passes every check, and the run
-        cannot make the buffer ask for a pause: the caller then hands them to
-        ``on_message`` one by one (which dead-letters exactly the bad ones and pauses at
-        the exact message).
+        cannot make the buffer ask for a pause, no event time is off the Kafka timestamps
+        (``timestamps_s``, one per message) and no sequence number is a duplicate: the
+        caller then hands them to ``on_message`` one by one (which dead-letters or drops
+        exactly the bad ones and pauses at the exact message).
         """
         state = self._by_topic.get(topic)
         if state is None or not values:
@@ -350,17 +385,29 @@ class IngestCore:
         batch = state.decoder.decode_run(values)
         if batch is None:
             return None
+        clock, seen = state.clock, state.seen
+        if clock is not None and timestamps_s is not None:
+            reference = np.repeat(np.asarray(timestamps_s, dtype=np.float64), layout.count)
+            if clock.verdict(batch.event_time, reference).count:
+                return None
+        if seen is not None and not seen.all_new(batch.seq):
+            return None
         state.ledger.messages_in += len(values)
         state.series.messages_in.inc(len(values))
         state.series.bytes_in.inc(layout.size * len(values))
         actions = IngestActions()
         self._register(token, state.name, len(values), batch.count)
+        if clock is not None and timestamps_s is not None:
+            clock.accept(batch.event_time)
+        if seen is not None:
+            seen.check_and_add(batch.seq)  # all new (checked above)
+            self._open[token].seqs = batch.seq
         self._accept(state, batch, token, now, wall_now, actions)
         return actions
 
     def _split_out_of_range(self, state: _Device, topic: str, partition: int, offset: int, key: bytes | None,
-                            exc: codec.OutOfRange, token: Any, now: float, wall_now: float,
-                            actions: IngestActions) -> None:
+                            exc: codec.OutOfRange, token: Any, timestamp_s: float | None, now: float,
+                            wall_now: float, actions: IngestActions) -> None:
         """A decoded message with records outside the declared range: those records go to
         the dead-letter topic (re-encoded, with the reason), the others on as usual."""
         batch, bad = exc.batch, exc.bad
@@ -375,7 +422,43 @@ class IngestCore:
         if n_bad < batch.count:
             if self.expected_shape is None:
                 self.expected_shape = batch.feature_shape
-            self._accept(state, _select(batch, ~bad), token, now, wall_now, actions)
+            self._admit(state, topic, partition, offset, key, _select(batch, ~bad), token, timestamp_s, now,
+                        wall_now, actions)
+
+    def _admit(self, state: _Device, topic: str, partition: int, offset: int, key: bytes | None,
+               batch: RecordBatch, token: Any, timestamp_s: float | None, now: float, wall_now: float,
+               actions: IngestActions) -> None:
+        """Decoded records of a registered message: those whose event time is off the
+        message's Kafka timestamp go to the dead-letter topic (``bad_timestamp``), those
+        whose sequence number the device sent before are dropped (``duplicate``), the rest
+        on to the buffer (``_accept``)."""
+        clock = state.clock
+        if clock is not None and timestamp_s is not None:
+            verdict = clock.verdict(batch.event_time, timestamp_s)
+            if verdict.count:
+                actions.dead_letters.append(DeadLetter(
+                    state.name, topic, partition, offset, key, codec.encode(_select(batch, verdict.bad)),
+                    BAD_TIMESTAMP, verdict.detail, token, records=verdict.count,
+                ))
+                self.metrics.dead_letter_records.labels(state.name, BAD_TIMESTAMP).inc(verdict.count)
+                if verdict.count == batch.count:
+                    return
+                batch = _select(batch, ~verdict.bad)
+            clock.accept(batch.event_time)
+        if state.seen is not None:
+            duplicate = state.seen.check_and_add(batch.seq)
+            n_duplicate = int(duplicate.sum())
+            if n_duplicate:
+                self.metrics.duplicate_records.labels(state.name).inc(n_duplicate)
+                if n_duplicate < batch.count:
+                    batch = _select(batch, ~duplicate)
+                    self._open[token].seqs = batch.seq
+                actions.ack += self._settle([(token, n_duplicate)], DROPPED, DUPLICATE)
+                if n_duplicate == int(duplicate.size):
+                    return
+            else:
+                self._open[token].seqs = batch.seq
+        self._accept(state, batch, token, now, wall_now, actions)
 
     def _register(self, token: Any, device: str, messages: int, records: int) -> None:
         self._open[token] = _OpenToken(device, messages, records)
@@ -392,7 +475,7 @@ class IngestCore:
         pushed = buf.push(batch, token)
         if pushed.dropped:
             self.metrics.buffer_dropped.labels(state.name, "overflow").inc(pushed.dropped)
-            actions.ack += self._settle(pushed.sources, DROPPED)
+            actions.ack += self._settle(pushed.sources, DROPPED, "overflow")
         for b in state.batcher.on_arrival(now):
             self._emitted(b, actions)
         if buf.pause_needed():
@@ -423,7 +506,7 @@ class IngestCore:
                 self._emitted(b, actions)
             for drop in batcher.take_drops():
                 self.metrics.buffer_dropped.labels(device, "window_truncate").inc(drop.dropped)
-                actions.ack += self._settle(drop.sources, DROPPED)
+                actions.ack += self._settle(drop.sources, DROPPED, "window_truncate")
             self._update_gauges(device, now)
         return actions
 
@@ -479,7 +562,11 @@ class IngestCore:
                 ledger.consumed += n
             elif outcome == DROPPED:
                 entry.dropped += n
-                ledger.dropped += n
+                key = reason or "dropped"
+                if entry.dropped_reasons is None:
+                    entry.dropped_reasons = {}
+                entry.dropped_reasons[key] = entry.dropped_reasons.get(key, 0) + n
+                ledger.add_dropped(key, n)
             elif n:  # 0: a message dead-lettered whole (counted as a message when rejected)
                 entry.dead += n
                 key = reason or "rejected"
@@ -500,9 +587,12 @@ class IngestCore:
         resolved.messages_in += entry.messages
         resolved.records_in += entry.records
         resolved.consumed += entry.consumed
-        resolved.dropped += entry.dropped
+        for key, n in (entry.dropped_reasons or {}).items():
+            resolved.add_dropped(key, n)
         for key, n in (entry.dead_reasons or {}).items():
             resolved.add_dead_records(key, n)
+        if entry.seqs is not None:
+            self.resolved_seen[entry.device].add(entry.seqs)
         if entry.whole_reason is not None:
             resolved.dead_letter_messages += 1
             resolved.dead_letters_by_reason[entry.whole_reason] = (
@@ -540,8 +630,12 @@ class IngestCore:
         return self._by_name[device].pending
 
     def resolved_ledgers(self) -> dict[str, dict[str, Any]]:
-        """Per device, the counts of fully settled tokens (what a checkpoint stores)."""
-        return {device: ledger.to_dict() for device, ledger in self.resolved.items()}
+        """Per device, the counts of fully settled tokens (what a checkpoint stores), with
+        the duplicate window of their sequence numbers (``"seen"``)."""
+        out = {device: ledger.to_dict() for device, ledger in self.resolved.items()}
+        for device, window in self.resolved_seen.items():
+            out[device]["seen"] = window.to_dict()
+        return out
 
     def accounting(self) -> dict[str, dict[str, Any]]:
         """Per-device counts: read, trained (consumed), dropped, dead-lettered, pending; and

@@ -1125,10 +1125,13 @@ def summary_table(result: RunResult, training: bool = True) -> Table:
         dead = str(a["dead_records"])
         if a.get("dead_records_by_reason"):
             dead += " (" + ", ".join(f"{k} {v}" for k, v in sorted(a["dead_records_by_reason"].items())) + ")"
+        dropped = str(a["dropped"])
+        if a.get("dropped_by_reason"):
+            dropped += " (" + ", ".join(f"{k} {v}" for k, v in sorted(a["dropped_by_reason"].items())) + ")"
         unread = str(a.get("unread", 0))
         if not a.get("running", True):
             unread += f" ({a.get('in_kafka', 0)} in Kafka)"
-        table.add_row(device, str(result.produced[device]), str(a["consumed"]), str(a["dropped"]), dead,
+        table.add_row(device, str(result.produced[device]), str(a["consumed"]), dropped, dead,
                       str(a["buffered"] + a["in_sink"]), unread, str(a["max_depth"]), str(result.garbage[device]),
                       str(a["dead_letter_messages"]), status)
     table.caption = ("* pending: read but not trained yet (a fixed-mode remainder, or records held while "

@@ -46,6 +46,7 @@ class Record:
     offset: int
     value: bytes
     key: bytes | None = None
+    timestamp: int = -1  # Kafka's "no timestamp": no event-time check (the messages' times are 100 s)
 
 
 class FakeConsumer:

@@ -1,0 +1,121 @@
+"""SeqWindow: which sequence numbers of a device were seen, in bounded memory."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from streams.dedup import SeqWindow
+
+
+def seqs(*numbers: int) -> np.ndarray:
+    return np.array(numbers, dtype=np.uint64)
+
+
+def test_a_message_sent_three_times_is_new_once_then_duplicate_twice():
+    window = SeqWindow(16)
+    message = seqs(0, 1, 2, 3)
+
+    first, second, third = (window.check_and_add(message) for _ in range(3))
+
+    assert not first.any()
+    assert second.all() and third.all()
+    assert window.high == 3
+
+
+def test_out_of_order_numbers_inside_the_window_are_new_once():
+    window = SeqWindow(16)
+    window.check_and_add(seqs(10, 11, 14))
+
+    late = window.check_and_add(seqs(12, 13, 11, 9))
+
+    assert late.tolist() == [False, False, True, False]  # 11 again; 9 is inside (14 - 16, 14]
+    assert window.check_and_add(seqs(12, 13, 9)).all()
+    assert window.high == 14
+
+
+def test_a_repeat_inside_one_message_is_a_duplicate():
+    window = SeqWindow(16)
+    assert window.check_and_add(seqs(5, 6, 5, 7)).tolist() == [False, False, True, False]
+
+
+def test_memory_is_bounded_numbers_below_the_window_are_accepted_and_not_remembered():
+    window = SeqWindow(8)
+    window.check_and_add(np.arange(0, 100, dtype=np.uint64))
+
+    old = window.check_and_add(seqs(50, 50, 92, 93))
+
+    assert old.tolist() == [False, False, True, True]  # 50 is below (99 - 8, 99]: cannot tell
+    assert window._bits.size == 8
+    # A device that restarts its numbering from 0 keeps streaming.
+    assert not window.check_and_add(np.arange(0, 10, dtype=np.uint64)).any()
+
+
+def test_a_jump_forward_forgets_the_slots_it_moves_onto():
+    window = SeqWindow(8)
+    window.check_and_add(seqs(0, 1, 2, 3, 4, 5, 6, 7))
+
+    window.check_and_add(seqs(12))
+
+    # 8..11 share slots with 0..3: never seen, so new; 5..7 still remembered.
+    assert window.check_and_add(seqs(8, 9, 10, 11, 5, 6, 7)).tolist() == [False] * 4 + [True] * 3
+
+
+def test_all_new_is_a_pure_check():
+    window = SeqWindow(8)
+    window.check_and_add(seqs(3))
+    assert window.all_new(seqs(4, 5, 9)) and not window.all_new(seqs(3, 4)) and not window.all_new(seqs(5, 4))
+    assert window.high == 3 and not window.seen(4)
+
+
+def test_fast_and_slow_paths_agree_with_a_set_under_random_traffic():
+    rng = np.random.default_rng(3)
+    size = 64
+    window, remembered = SeqWindow(size), set()
+    high = -1
+    for _ in range(400):
+        start = int(rng.integers(max(0, high - 80), high + 40))
+        numbers = np.arange(start, start + int(rng.integers(1, 12)), dtype=np.uint64)
+        if rng.random() < 0.3:
+            rng.shuffle(numbers)
+        expected = []
+        for n in numbers.tolist():
+            if n > high:
+                high = n
+            if n <= high - size:
+                expected.append(False)
+                continue
+            expected.append(n in remembered)
+            remembered.add(n)
+        remembered = {n for n in remembered if n > high - size}
+        assert window.check_and_add(numbers).tolist() == expected
+
+
+@pytest.mark.parametrize("restore_size", [64, 16, 256])
+def test_state_round_trips_through_json(restore_size):
+    window = SeqWindow(64)
+    window.check_and_add(np.arange(100, 160, dtype=np.uint64))
+    window.check_and_add(seqs(170, 175))
+
+    restored = SeqWindow.from_dict(json.loads(json.dumps(window.to_dict())), restore_size)
+
+    assert restored.high == 175 and restored.size == restore_size
+    kept = [n for n in range(100, 176) if n > 175 - min(64, restore_size)]
+    assert [restored.seen(n) for n in kept] == [window.seen(n) for n in kept]
+    assert restored.check_and_add(seqs(175)).all() and not restored.check_and_add(seqs(171)).any()
+
+
+@pytest.mark.parametrize("state", [
+    {}, {"size": 8, "high": 3}, {"size": 8, "high": 3, "bits": "!!"}, {"size": 8, "high": 3, "bits": "AAAA"},
+    {"size": 0, "high": 3, "bits": ""}, {"size": 8, "high": -5, "bits": "AA=="},
+])
+def test_a_malformed_state_is_refused(state):
+    with pytest.raises(ValueError, match="not a duplicate window state"):
+        SeqWindow.from_dict(state, 8)
+
+
+def test_the_window_must_hold_a_number():
+    with pytest.raises(ValueError, match="at least 1"):
+        SeqWindow(0)
