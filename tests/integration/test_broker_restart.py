@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,10 +111,14 @@ def test_broker_start_after_sigkill_comes_back_on_its_address_and_fresh_empties_
 
 
 def test_a_run_survives_a_broker_sigkill_and_a_plain_broker_start(broker, unique, tmp_path):
+    began = time.monotonic()
+    at: dict[str, float] = {}  # seconds into the test of each step, printed as evidence
     address = broker.started()
     state = tmp_path / "state"
     log = tmp_path / "run.log"
-    run = start_cli(["run", "--bootstrap", address, *job_args(unique, state, "run.duration_s=30")], log)
+    # Equal rates: BSP holds no records of the faster device at the end.
+    run = start_cli(["run", "--bootstrap", address,
+                     *job_args(unique, state, "run.duration_s=20", "devices.rates_hz=50,50")], log)
     try:
         endpoints = wait_until(lambda: re.search(r"metrics endpoints:\s*w0 (\S+), w1 (\S+),", log.read_text()),
                                120, "the run to start streaming")
@@ -123,17 +128,23 @@ def test_a_run_survives_a_broker_sigkill_and_a_plain_broker_start(broker, unique
             scrapes = {w: scrape(url) for w, url in urls.items()}
             return all(s is not None and s.get("edgestream_steps_total", worker=w) >= 3 for w, s in scrapes.items())
 
+        at["streaming"] = time.monotonic() - began
         wait_until(trained, 60, "both workers to train a few steps")
         broker.kill()
+        at["broker killed"] = time.monotonic() - began
         wait_until(lambda: f"run: Kafka at {address} unreachable" in log.read_text(), 30,
                    "the run to say the broker is unreachable")
+        at["outage said"] = time.monotonic() - began
         assert broker.started() == address  # a plain `broker start`: the same address
+        at["broker back"] = time.monotonic() - began
         code = run.wait(timeout=180)
+        at["run ended"] = time.monotonic() - began
     finally:
         if run.poll() is None:
             stop_session(run)
     output = log.read_text()
     print(output[-6000:])
+    print("seconds into the test: " + ", ".join(f"{what} {t:.0f}" for what, t in at.items()))
     assert code == 0, output[-3000:]
     summary = json.loads((state / "summary.json").read_text())
     assert summary["outcome"] == "balanced" and summary["balanced"]
