@@ -55,6 +55,12 @@ class EventTimeCheck:
         reference = np.broadcast_to(np.asarray(reference_s, dtype=np.float64), event_time.shape)
         offset = event_time - reference
         off_clock = ~(np.abs(offset) <= self.max_skew_s)  # NaN counts as off
+        if len(event_time) and not off_clock.any():
+            # The common case, without the running maximum: nothing lies further back than
+            # the skew from the newest of all (accepted before, or in this call).
+            newest = float(event_time.max()) if self.newest_s is None else max(self.newest_s, float(event_time.max()))
+            if float(event_time.min()) >= newest - self.max_skew_s:
+                return TimestampVerdict(off_clock)
         # The newest accepted event time before each record (off-clock records excluded).
         candidates = np.where(off_clock, -np.inf, event_time)
         before = np.maximum.accumulate(np.concatenate(([-np.inf if self.newest_s is None else self.newest_s],

@@ -102,3 +102,24 @@ def test_each_record_is_judged_against_its_own_message_timestamp(broker):
 def test_the_skew_must_be_positive_and_finite(skew):
     with pytest.raises(ValueError, match="skew"):
         EventTimeCheck(skew)
+
+
+def test_verdicts_match_a_record_by_record_reading_under_random_traffic(broker):
+    rng = np.random.default_rng(5)
+    check, newest = EventTimeCheck(100), None
+    for _ in range(300):
+        broker.advance(float(rng.uniform(0, 20)))
+        event_time = broker() + rng.choice([0, 0, 0, 1], size=int(rng.integers(1, 8))) * rng.normal(0, 150, 1)[0] \
+            + rng.normal(0, 30, 1)[0]
+        expected = []
+        for t in event_time.tolist():
+            bad = abs(t - broker()) > 100 or (newest is not None and t < newest - 100)
+            expected.append(bad)
+            if not bad:
+                newest = t if newest is None else max(newest, t)
+
+        verdict = check.verdict(event_time, broker())
+        check.accept(event_time[~verdict.bad])
+
+        assert verdict.bad.tolist() == expected
+        assert check.newest_s == newest
