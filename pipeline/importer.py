@@ -381,15 +381,28 @@ def feature_stats(features: np.ndarray) -> dict[str, list[float]]:
 
 
 def _check_stats(path: str | Path, stats: dict[str, list[float]], names: list[str]) -> None:
-    """Refuse a table whose per-feature statistics are not all finite: a job's input
-    standardisation and value range are built from them (``import.json`` must hold numbers)."""
+    """Refuse a table whose per-feature statistics are not finite, or whose span does not
+    fit float32: a job's input standardisation ``(x - mean) / std`` runs in float32 (a
+    span within float32 keeps ``x - mean`` finite) and its value range is built from them."""
+
+    def column(i: int) -> str:
+        return repr(names[i]) if len(names) == len(stats["min"]) else f"feature {i}"
+
     for stat, values in stats.items():
         bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
         if bad:
-            name = names[bad[0]] if len(names) == len(values) else f"feature {bad[0]}"
-            raise TableImportError(f"{path}: the {stat} of column {name!r} is {values[bad[0]]} "
+            raise TableImportError(f"{path}: the {stat} of column {column(bad[0])} is {values[bad[0]]} "
                                    f"({len(bad)} column(s) affected); rescale the column so its "
                                    "values and their spread fit float32")
+    spans = [hi - lo for lo, hi in zip(stats["min"], stats["max"], strict=True)]
+    wide = [i for i, span in enumerate(spans) if span > _F32_MAX]
+    if wide:
+        i = wide[0]
+        raise TableImportError(
+            f"{path}: column {column(i)} spans {spans[i]:.4g} (min {stats['min'][i]:.4g}, max "
+            f"{stats['max'][i]:.4g}), beyond float32's {_F32_MAX:.4g}: centring its values for "
+            f"training would overflow ({len(wide)} column(s) affected); rescale the column (e.g. other units)"
+        )
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
@@ -419,8 +432,11 @@ def import_table(
     train, heldout = split_heldout(dataset, fraction=spec.heldout_fraction, seed=spec.seed)
     if len(heldout) == 0:
         raise TableImportError(f"{path}: too few rows for a held-out split (every class has a single row)")
+    # Before anything is written. The whole table's span bounds |x - mean| for every row,
+    # held-out ones too (they are standardised with the streamed rows' mean when evaluated).
+    _check_stats(path, feature_stats(table.features), table.feature_names)
     stats = feature_stats(train.features)
-    _check_stats(path, stats, table.feature_names)  # before anything is written
+    _check_stats(path, stats, table.feature_names)
     params: dict = {}
     if spec.partition == "dirichlet":
         params = {"alpha": spec.dirichlet_alpha, "min_size": 1}

@@ -71,3 +71,63 @@ def test_imported_csv_trains_to_accuracy_on_its_heldout_split(kafka_bootstrap, u
     accuracies = {name: t["accuracy"] for name, t in workers.items()}
     assert min(accuracies.values()) >= MIN_ACCURACY, accuracies
     print(f"held-out accuracy per worker: {accuracies}")  # shown with pytest -s
+
+
+def test_a_messy_csv_is_refused_or_imported_as_a_job_that_runs(kafka_bootstrap, unique, state_dir, tmp_path,
+                                                               capsys):
+    """Issue 30 #6 through the CLI: a value beyond float32 is refused (exit 2, row and column
+    named, no job file), while the same table with a BOM and values at float32's limit
+    imports, and the job file it prints trains on the real broker (finite statistics, a
+    finite declared range: no 'widen needs finite bounds' at start)."""
+    import json
+    import tomllib
+
+    import numpy as np
+
+    from pipeline.cli import EXIT_CONFIG, main
+
+    clean = write_breast_cancer_csv(tmp_path / "clean.csv").read_text().splitlines()
+    big = float(np.finfo(np.float32).max)  # the largest float32, as Python prints it
+
+    def first_column(lines: list[str], rows: dict[int, str]) -> list[str]:
+        return [",".join([rows[i], *line.split(",")[1:]]) if i in rows else line for i, line in enumerate(lines)]
+
+    at_limit = first_column(clean, {i: repr(big) for i in range(7, len(clean), 50)})
+    overflow = first_column(at_limit, {120: "1e39"})
+    too_wide = first_column(at_limit, {8: repr(-big)})  # centring (x - mean) would overflow
+    for name, lines in (("overflow.csv", overflow), ("wide.csv", too_wide), ("limit.csv", at_limit)):
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + ("\n".join(lines) + "\n").encode())
+
+    def cli_import(name: str) -> int:
+        return main(["import", "--file", str(tmp_path / name), "--label-column", "diagnosis",
+                     "--out", str(tmp_path / f"rec-{name}"), "--devices", "2", "--rates", "200,150",
+                     "--duration", "8", "--device-prefix", f"m{unique}-",
+                     "--job-out", str(tmp_path / f"{name}.toml")])
+
+    assert cli_import("overflow.csv") == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "value 1e+39 in data row 120, column 'mean radius' overflows float32" in err
+    assert not (tmp_path / "rec-overflow.csv").exists() and not (tmp_path / "overflow.csv.toml").exists()
+    assert cli_import("wide.csv") == EXIT_CONFIG
+    assert "column 'mean radius' spans 6.806e+38" in capsys.readouterr().err
+    assert not (tmp_path / "wide.csv.toml").exists()
+
+    assert cli_import("limit.csv") == 0
+    info = json.loads((tmp_path / "rec-limit.csv" / "import.json").read_text())  # strict JSON parse
+    assert info["data"]["feature_names"][0] == "mean radius"  # the BOM is not part of the name
+    assert info["data"]["stats"]["max"][0] == big
+    job = tomllib.loads((tmp_path / "limit.csv.toml").read_text())
+    cfg = load_config(
+        overrides=[f"job.name=messy{unique}", f"run.state_dir={state_dir}",
+                   f"data.recording={job['data']['recording']}", "data.source=recording",
+                   "workers.count=1", "train.enabled=true", "run.duration_s=20", "run.drain_timeout_s=60"],
+        env={},
+    )
+    result = run_job(cfg, kafka_bootstrap, console=Console(file=io.StringIO(), width=160), live=False)
+    show(result)
+
+    assert result.balanced
+    assert result.produced == {d: v["records"] for d, v in info["devices"].items()}
+    assert all(a.get("dead_records", 0) == 0 for a in result.accounting.values()), result.accounting
+    (worker,) = (t for name, t in result.training.items() if name != "server")
+    assert worker["steps"] > 0 and np.isfinite(worker["accuracy"])

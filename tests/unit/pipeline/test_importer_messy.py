@@ -167,6 +167,19 @@ def test_a_value_that_overflows_float32_in_an_npz_is_refused(tmp_path, capsys):
     assert "data row 5, column 'features[2]'" in error_line(capsys)
 
 
+def test_a_column_whose_span_overflows_float32_is_refused(tmp_path, capsys):
+    big = float(np.finfo(np.float32).max)
+    lines = with_row(with_row(table_lines(), 3, f"1.0,{big!r},b"), 9, f"1.0,{-big!r},b")
+    src = write(tmp_path / "t.csv", lines)
+
+    code = run_import(tmp_path, src)
+
+    line = error_line(capsys)
+    assert code == EXIT_CONFIG
+    assert "column 'y' spans 6.806e+38 (min -3.403e+38, max 3.403e+38), beyond float32's" in line
+    assert not (tmp_path / "rec").exists()
+
+
 def test_a_non_finite_statistic_is_refused_naming_the_column():
     stats = {"min": [0.0, 1.0], "max": [1.0, 2.0], "mean": [0.5, 1.5], "std": [0.1, float("inf")]}
 
