@@ -372,6 +372,8 @@ def run_job(
     report_box: dict[str, SimulationReport] = {}
     outcome, reason = "", ""
     failure: BaseException | None = None
+    sim: threading.Thread | None = None
+    injected_added = False
     watch = BrokerWatch(bootstrap, "run", lambda line: console.print(f"[yellow]{line}[/yellow]")).start()
     try:
         for name in names:
@@ -426,6 +428,7 @@ def run_job(
                 raise errors[0]
             report = report_box["final"]
             _add_injected(ctx, report)
+            injected_added = True
             if drain:
                 reason = _drain(cfg, ctx, report, view if live else None, title, watch)
                 outcome = "drain_timeout" if reason else ""
@@ -451,11 +454,13 @@ def run_job(
         outcome, reason, failure = f"failed: {_one_line(exc)}", _one_line(exc), exc
     finally:
         stop.set()
+        if sim is not None:
+            sim.join(timeout=60)  # an interrupted stream flushes and reports what it produced
         watch.stop()
         procs = list(reversed(ctx.workers))
         codes = dict(zip([w.name for w in procs], stop_processes([w.proc for w in procs]), strict=True))
     report = report_box.get("final") or report_box.get("live")
-    if report is not None and "final" not in report_box:
+    if report is not None and not injected_added:
         _add_injected(ctx, report)
     try:
         result = _collect(cfg, ctx, state, report, codes, time.monotonic() - t_start, query_kafka=failure is None)

@@ -188,3 +188,26 @@ def test_a_drain_at_its_cap_writes_the_summary_and_prints_the_tables(kafka_boots
     assert summary["outcome"] == "drain_timeout"
     assert "run.drain_max_s" in summary["reason"]
     assert set(summary["accounting"]) == {f"a{unique}", f"b{unique}"}
+
+
+def test_an_interrupted_run_prints_the_tables_writes_its_outcome_and_removes_its_broker(tmp_path, unique):
+    state = tmp_path / "state"
+    log = tmp_path / "run.log"
+    # cwd without a running local broker: the run starts its own (STATE/broker-*)
+    run = start_cli(["run", *job_args(unique, state, "train.enabled=false", "run.duration_s=120")], log,
+                    cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        wait_until(lambda: "metrics endpoints:" in log.read_text(), 120, "the run to start streaming")
+        assert len(list(state.glob("broker-*"))) == 1
+        os.kill(run.pid, signal.SIGINT)  # Ctrl-C (the run's own process; it stops the others)
+        code = run.wait(timeout=120)
+    finally:
+        if run.poll() is None:
+            stop_session(run)
+    output = log.read_text()
+    assert code == 130, output[-3000:]
+    assert "final accounting" in output and "outcome: interrupted" in output
+    summary = json.loads((state / "summary.json").read_text())
+    assert summary["outcome"] == "interrupted"
+    assert set(summary["accounting"]) == {f"a{unique}", f"b{unique}"} and summary["missing"] == {}
+    assert list(state.glob("broker-*")) == []
