@@ -630,8 +630,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.backlog:
         console.print("[yellow]rate above capacity: " + ", ".join(
             f"{d} has {n} records pending beyond one window" for d, n in result.backlog.items())
-            + " (it arrives faster than its worker batches and trains: batcher.max_batch_widen, "
-              "docs/ingest.md#backlog)[/yellow]", soft_wrap=True)
+            + " (it arrives faster than its worker batches and trains: see the balanced column, and "
+              "docs/ingest.md#backlog for batcher.max_batch_widen and train.max_step_batch)[/yellow]", soft_wrap=True)
     console.print(f"[green]every record accounted for[/green]; summary in {cfg.state_path() / 'summary.json'}")
     return 0
 

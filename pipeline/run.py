@@ -1106,16 +1106,19 @@ def backlog_of(a: dict) -> int:
 def balance_status(produced: int, garbage: int, a: dict) -> str:
     """The summary's ``balanced`` cell: ``yes`` only if the row adds up (``balances``) and
     nothing is pending beyond one window; a row that adds up with a backlog says
-    ``pending N (rate above capacity ...)``; ``NO`` if it does not add up."""
+    ``pending N (rate above capacity: ...)`` and which capacity: the batcher's (more than a
+    window left in the buffer: the most records/s it takes, widened) or its worker's
+    training (the batches wait for the trainer); ``NO`` if it does not add up."""
     if not balances(produced, garbage, a):
         return "[red]NO[/red]"
-    backlog = backlog_of(a)
-    if not backlog:
+    if not backlog_of(a):
         return "yes"
-    pending = a["buffered"] + a["in_sink"]
     capacity = a.get("capacity_hz")
-    limit = f": {capacity:.0f}/s" if capacity else ""  # the most the batcher takes, widened
-    return f"[yellow]pending {pending} (rate above capacity{limit})[/yellow]"
+    if capacity and a["buffered"] > a.get("window_records", 0):
+        which = f"batcher {capacity:.0f}/s"
+    else:
+        which = "its worker's training"
+    return f"[yellow]pending {a['buffered'] + a['in_sink']} (rate above capacity: {which})[/yellow]"
 
 
 def summary_table(result: RunResult, training: bool = True) -> Table:

@@ -53,7 +53,7 @@ def test_runaway_device_is_reported_pending_and_a_moderate_one_is_kept_up_with(k
     pending = fast["buffered"] + fast["in_sink"]
     assert pending > WIDEN and result.backlog == {runaway: pending - WIDEN}
     status = balance_status(result.produced[runaway], result.garbage[runaway], fast)
-    assert status == f"[yellow]pending {pending} (rate above capacity: {WIDEN / WINDOW_S:.0f}/s)[/yellow]"
+    assert status == f"[yellow]pending {pending} (rate above capacity: batcher {WIDEN / WINDOW_S:.0f}/s)[/yellow]"
     # The moderate device arrived faster than an unwidened window takes, and was kept up with.
     assert result.produced[moderate] / cfg.run.duration_s > 1.5 * MAX_BATCH / WINDOW_S
     assert mod["buffered"] + mod["in_sink"] <= WIDEN and moderate not in result.backlog

@@ -36,11 +36,14 @@ def test_backlog_is_what_is_pending_beyond_one_window(buffered, in_sink, expecte
 def test_balanced_only_when_nothing_is_pending_beyond_one_window():
     kept_up = row(produced=1000, trained=950, buffered=50)
     runaway = row(produced=21_863, trained=7477, buffered=14_386)
+    behind_trainer = row(produced=2487, trained=2062, buffered=51, in_sink=374)  # batches wait for steps
     lost = row(produced=1000, trained=900)  # 100 records unaccounted for
 
     assert balance_status(1000, 0, kept_up) == "yes"
     status = balance_status(21_863, 0, runaway)
-    assert "pending 14386 (rate above capacity: 128/s)" in status and "yes" not in status
+    assert status == "[yellow]pending 14386 (rate above capacity: batcher 128/s)[/yellow]"
+    assert balance_status(2487, 0, behind_trainer) == (
+        "[yellow]pending 425 (rate above capacity: its worker's training)[/yellow]")
     assert "NO" in balance_status(1000, 0, lost)
 
 
@@ -53,7 +56,7 @@ def test_run_result_lists_the_devices_that_fell_behind():
     assert result.to_dict()["backlog"] == {"fast": 14_322}  # what summary.json carries
     shown = text(summary_table(result))
     cells = {c[1].strip(): c[-2].strip() for line in shown.splitlines() if len(c := line.split("│")) > 3}
-    assert cells["fast"] == "pending 14386 (rate above capacity: 128/s)"
+    assert cells["fast"] == "pending 14386 (rate above capacity: batcher 128/s)"
     assert cells["slow"] == "yes"
 
 
