@@ -8,6 +8,7 @@ identical, the target accuracy reached and every record accounted for.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ def real_message(cfg, device: str, n: int = 32, seed: int = 7) -> RecordBatch:
     rng = np.random.default_rng(seed)
     rows = rng.choice(len(data.train), n, replace=False)
     return RecordBatch(device=device, seq=np.arange(10**9, 10**9 + n, dtype=np.uint64),
-                       event_time=np.full(n, 1.7e9), features=data.train.features[rows].copy(),
+                       event_time=np.full(n, time.time()), features=data.train.features[rows].copy(),
                        labels=data.train.labels[rows].astype(np.int32))
 
 
