@@ -56,6 +56,10 @@ def declared_value_range(
     if from_data:
         # Float64 out of widen; float32 rounding never moves a bound inside the data's [min, max].
         lo, hi = codec.widen(lo, hi, cfg.data.value_margin)
+        # Data near float32's limit widens past it: every float32 lies inside, so clip
+        # (a plain cast would make the bound infinite, with an overflow warning).
+        f32_max = float(np.finfo(np.float32).max)
+        lo, hi = np.clip(lo, -f32_max, f32_max), np.clip(hi, -f32_max, f32_max)
     return np.asarray(lo, dtype=np.float32), np.asarray(hi, dtype=np.float32)
 
 

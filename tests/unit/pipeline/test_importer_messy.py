@@ -186,3 +186,22 @@ def test_a_non_finite_statistic_is_refused_naming_the_column():
     with pytest.raises(TableImportError, match=r"the std of column 'y' is inf"):
         _check_stats("t.csv", stats, ["x", "y"])
     _check_stats("t.csv", {**stats, "std": [0.1, 0.2]}, ["x", "y"])  # finite: no error
+
+
+def test_a_declared_range_from_data_at_the_float32_limit_stays_finite_without_a_warning():
+    import warnings
+
+    from pipeline.config import load_config
+    from pipeline.simulate import declared_value_range
+
+    big = float(np.finfo(np.float32).max)
+    cfg = load_config(overrides=["data.value_range=auto", "data.value_margin=0.5"], env={})
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow in the float32 cast would raise here
+        lo, hi = declared_value_range(cfg, (np.array([0.0, -1.0]), np.array([big, 1.0])), from_data=True)
+
+    assert lo.dtype == hi.dtype == np.float32
+    assert np.isfinite(lo).all() and np.isfinite(hi).all()
+    assert hi[0] == np.float32(big) and lo[0] < 0  # widened, then clipped to what float32 holds
+    assert lo[1] == np.float32(-2.0) and hi[1] == np.float32(2.0)  # an ordinary column as before
