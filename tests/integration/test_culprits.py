@@ -18,10 +18,19 @@ from pipeline.run import RunContext, run_job
 from pipeline.simulate import job_fleet_data
 from streams import codec, topics
 from streams.records import RecordBatch
-from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until, workers_of
+from tests.integration.jobs import (
+    newest_checkpoint,
+    quiet,
+    show,
+    steps_of,
+    train_job,
+    wait_until,
+    workers_of,
+)
 from tests.integration.test_bad_input import dead_letters
 from trainers.guard import REASONS as STEP_REASONS
 from trainers.observed import REASON as OUTSIDE
+from trainers.observed import ObservedRange
 
 pytestmark = pytest.mark.integration
 
@@ -116,3 +125,9 @@ def test_records_far_outside_the_observed_range_are_refused_before_the_step(kafk
     assert {h[topics.DLQ_HEADER_REASON] for h, _ in letters} == {OUTSIDE}
     assert sum(int(h[topics.DLQ_HEADER_RECORDS]) for h, _ in letters) == 36
     assert all((codec.decode(v).features.max(axis=1) >= 300).all() for _, v in letters)
+    # The bounds are in the worker's checkpoint: a restart starts from them, not from scratch.
+    checkpoint = newest_checkpoint(state_dir, "w1")
+    restored = ObservedRange(cfg.data.value_margin, cfg.data.observed_warmup)
+    restored.load_state_dict(checkpoint.meta["observed_range"])
+    assert restored.active and restored.observed >= cfg.data.observed_warmup
+    assert restored.outside(codec.decode(letters[0][1]).features).all()
