@@ -18,7 +18,7 @@ from pipeline.run import RunContext, run_job
 from pipeline.simulate import job_fleet_data
 from streams import codec, topics
 from streams.records import RecordBatch
-from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until
+from tests.integration.jobs import newest_checkpoint, quiet, show, steps_of, train_job, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +89,41 @@ def test_a_message_sent_three_times_is_trained_once_and_bad_event_times_are_dead
     assert "going back in time" in backwards
     assert sorted(codec.decode(letters[0][1]).event_time.tolist())[:2] == [-1e9, 0.0]  # the records themselves
     assert dead_letters(kafka_bootstrap, dup_device, 1) == []  # duplicates are dropped, not dead-lettered
+
+
+def test_a_restarted_worker_still_drops_a_resent_message_and_trains_what_it_reads_again(
+        kafka_bootstrap, unique, state_dir):
+    # The duplicate window travels with the checkpoint, holding only settled messages: after
+    # a SIGKILL the worker drops a copy of a message trained before its checkpoint, while
+    # every record it reads again (not acknowledged before the crash) is trained, not
+    # dropped: exactly n duplicates in all, and the accounting balances.
+    cfg = train_job(unique, state_dir, "run.duration_s=45", "run.restart_backoff_s=1",
+                    f"data.max_timestamp_skew_s={SKEW_S}")
+    device = cfg.devices_of("w0")[0]
+    n = 16
+    first_seq = 10**9
+
+    def checkpointed_high() -> int:
+        checkpoint = newest_checkpoint(state_dir, "w0")
+        if checkpoint is None:
+            return -1
+        return int(checkpoint.meta.get("ledger", {}).get(device, {}).get("seen", {}).get("high", -1))
+
+    def crash_and_resend(ctx: RunContext) -> None:
+        wait_until(lambda: steps_of(ctx, "w0") >= 3, 60, "w0 to train")
+        message = real_message(cfg, device, first_seq, [time.time()] * n)
+        ctx.inject(device, [message], records=n)
+        wait_until(lambda: checkpointed_high() == first_seq + n - 1, 60, "a checkpoint of w0 holding the message")
+        crashed = ctx.worker("w0").proc.pid
+        ctx.kill("w0")
+        wait_until(lambda: ctx.worker("w0").proc.pid != crashed and ctx.worker("w0").ready, 90, "w0 to be back")
+        ctx.inject(device, [message], records=n)  # the device sends it again
+
+    result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash_and_resend)
+    show(result)
+
+    assert result.restarted == ["w0"]
+    assert result.balanced
+    acc = result.accounting[device]
+    assert acc["dropped_by_reason"] == {"duplicate": n} and acc["dropped"] == n
+    assert acc["dead_records"] == 0
