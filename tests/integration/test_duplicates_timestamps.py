@@ -54,9 +54,11 @@ def dead_letters(bootstrap: str, device: str, expected: int) -> list[tuple[dict[
     return found
 
 
+@pytest.mark.parametrize("source", ["direct", "faust"])
 def test_a_message_sent_three_times_is_trained_once_and_bad_event_times_are_dead_lettered(
-        kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, "run.duration_s=12", f"data.max_timestamp_skew_s={SKEW_S}")
+        kafka_bootstrap, unique, state_dir, source):
+    cfg = train_job(unique, state_dir, "run.duration_s=12", f"data.max_timestamp_skew_s={SKEW_S}",
+                    f"kafka.ingest_source={source}")
     dup_device, time_device = cfg.devices_of("w0")[0], cfg.devices_of("w1")[0]
     n = 16
 
