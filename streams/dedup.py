@@ -7,8 +7,11 @@ bits, which of the ``size`` numbers at or below it were seen: constant memory pe
 device, whatever the stream's length.
 
 A number more than ``size`` below the highest one cannot be checked (the window moved
-past it): it is accepted and not remembered, so a device that restarts its numbering
-from 0 keeps streaming.
+past it): it is accepted and not remembered; a 0 down there starts the window again
+(a device that restarted its numbering keeps streaming; its earlier numbers are
+forgotten). A device that restarts its numbering before sending ``size`` records has
+its new numbers taken for duplicates until they pass the old ones: the message format
+carries no boot epoch to tell a restart from a resend.
 """
 
 from __future__ import annotations
@@ -62,7 +65,12 @@ class SeqWindow:
                 self.high = number
                 self._bits[number % self.size] = True
             elif number < 0 or number <= self.high - self.size:
-                continue  # below the window (or beyond int64): cannot tell, accepted
+                # Below the window (or beyond int64): cannot tell, accepted. A 0 down there
+                # is a device that restarted its numbering: the window starts again with it.
+                if number == 0:
+                    self._bits[:] = False
+                    self.high = 0
+                    self._bits[0] = True
             elif self._bits[number % self.size]:
                 duplicate[i] = True
             else:

@@ -48,9 +48,19 @@ def test_memory_is_bounded_numbers_below_the_window_are_accepted_and_not_remembe
     old = window.check_and_add(seqs(50, 50, 92, 93))
 
     assert old.tolist() == [False, False, True, True]  # 50 is below (99 - 8, 99]: cannot tell
-    assert window._bits.size == 8
-    # A device that restarts its numbering from 0 keeps streaming.
-    assert not window.check_and_add(np.arange(0, 10, dtype=np.uint64)).any()
+    assert window._bits.size == 8 and window.high == 99
+
+
+def test_a_zero_below_the_window_is_a_restarted_numbering_and_the_window_starts_again():
+    window = SeqWindow(8)
+    window.check_and_add(np.arange(0, 100, dtype=np.uint64))
+
+    restarted = window.check_and_add(np.arange(0, 10, dtype=np.uint64))
+
+    assert not restarted.any() and window.high == 9
+    assert window.check_and_add(seqs(9, 8, 10)).tolist() == [True, True, False]  # checked again at once
+    # Without the restart its numbers would have run into the old window (92..99) as duplicates.
+    assert not window.check_and_add(np.arange(11, 120, dtype=np.uint64)).any()
 
 
 def test_a_jump_forward_forgets_the_slots_it_moves_onto():
@@ -74,9 +84,10 @@ def test_fast_and_slow_paths_agree_with_a_set_under_random_traffic():
     rng = np.random.default_rng(3)
     size = 64
     window, remembered = SeqWindow(size), set()
-    high = -1
+    high, restarts = -1, 0
     for _ in range(400):
-        start = int(rng.integers(max(0, high - 80), high + 40))
+        # Mostly near the top, now and then a restarted numbering (from 0).
+        start = 0 if rng.random() < 0.03 else int(rng.integers(max(0, high - 80), high + 40))
         numbers = np.arange(start, start + int(rng.integers(1, 12)), dtype=np.uint64)
         if rng.random() < 0.3:
             rng.shuffle(numbers)
@@ -86,11 +97,15 @@ def test_fast_and_slow_paths_agree_with_a_set_under_random_traffic():
                 high = n
             if n <= high - size:
                 expected.append(False)
+                if n == 0:  # a restarted numbering
+                    high, remembered, restarts = 0, {0}, restarts + 1
                 continue
             expected.append(n in remembered)
             remembered.add(n)
         remembered = {n for n in remembered if n > high - size}
         assert window.check_and_add(numbers).tolist() == expected
+        assert window.high == high
+    assert restarts >= 1
 
 
 @pytest.mark.parametrize("restore_size", [64, 16, 256])
