@@ -303,7 +303,7 @@ class TrainSection:
     #: A refused step's culprit search judges at most this many sub-steps (per device, then
     #: halves down to single records) to dead-letter only the records that make it unsound;
     #: a suspect group left beyond it is dead-lettered whole. 0: no search (the whole batch).
-    culprit_max_probes: int = 64
+    culprit_max_probes: int = 128
     #: `run` stops streaming early once every worker's held-out accuracy reached this (0: off).
     target_accuracy: float = 0.0
     #: torch threads per training process (the machine's cores are shared).

@@ -100,7 +100,7 @@ class DriverConfig:
     prequential_window: int = 50
     #: Most sub-steps the culprit search of one refused step judges (0: no search; the
     #: whole batch is dead-lettered).
-    culprit_max_probes: int = 64
+    culprit_max_probes: int = 128
     #: Learned per-feature bounds (``trainers.observed.ObservedRange``) for a stream that
     #: declares no range: their margin (None: not used), and the records seen before they apply.
     observed_margin: float | None = None

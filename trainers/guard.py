@@ -191,7 +191,7 @@ class CulpritSearch:
     that sees the same batch and verdicts finds the same culprits.
     """
 
-    def __init__(self, max_probes: int = 64) -> None:
+    def __init__(self, max_probes: int = 128) -> None:
         if max_probes < 0:
             raise ValueError(f"max_probes must be >= 0, got {max_probes}")
         self.max_probes = max_probes
