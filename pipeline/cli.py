@@ -24,19 +24,13 @@ from typing import NoReturn
 from rich.console import Console
 
 from pipeline.config import LOG_FORMATS, JobConfig, load_config
+from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME
 
 log = logging.getLogger("edgestream")
 
 DEFAULT_BROKER_STATE = Path(".edgestream/broker")
 #: Set to 1 to print the traceback of a failed command (as ``--debug`` does).
 DEBUG_ENV = "EDGESTREAM_DEBUG"
-#: Exit status of a command stopped by a configuration error (bad flag, key, name, topic layout).
-EXIT_CONFIG = 2
-#: Exit status of a command stopped by a runtime error (Kafka unreachable, a crash).
-EXIT_RUNTIME = 1
-#: Exit status of a worker/server whose checkpoint files are all unusable: a restart meets
-#: the same files, so supervisors must not restart it (systemd RestartPreventExitStatus=).
-EXIT_NO_CHECKPOINT = 3
 #: Seconds `broker status` gives a broker to answer (the command must answer within 2 s).
 STATUS_TIMEOUT_S = 1.0
 LOGLEVELS = ("debug", "info", "warning", "error", "critical")

@@ -30,9 +30,9 @@ from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
-from pipeline.cli import EXIT_NO_CHECKPOINT
 from pipeline.config import ConfigError, JobConfig
 from pipeline.drain import WAIT, DrainProgress, waiting_for
+from pipeline.exits import EXIT_NO_CHECKPOINT
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
 from pipeline.outage import BrokerWatch
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
@@ -48,7 +48,7 @@ from streams import topics
 #: The run's result (``RunResult.to_dict``), written on every exit, in the run's state dir.
 SUMMARY_FILE = "summary.json"
 #: What ``RunResult.outcome`` may be (``failed: <reason>`` too).
-RUN_OUTCOMES = ("balanced", "unbalanced", "drain_timeout", "interrupted", "failed")
+RUN_OUTCOMES = ("balanced", "backlog", "unbalanced", "drain_timeout", "interrupted", "failed")
 
 
 class RunError(RuntimeError):
@@ -106,8 +106,9 @@ class RunResult:
     #: A stage-split job (``train.stages``): the stages' final checkpoints put together and
     #: evaluated on the held-out set (``pipeline.training.assembled_evaluation``).
     assembled: dict | None = None
-    #: How the run ended: ``balanced``, ``unbalanced``, ``drain_timeout``, ``interrupted``
-    #: or ``failed: <reason>`` (``RUN_OUTCOMES``).
+    #: How the run ended: ``balanced``, ``backlog`` (balanced, but a device has records
+    #: pending beyond one window: ``backlog``), ``unbalanced``, ``drain_timeout``,
+    #: ``interrupted`` or ``failed: <reason>`` (``RUN_OUTCOMES``).
     outcome: str = "balanced"
     #: Why it ended so, in one line ("" for a balanced run).
     reason: str = ""
@@ -468,8 +469,7 @@ def run_job(
         if failure is not None:
             raise failure from exc
         raise
-    result.outcome = outcome or ("balanced" if result.balanced else "unbalanced")
-    result.reason = reason or ("" if result.balanced else "accounting does not balance (see the table)")
+    result.outcome, result.reason = (outcome, reason) if outcome else ended_as(result)
     (state / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2))
     console.print(summary_table(result, training))
     if training:
@@ -486,6 +486,18 @@ def run_job(
     if failure is not None:
         raise failure
     return result
+
+
+def ended_as(result: RunResult) -> tuple[str, str]:
+    """The outcome of a run that drained, and why in one line: ``unbalanced`` (the accounting
+    does not add up), ``backlog`` (it adds up, but a device has records pending beyond one
+    window: it arrives faster than its worker batches and trains) or ``balanced``."""
+    if not result.balanced:
+        return "unbalanced", "accounting does not balance (see the table)"
+    if result.backlog:
+        return "backlog", "rate above capacity: " + ", ".join(
+            f"{d} has {n} records pending beyond one window" for d, n in result.backlog.items())
+    return "balanced", ""
 
 
 def _one_line(exc: BaseException) -> str:

@@ -8,7 +8,15 @@ import pytest
 from rich.console import Console
 
 from pipeline.config import load_config
-from pipeline.run import NOTHING_READ, RunResult, backlog_of, balance_status, render, summary_table
+from pipeline.run import (
+    NOTHING_READ,
+    RunResult,
+    backlog_of,
+    balance_status,
+    ended_as,
+    render,
+    summary_table,
+)
 
 
 def row(*, produced: int, trained: int, buffered: int = 0, in_sink: int = 0, window: int = 64,
@@ -58,6 +66,23 @@ def test_run_result_lists_the_devices_that_fell_behind():
     cells = {c[1].strip(): c[-2].strip() for line in shown.splitlines() if len(c := line.split("│")) > 3}
     assert cells["fast"] == "pending 14386 (rate above capacity: batcher 128/s)"
     assert cells["slow"] == "yes"
+
+
+def test_a_run_with_a_backlog_does_not_end_as_balanced():
+    produced = {"fast": 21_863, "slow": 900}
+    behind = RunResult(produced, {"fast": 0, "slow": 0},
+                       {"fast": row(produced=21_863, trained=7477, buffered=14_386),
+                        "slow": row(produced=900, trained=900)}, True, 40.0)
+    kept_up = RunResult(produced, {"fast": 0, "slow": 0},
+                        {"fast": row(produced=21_863, trained=21_863), "slow": row(produced=900, trained=900)},
+                        True, 40.0)
+    lost = RunResult(produced, {"fast": 0, "slow": 0},
+                     {"fast": row(produced=21_863, trained=21_000), "slow": row(produced=900, trained=900)},
+                     False, 40.0)
+
+    assert ended_as(behind) == ("backlog", "rate above capacity: fast has 14322 records pending beyond one window")
+    assert ended_as(kept_up) == ("balanced", "")
+    assert ended_as(lost)[0] == "unbalanced"
 
 
 def test_live_view_shows_the_backlog_and_the_widened_cap():

@@ -1,0 +1,9 @@
+"""The exit statuses every edgestream command and process uses (one list, below the CLI)."""
+
+#: A runtime error stopped the command (Kafka unreachable, a crash).
+EXIT_RUNTIME = 1
+#: A configuration error stopped the command (bad flag, key, name, topic layout).
+EXIT_CONFIG = 2
+#: A worker/server whose checkpoint files are all unusable: a restart meets the same files,
+#: so supervisors must not restart it (systemd RestartPreventExitStatus=, ``run``).
+EXIT_NO_CHECKPOINT = 3
