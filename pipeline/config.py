@@ -755,7 +755,10 @@ def load_config(
     for name, value in sorted(env.items()):
         if name.startswith("EDGESTREAM__"):
             dotted = name[len("EDGESTREAM__") :].lower().replace("__", ".")
-            _set(cfg, dotted, value)
+            try:
+                _set(cfg, dotted, value)
+            except ConfigError as exc:  # name the variable: nothing on the command line shows it
+                raise ConfigError(f"environment variable {name}: {exc} (fix or unset {name})") from None
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value")

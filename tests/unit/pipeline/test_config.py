@@ -54,6 +54,29 @@ def test_errors_name_the_key(override, message):
         load_config(overrides=[override], env={})
 
 
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("EDGESTREAM__BUFFER__CAPACTY", "20", "unknown key 'buffer.capacty'"),
+        ("EDGESTREAM__BUFER__CAPACITY", "20", "unknown config section 'bufer'"),
+        ("EDGESTREAM__BUFFER__CAPACITY", "ten", "not a valid int"),
+    ],
+)
+def test_a_bad_environment_variable_is_named(name, value, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(env={name: value})
+    text = str(caught.value)
+    assert text.startswith(f"environment variable {name}: ")
+    assert message in text
+    assert f"unset {name}" in text
+
+
+def test_a_bad_override_is_not_blamed_on_the_environment():
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides=["buffer.capacty=20"], env={"EDGESTREAM__BUFFER__CAPACITY": "20"})
+    assert "environment" not in str(caught.value)
+
+
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "none.toml", env={})
