@@ -24,7 +24,7 @@ from typing import NoReturn
 from rich.console import Console
 
 from pipeline.config import LOG_FORMATS, JobConfig, load_config
-from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME
+from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME, EXIT_UNBALANCED
 
 log = logging.getLogger("edgestream")
 
@@ -563,6 +563,16 @@ def _sigterm_interrupts() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+#: Width of ``run``'s output when it goes to a file or a pipe: wide enough that no table is cut
+#: (a cut cell ends in an ellipsis and its value is lost from the log); each row stays one line.
+PIPED_WIDTH = 10_000
+
+
+def run_console() -> Console:
+    """The console ``run`` prints to: the terminal's width, or no limit that a table meets when piped."""
+    return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.kafka_io import check_reachable
@@ -588,7 +598,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         process_topics(cfg, name)
         worker_cpus(cfg, name)
     check_training_config(cfg)
-    console = Console() if sys.stdout.isatty() else Console(width=140)
+    console = run_console()
     broker = None
     work: Path | None = None  # the data of the broker this run starts (removed at its end)
     try:
@@ -617,10 +627,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 shutil.rmtree(work, ignore_errors=True)
     if result.outcome == "drain_timeout":
         console.print(f"[red]the drain timed out: {result.reason.split('; per device:')[0]}[/red]", soft_wrap=True)
-        return 1
+        return EXIT_RUNTIME
     if not result.balanced:
         console.print("[red]accounting does not balance: see the table above[/red]")
-        return 2
+        return EXIT_UNBALANCED
     if result.backlog:
         console.print("[yellow]rate above capacity: " + ", ".join(
             f"{d} has {n} records pending beyond one window" for d, n in result.backlog.items())
@@ -643,7 +653,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     script = root / f"{args.name}.py"
     if not script.exists():
         names = sorted(p.stem for p in root.glob("*.py") if not p.stem.startswith("_"))
-        raise SystemExit(f"edgestream: no benchmark {args.name!r}; available: {', '.join(names)}")
+        raise CommandError(f"no benchmark {args.name!r}; available: {', '.join(names)}", EXIT_CONFIG)
     sys.argv = [str(script), *args.args]
     runpy.run_path(str(script), run_name="__main__")
     return 0
@@ -709,7 +719,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_args(p)
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("server", help="run the parameter server of a strategy that has one (asp)")
+    p = sub.add_parser("server", help="run the parameter server of a job whose strategy has one "
+                                         "(e.g. asp; a strategy without one is refused, naming those that have one)")
     _add_job_args(p)
     p.add_argument("--metrics-port", type=port, default=0, help="/metrics port (0: a free one)")
     p.add_argument("--loglevel", default="warning", type=str.lower, choices=LOGLEVELS,

@@ -7,3 +7,6 @@ EXIT_CONFIG = 2
 #: A worker/server whose checkpoint files are all unusable: a restart meets the same files,
 #: so supervisors must not restart it (systemd RestartPreventExitStatus=, ``run``).
 EXIT_NO_CHECKPOINT = 3
+#: ``edgestream run`` ended and its accounting does not add up (records lost or counted twice):
+#: a runtime outcome, not a configuration error; the tables and ``summary.json`` say where.
+EXIT_UNBALANCED = 4
