@@ -29,6 +29,7 @@ import csv
 import json
 import math
 import re
+import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -105,6 +106,42 @@ class ImportSpec:
                 topics.sensor_topic(device)
             except StreamsError as exc:
                 raise TableImportError(f"--device-prefix {self.device_prefix!r}: {exc}") from None
+
+
+#: ``ImportSpec`` field -> the `edgestream import` option that sets it (``start_time_s`` has none).
+IMPORT_OPTIONS = {
+    "devices": "--devices", "rates_hz": "--rates", "partition": "--partition", "dirichlet_alpha": "--alpha",
+    "classes_per_device": "--classes-per-device", "duration_s": "--duration",
+    "records_per_device": "--records-per-device", "message_interval_s": "--message-interval",
+    "profile": "--profile", "device_prefix": "--device-prefix", "seed": "--seed",
+    "heldout_fraction": "--heldout-fraction",
+}
+
+
+def _option_text(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(_option_text(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def import_command(file: str, label_column: str, out: str, spec: dict | None = None) -> str:
+    """The `edgestream import` command that makes the recording ``spec`` (``asdict(ImportSpec)``,
+    as ``import.json`` keeps it) again from ``file``: the options that differ from the defaults,
+    and always the length (``--duration`` or ``--records-per-device``, one is required). Without
+    a spec, a command with ``--duration SECONDS`` to fill in."""
+    words = ["edgestream import", "--file", shlex.quote(file), "--label-column", shlex.quote(label_column),
+             "--out", shlex.quote(out)]
+    defaults = asdict(ImportSpec())
+    spec = spec if isinstance(spec, dict) else {}
+    for key, option in IMPORT_OPTIONS.items():
+        value = spec.get(key)
+        if value is not None and (value != defaults[key] or key in ("duration_s", "records_per_device")):
+            words += [option, shlex.quote(_option_text(value))]
+    if spec.get("duration_s") is None and spec.get("records_per_device") is None:
+        words += ["--duration", "SECONDS"]
+    return " ".join(words)
 
 
 @dataclass

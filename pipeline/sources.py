@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.config import ConfigError, DataSection, DevicesSection
-from pipeline.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE
+from pipeline.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE, import_command
 from streams.datasets import Dataset
 from streams.recording import MANIFEST_NAME
 
@@ -113,9 +113,9 @@ def _load_npz(info: RecordingInfo, file: str, keys: tuple[str, ...]) -> dict[str
 
 def _rerun_hint(info: dict[str, Any]) -> str:
     source = info.get("source") if isinstance(info.get("source"), dict) else {}
-    file = source.get("file") or "DATA.csv"
-    column = source.get("label_column") or "LABEL"
-    return f"re-run `edgestream import --file {file} --label-column {column} --out NEW_DIR` and point data.recording at NEW_DIR"
+    command = import_command(str(source.get("file") or "DATA.csv"), str(source.get("label_column") or "LABEL"),
+                             "NEW_DIR", source.get("spec"))
+    return f"re-run `{command}` and point data.recording at NEW_DIR"
 
 
 def read_recording_info(directory: str | Path) -> RecordingInfo:
@@ -124,15 +124,15 @@ def read_recording_info(directory: str | Path) -> RecordingInfo:
     label = f"data.recording={str(root)!r}"
     generic = _rerun_hint({})
     if not root.is_dir():
-        raise RecordingSourceError(f"{label}: no such directory; make one with `edgestream import "
-                                   f"--file DATA.csv --label-column LABEL --out {root}`")
+        raise RecordingSourceError(f"{label}: no such directory; make one with "
+                                   f"`{import_command('DATA.csv', 'LABEL', str(root))}`")
     info_path = root / IMPORT_INFO
     if not info_path.is_file():
         if (root / MANIFEST_NAME).is_file():
             raise RecordingSourceError(
                 f"{label}: no {IMPORT_INFO}: a recording of Kafka topics (`edgestream record`) has no "
-                f"held-out split nor data description to train on; import your table with `edgestream "
-                f"import --file DATA.csv --label-column LABEL --out NEW_DIR`")
+                f"held-out split nor data description to train on; import your table with "
+                f"`{import_command('DATA.csv', 'LABEL', 'NEW_DIR')}`")
         raise RecordingSourceError(f"{label}: not a recording (no {IMPORT_INFO}, no {MANIFEST_NAME}); {generic}")
     try:
         raw = json.loads(info_path.read_text())

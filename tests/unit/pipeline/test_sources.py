@@ -174,6 +174,32 @@ def test_missing_data_file_is_one_line_naming_it_and_the_fix(recording, tmp_path
     assert "--label-column kind" in message
 
 
+def test_the_printed_fix_for_a_damaged_recording_runs_as_written_and_makes_it_again(recording, tmp_path, capsys):
+    import shlex
+
+    from pipeline.cli import main
+
+    rec = copy_recording(recording[0], tmp_path / "r")
+    (rec / HELDOUT_FILE).unlink()
+    with pytest.raises(RecordingSourceError) as exc:
+        job(rec)
+    command = one_line(exc).split("re-run `", 1)[1].split("`", 1)[0]
+    assert command.startswith("edgestream import ") and "--duration 2 " in command  # the length it needs
+
+    argv = [str(tmp_path / "again") if word == "NEW_DIR" else word for word in shlex.split(command)[1:]]
+    assert main(argv) == 0, capsys.readouterr()
+
+    again, original = (json.loads((d / IMPORT_INFO).read_text())["data"] for d in (tmp_path / "again", rec))
+    for key in ("device_ids", "rates_hz", "partition", "seed", "heldout_fraction", "duration_s", "heldout"):
+        assert again[key] == original[key], key
+
+
+def test_the_fix_for_a_missing_recording_names_the_length_option(tmp_path):
+    with pytest.raises(RecordingSourceError) as exc:
+        job(tmp_path / "nowhere")
+    assert "--duration SECONDS" in one_line(exc)
+
+
 def test_older_import_without_heldout_is_refused(recording, tmp_path):
     rec = copy_recording(recording[0], tmp_path / "r")
     info = json.loads((rec / IMPORT_INFO).read_text())
