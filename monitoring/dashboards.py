@@ -200,48 +200,48 @@ def training() -> Dashboard:
             Panel("Commits / s per worker", (Query(_rate(m.commits, "worker", WRK), "{{worker}}"),), "training",
                   "ops", description="Updates (gradients, deltas) each worker published to the shared model"),
             Panel("Local steps per commit", (Query(
-                f"{_rate(m.committed_local_steps, 'worker', WRK)} / {_rate(m.commits, 'worker', WRK)}",
+                f"{_rate(m.observed['committed_local_steps'], 'worker', WRK)} / {_rate(m.commits, 'worker', WRK)}",
                 "{{worker}}"),), "training",
                 description="Local steps in each committed update (ADSP: fast workers put more in; "
                             "local SGD: its period)"),
             Panel("Commit target C (ADSP)", (
-                Query(f"max by (worker) ({n(m.target_commits)}{{{WRK}}})", "{{worker}}"),), "training",
+                Query(f"max by (worker) ({n(m.observed['commit_target'])}{{{WRK}}})", "{{worker}}"),), "training",
                 description="Commits per check period: the server's search (server) and what each worker "
                             "commits by (workers)"),
             Panel("Loss-curve fit of the C search (ADSP)", (
-                Query(f"max by (worker, param) ({n(m.loss_curve_fit)}{{{WRK}}})", "{{worker}} {{param}}"),),
+                Query(f"max by (worker, param) ({n(m.observed['fit_a2'])}{{{WRK}}})", "{{worker}} {{param}}"),),
                 "training", description="Last fit of l(t) = 1 / (a2 t + b) + c0 over a check period, "
                                         "and its RMSE (loss units)"),
             Panel("Time blocked by the sync rule (SSP, gossip)", (
-                Query(_rate(m.blocked_seconds, "worker", WRK), "{{worker}}"),), "training", "percentunit",
+                Query(_rate(m.observed["blocked_seconds"], "worker", WRK), "{{worker}}"),), "training", "percentunit",
                 max_value=1.0, description="Fraction of time each worker could not train because it was "
                                            "more than s clocks ahead of the slowest (SSP), or waited for a "
                                            "neighbour more than max_lag iterations behind (gossip)"),
             Panel("Clock gap (SSP)", (
-                Query(f"max by (worker) ({n(m.clock_gap)}{{{WRK}}})", "{{worker}}"),), "training",
+                Query(f"max by (worker) ({n(m.observed['clock_gap_steps'])}{{{WRK}}})", "{{worker}}"),), "training",
                 description="Fastest minus slowest live worker's clock at the server (at most s + 1)"),
             Panel("Idle fraction (gossip)", (
-                Query(f"max by (worker) ({n(m.idle_ratio)}{{{WRK}}})", "{{worker}}"),), "training", "percentunit",
+                Query(f"max by (worker) ({n(m.observed['idle_fraction'])}{{{WRK}}})", "{{worker}}"),), "training", "percentunit",
                 max_value=1.0, description="Share of each worker's time without a local step: waiting for "
                                            "data or for its neighbours"),
             Panel("Iteration time (gossip)", (
-                Query(f"max by (worker) ({n(m.iteration_seconds)}{{{WRK}}})", "{{worker}}"),), "training", "s",
+                Query(f"max by (worker) ({n(m.observed['iteration_time_s'])}{{{WRK}}})", "{{worker}}"),), "training", "s",
                 description="Mean time between each worker's recent local steps"),
             Panel("Iteration time CV (gossip)", (
-                Query(f"max by (worker) ({n(m.iteration_cv)}{{{WRK}}})", "{{worker}}"),), "training",
+                Query(f"max by (worker) ({n(m.observed['iteration_time_cv'])}{{{WRK}}})", "{{worker}}"),), "training",
                 description="Coefficient of variation (std / mean) of each worker's recent iteration times: "
                             "how irregular its pace is"),
             Panel("Neighbour lag (gossip)", (
-                Query(f"max by (worker, peer) ({n(m.neighbour_lag)}{{{WRK}}})", "{{worker}} <- {{peer}}"),),
+                Query(f"max by (worker, peer) ({n(m.observed['neighbour_lag'])}{{{WRK}}})", "{{worker}} <- {{peer}}"),),
                 "training", description="Local steps by which the model a worker holds of each neighbour is "
                                         "behind its own"),
             Panel("Mixing weights (gossip)", (
-                Query(f"max by (worker, peer) ({n(m.mixing_weight)}{{{WRK}}})", "{{worker}} <- {{peer}}"),),
+                Query(f"max by (worker, peer) ({n(m.observed['mixing_weights'])}{{{WRK}}})", "{{worker}} <- {{peer}}"),),
                 "training", max_value=1.0,
                 description="Weight each worker gives each process's model when it mixes (its own included; "
                             "a worker's weights sum to 1)"),
             Panel("Consensus distance (gossip)", (
-                Query(f"sqrt(sum(stdvar by (index) ({n(m.model_sketch)}{{{WRK}}})))", "RMS distance to the mean"),),
+                Query(f"sqrt(sum(stdvar by (index) ({n(m.observed['model_sketch'])}{{{WRK}}})))", "RMS distance to the mean"),),
                 "training",
                 description="Root-mean-square distance of the selected workers' models to their average, "
                             "estimated from their model sketches (random projections, relative error about "
@@ -278,24 +278,24 @@ def _dlion_panels() -> tuple[Panel, ...]:
     row = "DLion"
     return (
         Panel("Link bandwidth estimate (DLion)", (
-            Query(f"max by (worker, peer) ({n(m.link_bandwidth)}{{{WRK}}})", "{{worker}} -> {{peer}}"),),
+            Query(f"max by (worker, peer) ({n(m.observed['link_bandwidth'])}{{{WRK}}})", "{{worker}} -> {{peer}}"),),
             "training", "Bps", row=row,
             description="Each worker's estimate of the bandwidth of its link to each peer"),
         Panel("Link ratio sent (DLion)", (
-            Query(f"max by (worker, peer) ({n(m.link_ratio)}{{{WRK}}})", "{{worker}} -> {{peer}}"),),
+            Query(f"max by (worker, peer) ({n(m.observed['link_ratio'])}{{{WRK}}})", "{{worker}} -> {{peer}}"),),
             "training", "percentunit", max_value=1.0, row=row,
             description="Share of the gradient's entries the last message on each link carried"),
         Panel("Bytes per link / s (DLion)", (
-            Query(f"sum by (worker, peer) (rate({n(m.link_bytes)}{{{WRK}}}[{RATE}]))", "{{worker}} -> {{peer}}"),),
+            Query(f"sum by (worker, peer) (rate({n(m.observed['link_bytes'])}{{{WRK}}}[{RATE}]))", "{{worker}} -> {{peer}}"),),
             "training", "Bps", row=row, description="Bytes each worker sends to each peer"),
         Panel("Step batch size (DLion)", (
-            Query(f"max by (worker) ({n(m.step_batch)}{{{WRK}}})", "{{worker}}"),),
+            Query(f"max by (worker) ({n(m.observed['batch_size'])}{{{WRK}}})", "{{worker}}"),),
             "training", row=row, description="Records each worker's next local step takes (dynamic batching)"),
         Panel("Training capacity (DLion)", (
-            Query(f"max by (worker) ({n(m.capacity)}{{{WRK}}})", "{{worker}}"),),
+            Query(f"max by (worker) ({n(m.observed['capacity'])}{{{WRK}}})", "{{worker}}"),),
             "training", row=row, description="Measured samples per second each worker can train"),
         Panel("Knowledge transfers (DLion)", (
-            Query(f"sum by (worker, peer) (increase({n(m.knowledge_transfers)}{{{WRK}}}[{RATE}]))",
+            Query(f"sum by (worker, peer) (increase({n(m.observed['knowledge_transfers'])}{{{WRK}}}[{RATE}]))",
                   "{{worker}} <- {{peer}}"),),
             "training", row=row,
             description="Models of each sender (peer) merged into each worker's model (direct knowledge "
@@ -306,7 +306,7 @@ def _dlion_panels() -> tuple[Panel, ...]:
 def _per_stage(expr: str) -> str:
     """``expr`` (one series per ``worker``) with the worker's ``stage`` label added from
     ``edgestream_worker_stage`` (its value made a label): only stage-split workers remain."""
-    stage = f'group by (worker, stage) (count_values by (worker) ("stage", {n(_M.stage)}{{{WRK}}}))'
+    stage = f'group by (worker, stage) (count_values by (worker) ("stage", {n(_M.observed["stage"])}{{{WRK}}}))'
     return f"{expr} * on (worker) group_left (stage) {stage}"
 
 
@@ -319,19 +319,19 @@ def _synthetic_gradient_panels() -> tuple[Panel, ...]:
     legend = "stage {{stage}} ({{worker}})"
     return (
         Panel("Samples / s per stage", (
-            Query(_per_stage(_rate(m.stage_samples, "worker", WRK)), legend),),
+            Query(_per_stage(_rate(m.observed["stage_samples"], "worker", WRK)), legend),),
             "training", "rps", row=row,
             description="Samples each stage trains on: stage 0 from the streams, later stages from the "
                         "activations they receive"),
         Panel("Synthesiser loss per stage", (
-            Query(_per_stage(f"max by (worker) ({n(m.synthesizer_loss)}{{{WRK}}})"), legend),),
+            Query(_per_stage(f"max by (worker) ({n(m.observed['synthesizer_loss'])}{{{WRK}}})"), legend),),
             "training", row=row,
             description="MSE of the stage's synthetic gradient against the last true gradient that came "
                         "back, per-sample scale (dni, cdni; none for the top stage)"),
         Panel("Activations in flight and queued per stage", (
-            Query(_per_stage(f"max by (worker) ({n(m.boundary_in_flight)}{{{WRK}}})"),
+            Query(_per_stage(f"max by (worker) ({n(m.observed['boundary_in_flight'])}{{{WRK}}})"),
                   "stage {{stage}} ({{worker}}) in flight"),
-            Query(_per_stage(f"max by (worker) ({n(m.stage_queue)}{{{WRK}}})"),
+            Query(_per_stage(f"max by (worker) ({n(m.observed['queued_inputs'])}{{{WRK}}})"),
                   "stage {{stage}} ({{worker}}) queued")),
             "training", row=row,
             description="In flight: activations a stage sent on that still wait for their true gradient "

@@ -26,6 +26,11 @@ from prometheus_client.metrics import MetricWrapperBase
 from monitoring.health import DEFAULT_LIVENESS_TIMEOUT_S, Health
 from monitoring.health import serve as serve_health
 
+# Torch-free: the declarations of the strategies' own metrics, one beside each field of
+# ``Observations`` (``LOSS_FIT_PARAMS`` and ``OBSERVATIONS`` re-exported for their users).
+from trainers.observations import LOSS_FIT_PARAMS as LOSS_FIT_PARAMS
+from trainers.observations import OBSERVATIONS, observation_metrics
+
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 #: ``reason`` values of ``edgestream_buffer_dropped_records_total`` (pipeline/ingest.py).
@@ -38,16 +43,6 @@ STEP_REJECT_REASONS = ("bad_batch", "non_finite_loss", "non_finite_gradient", "g
 DEAD_RECORD_REASONS = ("out_of_range", "bad_timestamp", "outside_observed_range", *STEP_REJECT_REASONS)
 STALENESS_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 STALENESS_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
-#: ``param`` values of ``edgestream_loss_curve_fit``: ``l(t) = 1 / (a2 t + b) + c0`` and the fit's RMSE.
-LOSS_FIT_PARAMS = ("a2", "b", "c0", "rmse")
-#: The fields of ``trainers.strategies.base.Observations`` (kept here so monitoring does not
-#: import torch; a unit test keeps the two equal), exported by ``Metrics.record_observations``.
-OBSERVATIONS = ("commit_target", "committed_local_steps", "blocked_seconds", "clock_gap_steps",
-                *(f"fit_{param}" for param in LOSS_FIT_PARAMS),
-                "idle_fraction", "iteration_time_s", "iteration_time_cv", "neighbour_lag", "mixing_weights",
-                "model_sketch", "link_bandwidth", "link_ratio", "link_bytes", "batch_size", "capacity",
-                "knowledge_transfers", "stage", "stage_samples", "synthesizer_loss", "boundary_in_flight",
-                "queued_inputs", "updates_clipped", "updates_norm_rejected")
 
 
 class Metrics:
@@ -247,131 +242,15 @@ class Metrics:
             ["worker"], registry=r,
         )
         # --- what strategies observe (``SyncStrategy.observations``, ``record_observations``) ---
-        self.committed_local_steps = Counter(
-            "edgestream_committed_local_steps_total",
-            "Local steps contained in the updates the worker committed (ADSP, local SGD); "
-            "local steps per commit = rate(this) / rate(edgestream_commits_total)",
-            ["worker"], registry=r,
-        )
-        self.target_commits = Gauge(
-            "edgestream_target_commits",
-            "Commits per check period the worker aims for (ADSP's C; on the server: the C its search chose)",
-            ["worker"], registry=r,
-        )
-        self.loss_curve_fit = Gauge(
-            "edgestream_loss_curve_fit",
-            "Last fitted loss curve l(t) = 1 / (a2 t + b) + c0 of the ADSP server's search for C: "
-            "param a2, b, c0, and the fit's rmse (loss units)",
-            ["worker", "param"], registry=r,
-        )
-        self.blocked_seconds = Counter(
-            "edgestream_blocked_seconds_total",
-            "Seconds the sync rule kept the worker from training although it had a model (SSP: more "
-            "than s clocks ahead of the slowest worker; gossip: a neighbour more than max_lag iterations "
-            "behind); rate = fraction of time blocked",
-            ["worker"], registry=r,
-        )
-        self.clock_gap = Gauge(
-            "edgestream_clock_gap_steps",
-            "Fastest minus slowest live worker's clock, in local steps (SSP server; at most s + 1)",
-            ["worker"], registry=r,
-        )
-        # --- gossip (decentralised) strategies ---------------------------------------------
-        self.idle_ratio = Gauge(
-            "edgestream_idle_ratio",
-            "Share of the worker's time in which it ran no local step (waiting for data or peers; gossip)",
-            ["worker"], registry=r,
-        )
-        self.iteration_seconds = Gauge(
-            "edgestream_iteration_seconds", "Mean time between the worker's recent local steps (gossip)",
-            ["worker"], registry=r,
-        )
-        self.iteration_cv = Gauge(
-            "edgestream_iteration_cv_ratio",
-            "Coefficient of variation (std / mean) of the worker's recent iteration times (gossip)",
-            ["worker"], registry=r,
-        )
-        self.neighbour_lag = Gauge(
-            "edgestream_neighbour_lag_steps",
-            "Local steps by which the model the worker holds of neighbour `peer` is behind its own (gossip)",
-            ["worker", "peer"], registry=r,
-        )
-        self.mixing_weight = Gauge(
-            "edgestream_mixing_weight_ratio",
-            "The worker's current mixing weight of process `peer` (itself included; they sum to 1; gossip)",
-            ["worker", "peer"], registry=r,
-        )
-        self.model_sketch = Gauge(
-            "edgestream_model_sketch",
-            "Component `index` of a fixed random projection of the worker's model, the same in every "
-            "process (trainers/consensus.py); sqrt(sum(stdvar by (index) (this))) estimates the RMS "
-            "distance of the workers' models to their average (consensus distance)",
-            ["worker", "index"], registry=r,
-        )
-        # --- DLion ---------------------------------------------------------------------------
-        self.link_bandwidth = Gauge(
-            "edgestream_link_bandwidth_bytes_per_second",
-            "The worker's estimate of the bandwidth of its link to `peer`, bytes/s (DLion)",
-            ["worker", "peer"], registry=r,
-        )
-        self.link_ratio = Gauge(
-            "edgestream_link_ratio",
-            "Share of the gradient's entries (0..1) the worker's last message to `peer` carried (DLion)",
-            ["worker", "peer"], registry=r,
-        )
-        self.link_bytes = Counter(
-            "edgestream_link_bytes_total", "Bytes the worker sent to `peer` (DLion)",
-            ["worker", "peer"], registry=r,
-        )
-        self.step_batch = Gauge(
-            "edgestream_step_batch_records", "Records the worker's next local step takes (dynamic batching; DLion)",
-            ["worker"], registry=r,
-        )
-        self.capacity = Gauge(
-            "edgestream_capacity_samples_per_second",
-            "Measured samples per second the worker can train (DLion)",
-            ["worker"], registry=r,
-        )
-        self.updates_clipped = Counter(
-            "edgestream_clipped_updates_total",
-            "Updates of sender `peer` the norm bound scaled down to max_update_norm (robust aggregation)",
-            ["worker", "peer"], registry=r,
-        )
-        self.updates_norm_rejected = Counter(
-            "edgestream_norm_rejected_updates_total",
-            "Updates of sender `peer` left out of aggregation for a norm above max_update_norm (robust aggregation)",
-            ["worker", "peer"], registry=r,
-        )
-        self.knowledge_transfers = Counter(
-            "edgestream_knowledge_transfers_total",
-            "Models of sender `peer` merged into the worker's model (direct knowledge transfer; DLion)",
-            ["worker", "peer"], registry=r,
-        )
-        # --- synthetic gradients (stage-split models) ------------------------------------------
-        self.stage = Gauge(
-            "edgestream_worker_stage", "Which stage of the split model the worker holds (0 reads the streams)",
-            ["worker"], registry=r,
-        )
-        self.stage_samples = Counter(
-            "edgestream_stage_samples_total",
-            "Samples the worker's stage trained on (stage 0: stream records; later stages: received activations)",
-            ["worker"], registry=r,
-        )
-        self.synthesizer_loss = Gauge(
-            "edgestream_synthesizer_loss",
-            "MSE of the stage's synthetic gradient against the last true gradient, per-sample scale (DNI)",
-            ["worker"], registry=r,
-        )
-        self.boundary_in_flight = Gauge(
-            "edgestream_boundary_in_flight_messages",
-            "Activations the stage sent on that still wait for their true gradient (its output boundary)",
-            ["worker"], registry=r,
-        )
-        self.stage_queue = Gauge(
-            "edgestream_stage_queue_messages",
-            "Activations and gradients received and waiting for the stage's step (its input boundary)",
-            ["worker"], registry=r,
-        )
+        #: Each ``Observations`` field's metric, built from its declaration in
+        #: trainers/observations.py (fields sharing a metric name share the object).
+        self.observed: dict[str, Counter | Gauge] = {}
+        by_name: dict[str, Counter | Gauge] = {}
+        for key, spec in observation_metrics().items():
+            if spec.name not in by_name:
+                kind = Counter if spec.kind == "counter" else Gauge
+                by_name[spec.name] = kind(spec.name, spec.help, ["worker", *spec.labels], registry=r)
+            self.observed[key] = by_name[spec.name]
         self._observed_totals: dict[tuple[str, ...], float] = {}
         #: (worker, observation) -> label values of the children last set for a keyed observation
         self._observed_keys: dict[tuple[str, str], set[str]] = {}
@@ -501,40 +380,11 @@ class Metrics:
             self.compression_ratio.labels(worker).set(dense_bytes / wire_bytes)
 
     def _observation_metrics(self) -> dict[str, tuple[Counter | Gauge, tuple[str, ...]]]:
-        """Each observation's metric and its labels after ``worker``.
+        """Each observation's metric and its fixed label values after ``worker``.
 
         A *keyed* observation (a mapping or a sequence) has a metric with one label more,
         set from each key (``peer``) or index (``index``)."""
-        out: dict[str, tuple[Counter | Gauge, tuple[str, ...]]] = {
-            "commit_target": (self.target_commits, ()),
-            "committed_local_steps": (self.committed_local_steps, ()),
-            "blocked_seconds": (self.blocked_seconds, ()),
-            "clock_gap_steps": (self.clock_gap, ()),
-        }
-        for param in LOSS_FIT_PARAMS:
-            out[f"fit_{param}"] = (self.loss_curve_fit, (param,))
-        out.update({
-            "idle_fraction": (self.idle_ratio, ()),
-            "iteration_time_s": (self.iteration_seconds, ()),
-            "iteration_time_cv": (self.iteration_cv, ()),
-            "neighbour_lag": (self.neighbour_lag, ()),
-            "mixing_weights": (self.mixing_weight, ()),
-            "model_sketch": (self.model_sketch, ()),
-            "link_bandwidth": (self.link_bandwidth, ()),
-            "link_ratio": (self.link_ratio, ()),
-            "link_bytes": (self.link_bytes, ()),
-            "batch_size": (self.step_batch, ()),
-            "capacity": (self.capacity, ()),
-            "knowledge_transfers": (self.knowledge_transfers, ()),
-            "updates_clipped": (self.updates_clipped, ()),
-            "updates_norm_rejected": (self.updates_norm_rejected, ()),
-            "stage": (self.stage, ()),
-            "stage_samples": (self.stage_samples, ()),
-            "synthesizer_loss": (self.synthesizer_loss, ()),
-            "boundary_in_flight": (self.boundary_in_flight, ()),
-            "queued_inputs": (self.stage_queue, ()),
-        })
-        return out
+        return {key: (self.observed[key], spec.fixed) for key, spec in observation_metrics().items()}
 
     def record_observations(self, worker: str, values: Mapping[str, Any]) -> None:
         """A strategy's observations (``Observations`` as a dict; keys from ``OBSERVATIONS``).
@@ -621,7 +471,9 @@ class Metrics:
         return {name for metric in self.metric_objects() for name in sample_names(metric)}
 
     def metric_objects(self) -> list[MetricWrapperBase]:
-        return [v for v in vars(self).values() if isinstance(v, MetricWrapperBase)]
+        """Every metric object of this process, the observations' included (once each)."""
+        found = [v for v in vars(self).values() if isinstance(v, MetricWrapperBase)]
+        return found + [v for v in dict.fromkeys(self.observed.values()) if v not in found]
 
 
 def sample_names(metric: MetricWrapperBase) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 from trainers.errors import StrategyError, UnknownStrategyError
 from trainers.local import LocalTrainer, StepResult
 from trainers.messages import Channel, MessageKind, Outgoing, UpdateMessage
+from trainers.observations import Observations
 from trainers.staleness import StalenessTracker
 from trainers.validation import TensorSpec
 
@@ -36,6 +37,7 @@ __all__ = [
     "register",
     "roles",
     "snapshot_message",
+    "strategy_class",
     "subscribing",
 ]
 
@@ -55,77 +57,6 @@ class StrategyContext:
     role: Role = "worker"
     members: tuple[str, ...] = ()
     joining: bool = False
-
-
-@dataclass(frozen=True)
-class Observations:
-    """A strategy's own numbers for the live runtime's metrics (:meth:`SyncStrategy.observations`).
-
-    A fixed vocabulary: each field is one metric of ``monitoring/metrics.py``
-    (``OBSERVATION_METRICS``), so the runtime exports them without knowing which strategy
-    it runs. None: the strategy has no such number (nothing is exported for it).
-
-    *Levels* are the current value (gauges). *Totals* only grow; they count since the
-    strategy's state began and continue across restarts (they live in its checkpointed
-    state); the runtime exports the growth it sees as counters.
-    """
-
-    commit_target: int | None = None
-    """Level: commits per check period each worker aims for (ADSP's ``C``; on the server, its search's ``C``)."""
-    committed_local_steps: int | None = None
-    """Total: local steps contained in the updates this worker committed (ADSP, local SGD)."""
-    blocked_seconds: float | None = None
-    """Total: seconds the sync rule kept this worker from training although it had a model (SSP)."""
-    clock_gap_steps: int | None = None
-    """Level: fastest minus slowest live worker's clock, in local steps (SSP server)."""
-    fit_a2: float | None = None
-    """Level: ``a^2`` of the last fitted loss curve ``l(t) = 1 / (a^2 t + b) + c0`` (ADSP server)."""
-    fit_b: float | None = None
-    """Level: ``b`` of the last fitted loss curve."""
-    fit_c0: float | None = None
-    """Level: ``c0`` (the loss floor) of the last fitted loss curve."""
-    fit_rmse: float | None = None
-    """Level: root mean square error of the last fit, in loss units."""
-    idle_fraction: float | None = None
-    """Level: share of this worker's time in which it ran no local step (waiting for data or peers; gossip)."""
-    iteration_time_s: float | None = None
-    """Level: mean time between this worker's recent local steps, in seconds (gossip)."""
-    iteration_time_cv: float | None = None
-    """Level: coefficient of variation (std / mean) of those iteration times (gossip)."""
-    neighbour_lag: Mapping[str, int] | None = None
-    """Level per neighbour: how many iterations the model held of it is behind this worker's (gossip)."""
-    mixing_weights: Mapping[str, float] | None = None
-    """Level per process (itself included): this worker's current mixing weights, summing to 1 (gossip)."""
-    model_sketch: Sequence[float] | None = None
-    """Level per index: a fixed random projection of this worker's own model
-    (``trainers.consensus.ModelSketch``), the same projection in every process, so the
-    spread of the sketches across workers estimates the consensus distance."""
-    link_bandwidth: Mapping[str, float] | None = None
-    """Level per peer: this worker's estimate of the bandwidth of its link to that peer, in bytes/s (DLion)."""
-    link_ratio: Mapping[str, float] | None = None
-    """Level per peer: share of the gradient's entries (0..1) the last message on that link carried (DLion)."""
-    link_bytes: Mapping[str, float] | None = None
-    """Total per peer: bytes this worker sent to that peer (DLion)."""
-    batch_size: int | None = None
-    """Level: records the next local step takes (dynamic batching; DLion)."""
-    capacity: float | None = None
-    """Level: measured samples per second this worker can train (DLion)."""
-    knowledge_transfers: Mapping[str, float] | None = None
-    """Total per sender: models merged into this worker's from that peer (direct knowledge transfer; DLion)."""
-    stage: int | None = None
-    """Level: which stage of a split model this worker holds (0 reads the streams; synthetic gradients)."""
-    stage_samples: int | None = None
-    """Total: samples this stage trained on (forward and update), whoever fed them (synthetic gradients)."""
-    synthesizer_loss: float | None = None
-    """Level: MSE of this stage's synthetic gradient against the last true gradient, per-sample scale (DNI)."""
-    boundary_in_flight: int | None = None
-    """Level: this stage's activations sent on and still waiting for their true gradient (synthetic gradients)."""
-    queued_inputs: int | None = None
-    """Level: activations (and gradients) received and waiting for this stage's step (synthetic gradients)."""
-    updates_clipped: Mapping[str, float] | None = None
-    """Total per sender: updates scaled down to ``max_update_norm`` (robust aggregation)."""
-    updates_norm_rejected: Mapping[str, float] | None = None
-    """Total per sender: updates left out for a norm above ``max_update_norm`` (robust aggregation)."""
 
 
 class SyncStrategy(ABC):
@@ -357,25 +288,45 @@ StrategyFactory = Callable[..., SyncStrategy]
 @dataclass(frozen=True)
 class _Entry:
     factory: StrategyFactory
-    roles: tuple[Role, ...]
+    #: The class the factory builds for each role it plays (its ClassVars are the strategy's).
+    classes: Mapping[Role, type[SyncStrategy]]
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        return tuple(role for role in ("worker", "server") if role in self.classes)
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
 def register(
-    name: str, *, roles: Sequence[Role] = ("worker",)
+    name: str, *, builds: Sequence[type[SyncStrategy]] = ()
 ) -> Callable[[StrategyFactory], StrategyFactory]:
-    """Register ``factory(ctx, **params) -> SyncStrategy`` (a class or function) under ``name``.
+    """Register ``factory(ctx, **params) -> SyncStrategy`` under ``name``.
 
-    ``roles`` lists the roles the factory can build; a job whose strategy lists
-    ``server`` needs a server process besides its workers.
+    A class registers itself: it builds itself, for its ``role``. A function declares the
+    classes it builds, one per role (``builds=(Worker, Server)``), so the registry reads
+    the same ClassVars (``subscribes``, ``stage_split``, ...) whichever way a strategy is
+    registered. The roles are those of the classes; a job whose strategy plays ``server``
+    needs a server process besides its workers.
     """
 
     def decorate(factory: StrategyFactory) -> StrategyFactory:
         if name in _REGISTRY:
             raise StrategyError(f"strategy {name!r} is already registered")
-        _REGISTRY[name] = _Entry(factory=factory, roles=tuple(roles))
+        built = tuple(builds) or ((factory,) if isinstance(factory, type) else ())
+        if not built:
+            raise StrategyError(
+                f"strategy {name!r} is registered as a function: declare the classes it builds, "
+                f"@register({name!r}, builds=(WorkerClass, ServerClass))")
+        classes: dict[Role, type[SyncStrategy]] = {}
+        for cls in built:
+            if not (isinstance(cls, type) and issubclass(cls, SyncStrategy)):
+                raise StrategyError(f"strategy {name!r}: {cls!r} is not a SyncStrategy class")
+            if cls.role in classes:
+                raise StrategyError(f"strategy {name!r}: two classes for role {cls.role!r}")
+            classes[cls.role] = cls
+        _REGISTRY[name] = _Entry(factory=factory, classes=classes)
         return factory
 
     return decorate
@@ -386,30 +337,40 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def roles(name: str) -> tuple[Role, ...]:
-    """Roles strategy ``name`` can play (``("worker",)`` or ``("worker", "server")``)."""
+def _entry(name: str) -> _Entry:
     try:
-        return _REGISTRY[name].roles
+        return _REGISTRY[name]
     except KeyError:
         raise UnknownStrategyError(name, names()) from None
+
+
+def roles(name: str) -> tuple[Role, ...]:
+    """Roles strategy ``name`` can play (``("worker",)`` or ``("worker", "server")``)."""
+    return _entry(name).roles
+
+
+def strategy_class(name: str, role: Role = "worker") -> type[SyncStrategy]:
+    """The class :func:`create` builds for strategy ``name`` in ``role`` (its ClassVars)."""
+    entry = _entry(name)
+    try:
+        return entry.classes[role]
+    except KeyError:
+        raise UnknownStrategyError(name, names(), role=role) from None
 
 
 def stage_split_names() -> list[str]:
     """Registered strategies whose workers each hold one stage of a split model (``stage_split``)."""
-    return sorted(n for n, e in _REGISTRY.items() if getattr(e.factory, "stage_split", False))
+    return sorted(n for n, e in _REGISTRY.items() if "worker" in e.classes and e.classes["worker"].stage_split)
 
 
 def subscribing(channel: str) -> list[str]:
     """Registered strategies whose workers read ``channel`` (e.g. ``inbox``: a topic per worker)."""
-    return sorted(n for n, e in _REGISTRY.items() if channel in getattr(e.factory, "subscribes", ()))
+    return sorted(n for n, e in _REGISTRY.items() if "worker" in e.classes and channel in e.classes["worker"].subscribes)
 
 
 def create(name: str, ctx: StrategyContext, **params: Any) -> SyncStrategy:
     """Build strategy ``name`` for ``ctx.role`` with keyword ``params`` from the job config."""
-    try:
-        entry = _REGISTRY[name]
-    except KeyError:
-        raise UnknownStrategyError(name, names()) from None
-    if ctx.role not in entry.roles:
+    entry = _entry(name)
+    if ctx.role not in entry.classes:
         raise UnknownStrategyError(name, names(), role=ctx.role)
     return entry.factory(ctx, **params)

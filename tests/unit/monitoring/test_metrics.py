@@ -134,8 +134,8 @@ def test_totals_are_kept_per_worker():
     metrics.record_observations("w1", {"committed_local_steps": 50})
     metrics.record_observations("w0", {"committed_local_steps": 7})
 
-    assert metrics.committed_local_steps.labels("w0")._value.get() == 2
-    assert metrics.committed_local_steps.labels("w1")._value.get() == 0
+    assert metrics.observed["committed_local_steps"].labels("w0")._value.get() == 2
+    assert metrics.observed["committed_local_steps"].labels("w1")._value.get() == 0
 
 
 def test_an_unknown_observation_is_refused():
