@@ -30,7 +30,15 @@ import torch
 from trainers.aggregation import update_norm
 from trainers.errors import StrategyError
 from trainers.messages import Outgoing
-from trainers.strategies.base import StrategyContext, SyncStrategy, create, names, register, roles
+from trainers.strategies.base import (
+    StrategyContext,
+    SyncStrategy,
+    create,
+    names,
+    register,
+    roles,
+    strategy_class,
+)
 
 #: The attacks :func:`corrupt` knows.
 ATTACKS = ("sign_flip", "scale100", "noise")
@@ -142,5 +150,6 @@ def register_byzantine(strategy: str) -> str:
             return ByzantineStrategy(inner, attack, seed=int(attack_seed))  # type: ignore[return-value]
         return inner
 
-    register(name, roles=roles(strategy))(factory)
+    # The plain strategy's classes: a wrapped worker delegates to one (and reads its ClassVars).
+    register(name, builds=tuple(strategy_class(strategy, role) for role in roles(strategy)))(factory)
     return name

@@ -12,6 +12,7 @@ from trainers.strategies.base import (
     register,
     roles,
     stage_split_names,
+    strategy_class,
     subscribing,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "register",
     "roles",
     "stage_split_names",
+    "strategy_class",
     "subscribing",
 ]

@@ -502,7 +502,7 @@ _SERVER_PARAMS = frozenset({
 })
 
 
-@register("adsp", roles=("worker", "server"))
+@register("adsp", builds=(ADSPWorker, ADSPServer))
 def create_adsp(ctx: StrategyContext, **params: Any) -> SyncStrategy:
     """Build the ADSP worker or server for ``ctx.role``. The job's parameters are shared:
     each role takes the ones it uses (see :class:`ADSPWorker` and :class:`ADSPServer`)."""

@@ -282,7 +282,7 @@ _SERVER_PARAMS = frozenset({
 
 
 
-@register("asp", roles=("worker", "server"))
+@register("asp", builds=(ASPWorker, ASPServer))
 def create_asp(ctx: StrategyContext, **params: Any) -> SyncStrategy:
     """Build the ASP worker or server for ``ctx.role``; server params as in :class:`ASPServer`."""
     unknown = set(params) - _SERVER_PARAMS

@@ -51,7 +51,7 @@ from trainers.messages import Outgoing, UpdateMessage
 from trainers.strategies.base import StrategyContext, SyncStrategy, register, snapshot_message
 
 
-@register("bsp", roles=("worker",))
+@register("bsp")
 class BSPStrategy(SyncStrategy):
     """Synchronous all-reduce through the gradients log, with elastic membership.
 

@@ -235,7 +235,7 @@ def _as_index(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-@register("dlion", roles=("worker",))
+@register("dlion")
 class DLionStrategy(SyncStrategy):
     """All-to-all gradient exchange with weighted dynamic batching, per-link prioritised
     partial messages and direct knowledge transfer (see the module docstring).

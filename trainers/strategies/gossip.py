@@ -211,7 +211,7 @@ def _as_score(value: Any) -> float | None:
     return None
 
 
-@register("gossip", roles=("worker",))
+@register("gossip")
 class GossipStrategy(SyncStrategy):
     """Asynchronous decentralised SGD with Metropolis-Hastings mixing (the baseline).
 
@@ -750,7 +750,7 @@ class GossipStrategy(SyncStrategy):
         return stats
 
 
-@register("edgegossip", roles=("worker",))
+@register("edgegossip")
 class EdgeGossipStrategy(GossipStrategy):
     """Gossip with balanced iterations, data- and accuracy-weighted mixing, plateau LR decay.
 

@@ -327,7 +327,7 @@ class LocalSGDStrategy(BSPStrategy):
 _PARAMS = frozenset({"period_steps", "momentum_policy", "max_future_steps", "max_prejoin_messages", "sync_retry_s"})
 
 
-@register("localsgd", roles=("worker",))
+@register("localsgd", builds=(LocalSGDStrategy,))
 def create_localsgd(ctx: StrategyContext, **params: Any) -> LocalSGDStrategy:
     """Build a local SGD worker; an unknown parameter is refused by name (a typo in the
     job file must not silently fall back to a default)."""

@@ -37,7 +37,7 @@ from trainers.strategies.base import StrategyContext, register
 from trainers.strategies.bsp import BSPStrategy
 
 
-@register("scadles", roles=("worker",))
+@register("scadles")
 class ScadlesStrategy(BSPStrategy):
     """BSP over window batches, sample-weighted, LR-scaled, with the compression vote.
 

@@ -286,7 +286,7 @@ class SSPServer(ASPServer):
 _SERVER_PARAMS = frozenset({"publish_every", "publish_interval_s", "staleness_lr"})
 
 
-@register("ssp", roles=("worker", "server"))
+@register("ssp", builds=(SSPWorker, SSPServer))
 def create_ssp(ctx: StrategyContext, **params: Any) -> SyncStrategy:
     """Build the SSP worker or server for ``ctx.role``. ``staleness`` (s, default 3) is
     job-wide (both roles need it); the other parameters are the ASP server's."""

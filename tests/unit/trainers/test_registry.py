@@ -14,12 +14,18 @@ from trainers.stages import stage_trainer
 from trainers.strategies import (
     StrategyContext,
     SyncStrategy,
+    base,
     create,
     names,
     register,
     roles,
     stage_split_names,
+    strategy_class,
+    subscribing,
 )
+from trainers.strategies.asp import ASPServer, ASPWorker
+from trainers.strategies.bsp import BSPStrategy
+from trainers.strategies.staged import DNIStrategy
 
 ALL_ROLES = [(name, role) for name in names() for role in roles(name)]
 
@@ -100,3 +106,43 @@ def test_conformance_state_round_trips_through_a_checkpoint(tmp_path, make_train
     _assert_same_tree(fresh.state_dict(), strategy.state_dict())
     assert fresh.stats() == strategy.stats()
     assert fresh_trainer.parameter_digest() == trainer.parameter_digest()
+
+
+# -- one registration, classes and functions alike: the registry reads the built classes' ClassVars --
+
+CLASSVARS = ("name", "role", "subscribes", "evaluates_model", "preferred_batcher", "background_sends",
+             "replicas_identical", "stage_split")
+
+
+@pytest.mark.parametrize(("name", "role"), ALL_ROLES)
+def test_the_registry_knows_the_class_each_strategy_builds_and_its_classvars(make_trainer, name, role):
+    built = create(name, StrategyContext(worker_id="n0", trainer=_trainer_for(name, make_trainer), role=role,
+                                         members=("n0",)))
+
+    declared = strategy_class(name, role)
+    assert type(built) is declared
+    assert {v: getattr(built, v) for v in CLASSVARS} == {v: getattr(declared, v) for v in CLASSVARS}
+    if role == "worker":  # what the runtime and the Helm chart read of a strategy's workers
+        assert (name in stage_split_names()) == built.stage_split
+        assert {channel for channel in CHANNELS if name in subscribing(channel)} == set(built.subscribes)
+
+
+def test_strategies_registered_as_functions_are_seen_like_classes(monkeypatch):
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+
+    register("test-fn-staged", builds=(DNIStrategy,))(lambda ctx, **params: DNIStrategy(ctx, **params))
+    register("test-fn-asp", builds=(ASPWorker, ASPServer))(lambda ctx: ASPWorker(ctx))
+
+    assert "test-fn-staged" in stage_split_names() and "test-fn-staged" in subscribing("inbox")
+    assert roles("test-fn-asp") == ("worker", "server") and "test-fn-asp" in subscribing("models")
+    assert strategy_class("test-fn-asp", "server") is ASPServer
+
+
+def test_a_function_registered_without_the_classes_it_builds_is_refused(monkeypatch):
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+
+    with pytest.raises(StrategyError, match="declare the classes it builds"):
+        register("test-fn-blind")(lambda ctx: ASPWorker(ctx))
+    with pytest.raises(StrategyError, match="two classes for role 'worker'"):
+        register("test-fn-twice", builds=(ASPWorker, BSPStrategy))(lambda ctx: ASPWorker(ctx))
+    assert "test-fn-blind" not in names() and "test-fn-twice" not in names()

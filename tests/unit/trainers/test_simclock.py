@@ -332,7 +332,7 @@ class _BlindServer(ASPServer):
 
 _BLIND = "test-simclock-asp-blind"
 if _BLIND not in strategies.names():
-    strategies.register(_BLIND, roles=("worker", "server"))(
+    strategies.register(_BLIND, builds=(ASPWorker, _BlindServer))(
         lambda ctx, **kw: _BlindServer(ctx, **kw) if ctx.role == "server" else ASPWorker(ctx)
     )
 

@@ -65,7 +65,7 @@ class _Probe(SyncStrategy):
 @pytest.fixture
 def probe(monkeypatch):
     """The probe strategy, registered for one test only (the conformance suite never sees it)."""
-    monkeypatch.setitem(base._REGISTRY, PROBE, base._Entry(factory=_Probe, roles=("worker",)))
+    monkeypatch.setitem(base._REGISTRY, PROBE, base._Entry(factory=_Probe, classes={"worker": _Probe}))
     return PROBE
 
 
