@@ -68,11 +68,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* Strategies with a parameter server (role "server" in trainers/strategies), and those
-whose workers read their own inbox.<job>.<worker> topic (they subscribe to "inbox").
-tests/unit/deploy/test_helm_chart.py compares both with the strategy registry. */}}
-{{- define "edgestream.serverStrategies" -}}asp adsp ssp{{- end }}
-{{- define "edgestream.inboxStrategies" -}}cdni dlion dni edgegossip gossip pipeline_bp{{- end }}
+{{/* edgestream.serverStrategies and edgestream.inboxStrategies: generated from the strategy
+registry into _strategies.tpl (python -m deploy.helm_strategies). */}}
 
 {{/* The job file parsed (fails on invalid TOML). */}}
 {{- define "edgestream.jobData" -}}
@@ -93,7 +90,7 @@ tests/unit/deploy/test_helm_chart.py compares both with the strategy registry. *
 {{- fail (printf "the job's train.strategy %q needs the parameter server: set server.enabled=true" $strategy) }}
 {{- end }}
 {{- if and .Values.server.enabled (not $needsServer) }}
-{{- fail (printf "server.enabled=true but the job's train.strategy %q has no parameter server (only asp, ssp, adsp)" $strategy) }}
+{{- fail (printf "server.enabled=true but the job's train.strategy %q has no parameter server (only %s): set server.enabled=false" $strategy (include "edgestream.serverStrategies" . | replace " " ", ")) }}
 {{- end }}
 {{- if not .Values.kafka.bootstrap }}
 {{- fail "kafka.bootstrap is required (host:port of your Kafka cluster)" }}
