@@ -182,6 +182,10 @@ class SSPServer(ASPServer):
         self._min_clock = 0
         self._published_min = 0  # min_clock carried by the last broadcast snapshot
         self.max_clock_gap = 0
+        # The most workers live at once so far: the version-staleness bound in force then is
+        # the largest an applied gradient can have had (a leaver at the end lowers only the
+        # current bound, not what the run was held to).
+        self.most_workers = len(self._workers)
 
     @property
     def min_clock(self) -> int:
@@ -218,6 +222,7 @@ class SSPServer(ASPServer):
         self.counters["workers_left"] += len(left)
         self.counters["workers_joined"] += len(joined)
         out = super().on_membership(workers)  # addressed snapshots (with min_clock) to joiners
+        self.most_workers = max(self.most_workers, len(self._workers))
         self._update_min()
         return out + self._release(out)
 
@@ -252,6 +257,7 @@ class SSPServer(ASPServer):
                 "min_clock": self._min_clock,
                 "published_min": self._published_min,
                 "max_clock_gap": self.max_clock_gap,
+                "most_workers": self.most_workers,
             }
         )
         return state
@@ -262,6 +268,7 @@ class SSPServer(ASPServer):
         self._min_clock = int(state["min_clock"])
         self._published_min = int(state["published_min"])
         self.max_clock_gap = int(state["max_clock_gap"])
+        self.most_workers = max(int(state.get("most_workers", 0)), len(self._workers))
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
@@ -269,7 +276,8 @@ class SSPServer(ASPServer):
         stats.update(
             {
                 "staleness_bound": self.bound,
-                "version_staleness_bound": staleness_bound(self.bound, len(self._workers)),
+                # What the run was held to: the bound with the most workers live at once.
+                "version_staleness_bound": staleness_bound(self.bound, self.most_workers),
                 "clocks": self.clocks(),
                 "min_clock": self._min_clock,
                 "max_clock_gap": self.max_clock_gap,

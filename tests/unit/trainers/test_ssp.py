@@ -169,6 +169,18 @@ def test_a_removed_worker_releases_the_others_and_a_joiner_starts_at_the_min_clo
     assert server.strategy.clocks()["w2"] == 5
 
 
+def test_the_reported_bound_is_the_one_the_run_was_held_to_after_a_worker_leaves(bus, make_job, make_node):
+    server, _ = make_job(workers=("w0", "w1", "w2"), staleness=1)
+    assert server.strategy.stats()["version_staleness_bound"] == staleness_bound(1, 3)
+
+    announce(bus, server, ["w0", "w1"])  # w2 leaves (e.g. stopped first at the end of a run)
+
+    assert server.strategy.stats()["version_staleness_bound"] == staleness_bound(1, 3) > staleness_bound(1, 2)
+    fresh = make_node("server", "ssp", role="server", members=("w0", "w1"), staleness=1, seed=1)
+    fresh.strategy.load_state_dict(copy.deepcopy(server.strategy.state_dict()))
+    assert fresh.strategy.stats()["version_staleness_bound"] == staleness_bound(1, 3)
+
+
 def test_a_returning_worker_goes_on_at_the_min_clock_and_its_old_steps_are_duplicates(bus, make_job):
     server, (fast, slow) = make_job(workers=("w0", "w1"), staleness=1)
     announce(bus, server, ["w0"])
