@@ -110,4 +110,9 @@ def test_bsp_trimmed_mean_learns_despite_a_scale100_worker(kafka_bootstrap, uniq
     norms = gradient_norms(kafka_bootstrap, cfg)
     assert set(norms) == {*HONEST, ATTACKER} and len(norms[ATTACKER]) == trained[ATTACKER]["steps"]
     honest = sorted(n for name in HONEST for n in norms[name])
-    assert min(norms[ATTACKER]) > 10 * honest[len(honest) // 2], (min(norms[ATTACKER]), honest[len(honest) // 2])
+    # x100 of its own gradient: typically far above the honest median, and never below it
+    # (its own gradient at one step can be several times smaller than the honest median).
+    attacker = sorted(norms[ATTACKER])
+    median = honest[len(honest) // 2]
+    assert attacker[len(attacker) // 2] > 10 * median, (attacker[len(attacker) // 2], median)
+    assert attacker[0] > median, (attacker[0], median)
