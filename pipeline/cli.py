@@ -448,14 +448,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 metrics.health.beat()
                 progress.update(task, completed=report.duration_s, records=sum(report.records.values()))
 
+            # A stop's flush: 3/4 of the grace or the grace minus 5 s, whichever is longer (docs/deploy.md).
+            flush_s = max(cfg.service.shutdown_grace_s * 0.75, cfg.service.shutdown_grace_s - 5.0, 0.5)
             report = stream_devices(cfg, bootstrap, duration, garbage_per_device=args.garbage, stop=stop,
-                                    progress=on_progress, report_path=args.report, metrics=metrics)
+                                    progress=on_progress, report_path=args.report, metrics=metrics,
+                                    stop_flush_s=flush_s)
     finally:
         service.close()
-    stopped = " (stopped by a signal; everything sent was flushed)" if stop.is_set() else ""
+    stopped = ""
+    if stop.is_set():
+        stopped = " (stopped by a signal; " + ("not everything sent was acknowledged)" if report.unconfirmed
+                                               else "everything sent was flushed)")
     Console().print(f"produced {sum(report.records.values())} records in "
                     f"{sum(report.messages.values())} messages ({report.bytes} bytes) in {report.duration_s:.1f}s"
                     + stopped)
+    if report.unconfirmed:
+        Console().print(f"[yellow]not acknowledged by the stop's end[/yellow]: {sum(report.unconfirmed.values())} "
+                        "records (they may or may not have been written)")
     for device, reasons in sorted(report.refused.items()):
         Console().print(f"[yellow]refused by the cluster[/yellow]: {sum(reasons.values())} records of {device} "
                         f"({', '.join(sorted(reasons))}): not produced")

@@ -182,6 +182,7 @@ class StopSignals:
         log.error("the shutdown did not finish within service.shutdown_grace_s = %g s: exiting %d now",
                   self.grace_s, EXIT_GRACE_EXPIRED)
         _flush_logs()
+        _dump_threads("where each thread was when the shutdown grace expired")
         self.exit(EXIT_GRACE_EXPIRED)
 
     def done(self) -> None:
@@ -207,6 +208,15 @@ def _flush_logs() -> None:
             stream.flush()
         except Exception:
             pass
+
+
+def _dump_threads(title: str) -> None:
+    """Every thread's stack on stderr: what a stop that hung was waiting for."""
+    try:
+        print(f"--- {title} ---", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    except Exception:  # stderr closed or not a real file: nothing to say it on
+        pass
 
 
 # --- the service ------------------------------------------------------------------------

@@ -124,6 +124,9 @@ class SimulationReport:
     duration_s: float = 0.0
     #: Wall-clock time (epoch seconds) the first tick was produced: the origin of TTA figures.
     started_at: float = 0.0
+    #: Records still unacknowledged when a stop's flush bound ran out, per device (in
+    #: ``records``: they may or may not have been written).
+    unconfirmed: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=True)
@@ -139,12 +142,16 @@ def simulate(
     metrics: Metrics | None = None,
     progress: Callable[[SimulationReport], None] | None = None,
     report_path: Path | None = None,
+    stop_flush_s: float | None = None,
 ) -> SimulationReport:
     """Produce every device's stream for ``duration_s`` seconds of real time.
 
     Each device sends one micro-batch message per ``devices.message_interval_s``.
     With ``garbage_per_device`` > 0, that many malformed messages (cycling through
     every kind in ``streams.garbage.KINDS``) are interleaved into each device topic.
+    ``stop_flush_s``: once ``stop`` is set, wait at most that long for Kafka to acknowledge
+    what was sent (a service's stop must end within its grace); what it has not acknowledged
+    by then is counted in ``report.unconfirmed`` and said in one line. None: wait for all.
     """
     stop = stop or threading.Event()
     devices = cfg.devices.device_ids()
@@ -172,12 +179,18 @@ def simulate(
                     max_block_ms=int(SEND_RETRY_S * 1000), reconnect_backoff_max_ms=1000)
     watch = BrokerWatch(bootstrap, "simulator", log.warning).start()
     lock = threading.Lock()
+    #: Records handed to the producer and neither acknowledged nor refused yet, per device.
+    pending = {d: 0 for d in devices}
+    abandoned = False  # set once a stop's flush bound ran out
 
     def refused(device: str, count: int, exc: BaseException) -> None:
         """A send the cluster did not take (the producer's I/O thread calls it): its records
         are not produced; counted per device and reason."""
         reason = type(exc).__name__
         with lock:
+            if abandoned:  # failed by the stop's forced close: counted as unconfirmed already
+                return
+            pending[device] -= count
             report.records[device] -= count
             report.messages[device] -= 1
             per_reason = report.refused.setdefault(device, {})
@@ -190,6 +203,8 @@ def simulate(
                         device, reason, exc)
 
     def taken(device: str, count: int, _metadata: object) -> None:
+        with lock:
+            pending[device] -= count
         if metrics is not None:  # counted once the cluster took them
             metrics.records_produced.labels(device).inc(count)
 
@@ -202,6 +217,7 @@ def simulate(
     start_mono = time.monotonic()
     wall_origin = time.time()
     report.started_at = wall_origin
+    flushed = True
     try:
         for tick in itertools.count():
             if stop.is_set() or (ticks is not None and tick >= ticks):
@@ -213,6 +229,8 @@ def simulate(
                     report.records[sim.device] += batch.count
                     report.messages[sim.device] += 1
                     report.bytes += len(value)
+                    with lock:
+                        pending[sim.device] += batch.count
                     try:
                         sent = prod.send(topics.sensor_topic(sim.device), value=value, key=sim.device.encode())
                     except KafkaTimeoutError as exc:  # no room to keep it for SEND_RETRY_S: refused, counted
@@ -232,13 +250,46 @@ def simulate(
             delay = start_mono + t1 - time.monotonic()
             if delay > 0:
                 stop.wait(delay)
-        prod.flush()
+        bounded = stop_flush_s is not None and stop.is_set()
+        flushed = _flush(prod, stop_flush_s if bounded else None)
+        if not flushed:
+            with lock:
+                abandoned = True
+                report.unconfirmed = {d: n for d, n in pending.items() if n > 0}
+            log.warning("stopping: Kafka had not acknowledged %d records (%s) %g s after the stop; "
+                        "exiting without them confirmed (they may or may not have been written)",
+                        sum(report.unconfirmed.values()), ", ".join(sorted(report.unconfirmed)), stop_flush_s)
     finally:
         watch.stop()
-        prod.close()
+        _close(prod, flushed)
     report.duration_s = time.monotonic() - start_mono
     _write_report(report, report_path)
     return report
+
+
+def _flush(prod, timeout_s: float | None) -> bool:
+    """Wait for every send to be acknowledged or refused, at most ``timeout_s`` (None: no
+    bound); False if the bound ran out first."""
+    try:
+        prod.flush(timeout=timeout_s)
+    except KafkaTimeoutError:
+        return False
+    return True
+
+
+def _close(prod, flushed: bool) -> None:
+    """Close the producer; one whose bounded flush ran out (``flushed`` False) is closed
+    forcefully: its unacknowledged sends fail at once instead of being retried."""
+    if not flushed:
+        # kafka-python has no public forced close (its close flushes first and raises on a
+        # timeout, also from __del__): fail the pending batches, then close as usual. The
+        # sender logs each cancelled request as an error: the one line above said it all.
+        logging.getLogger("kafka.producer.sender").setLevel(logging.CRITICAL)
+        prod._sender.force_close()
+    try:
+        prod.close(timeout=None if flushed else 2.0)
+    except KafkaTimeoutError:
+        log.warning("the producer did not close within 2 s of its forced close")
 
 
 def _write_report(report: SimulationReport, report_path: Path | None) -> None:
@@ -269,6 +320,7 @@ def stream_devices(
     metrics: Metrics | None = None,
     progress: Callable[[SimulationReport], None] | None = None,
     report_path: Path | None = None,
+    stop_flush_s: float | None = None,
 ) -> SimulationReport:
     """Stream the job's devices for at most ``duration_s`` seconds; what ``edgestream run`` calls.
 
@@ -277,12 +329,13 @@ def stream_devices(
     set at send time; the event times inside the records are the recorded ones) until
     the recording ends, ``duration_s`` passes or ``stop`` is set, whichever comes first.
     Garbage injection is refused for a recording (``ConfigError``): it is replayed as
-    imported. ``progress`` gets the running report, as with ``simulate``.
+    imported. ``progress`` gets the running report, as with ``simulate``; ``stop_flush_s``
+    bounds the wait after a stop for simulated devices only (a replay waits for every send).
     """
     check_stream_options(cfg, garbage_per_device)
     if cfg.data.source != "recording":
         return simulate(cfg, bootstrap, duration_s, garbage_per_device=garbage_per_device, stop=stop,
-                        metrics=metrics, progress=progress, report_path=report_path)
+                        metrics=metrics, progress=progress, report_path=report_path, stop_flush_s=stop_flush_s)
     return _replay_recording(cfg, bootstrap, duration_s, stop=stop or threading.Event(), metrics=metrics,
                              progress=progress, report_path=report_path)
 

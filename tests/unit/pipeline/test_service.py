@@ -219,12 +219,16 @@ def test_first_signal_stops_under_the_grace_timer_second_exits_at_once():
     assert exits == [128 + signal.SIGINT] and stops == [signal.SIGTERM]
 
 
-def test_a_stop_past_the_grace_period_exits_1_and_a_finished_one_cancels_the_timer():
+def test_a_stop_past_the_grace_period_exits_1_and_a_finished_one_cancels_the_timer(capfd):
     exits = []
     signals = StopSignals(5.0, lambda s: None, exit=exits.append, timer=FakeTimer)
     signals(signal.SIGTERM)
     FakeTimer.made[-1].function()  # the grace period ran out
     assert exits == [EXIT_GRACE_EXPIRED]
+    # Before it exits, it says where each thread was (what the stop waited for).
+    err = capfd.readouterr().err
+    assert "where each thread was when the shutdown grace expired" in err
+    assert "test_a_stop_past_the_grace_period" in err  # this thread's stack
     other = StopSignals(5.0, lambda s: None, exit=exits.append, timer=FakeTimer)
     other(signal.SIGTERM)
     other.done()
