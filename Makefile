@@ -40,7 +40,7 @@ integration: venv
 	@$(RUN) python -m pytest -q tests/integration
 
 lint: venv
-	@$(RUN) ruff check pipeline streams trainers compression monitoring deploy tests benchmarks
+	@$(RUN) ruff check job pipeline streams trainers compression monitoring deploy tests benchmarks
 
 bench-ingest: venv
 	@$(RUN) python benchmarks/ingest.py

@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.config import JobConfig, load_config  # noqa: E402
+from job.config import JobConfig, load_config  # noqa: E402
 from pipeline.kafka_io import ensure_topics, sensor_topics_for  # noqa: E402
 from streams.errors import RecordDecodeError  # noqa: E402
 from streams.topics import sensor_topic  # noqa: E402

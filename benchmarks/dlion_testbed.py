@@ -74,7 +74,7 @@ import dlion as dlion_bench  # noqa: E402  (benchmarks/dlion.py: how a ratio fol
 import strategies as matrix  # noqa: E402  (benchmarks/strategies.py: row parameters, mean timeline, censoring)
 import testbed as testbed_bench  # noqa: E402  (benchmarks/testbed.py: tbf counters, spreads)
 
-from pipeline.config import JobConfig, load_config  # noqa: E402
+from job.config import JobConfig, load_config  # noqa: E402
 from trainers.evaluation import time_to_target  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -35,8 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from job.config import load_config  # noqa: E402
 from monitoring.scrape import scrape  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for  # noqa: E402
 from pipeline.run import start_worker_process, stop_process  # noqa: E402
 from streams import codec, topics  # noqa: E402

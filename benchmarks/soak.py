@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from deploy.kafka.broker import LocalBroker, kafka_version  # noqa: E402
+from job.config import load_config  # noqa: E402
 from monitoring.scrape import scrape  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
 from pipeline.run import RunContext, run_job  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"

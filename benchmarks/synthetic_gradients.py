@@ -62,7 +62,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.config import JobConfig, load_config  # noqa: E402
+from job.config import JobConfig, load_config  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ARMS = ("backprop", "pipeline_bp", "dni", "cdni", "cdni_linear")

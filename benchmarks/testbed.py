@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))
 
-from pipeline.config import JobConfig, load_config  # noqa: E402
+from job.config import JobConfig, load_config  # noqa: E402
 from trainers import simclock  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
+from job.config import JobConfig, load_config  # noqa: E402
 from monitoring.scrape import scrape  # noqa: E402
-from pipeline.config import JobConfig, load_config  # noqa: E402
 from pipeline.run import RunContext, run_job  # noqa: E402
 from streams.profiles import SCADLES_RATES  # noqa: E402
 from trainers.evaluation import time_to_target  # noqa: E402

@@ -23,7 +23,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import JobConfig
+from job.config import JobConfig
 from streams import topics
 
 #: kafka-python's names of the operations granted.

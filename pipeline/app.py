@@ -34,9 +34,9 @@ from faust.transport.drivers.aiokafka import Producer as AIOKafkaFaustProducer
 from faust.types import TP
 from mode import Service
 
+from job.config import JobConfig
 from monitoring.metrics import Metrics, consumer_lag
 from pipeline import security
-from pipeline.config import JobConfig
 from pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
 from streams import topics
 from streams.batching import Batch

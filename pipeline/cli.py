@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from pipeline.config import LOG_FORMATS, JobConfig, load_config
+from job.config import LOG_FORMATS, JobConfig, load_config
 from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME, EXIT_UNBALANCED
 
 log = logging.getLogger("edgestream")

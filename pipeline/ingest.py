@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from job.config import JobConfig
 from monitoring.metrics import Metrics
-from pipeline.config import JobConfig
 from streams import codec
 from streams.batching import AdaptiveBatcher, Batch
 from streams.buffering import Sources, StreamBuffer

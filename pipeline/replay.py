@@ -30,7 +30,7 @@ from streams.errors import StreamsError
 from streams.recording import RecordedMessage, RecordingReader, check_topic
 
 if TYPE_CHECKING:
-    from pipeline.config import JobConfig
+    from job.config import JobConfig
 
 #: Speed value meaning "as fast as the producer goes".
 MAX_SPEED = math.inf

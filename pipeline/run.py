@@ -26,11 +26,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from job.config import ConfigError, JobConfig
 from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
-from pipeline.config import ConfigError, JobConfig
 from pipeline.drain import WAIT, DrainProgress, waiting_for
 from pipeline.exits import EXIT_NO_CHECKPOINT
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end

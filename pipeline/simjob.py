@@ -1,7 +1,7 @@
 """A job file's settings as simulated-clock inputs (``trainers.simclock``).
 
 The simulated-clock runner is Kafka-free and knows nothing of job files; these two
-conveniences read a :class:`~pipeline.config.JobConfig` into its ``StreamSet`` and
+conveniences read a :class:`~job.config.JobConfig` into its ``StreamSet`` and
 ``RunConfig``, with the same data the live simulators stream (``job_fleet_data``).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import ConfigError, JobConfig
+from job.config import ConfigError, JobConfig
 from pipeline.simulate import job_fleet_data
 from pipeline.training import parse_params
 from trainers.simclock import RunConfig, StreamSet

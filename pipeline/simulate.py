@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 from kafka.errors import KafkaTimeoutError
 
+from job.config import ConfigError, JobConfig, parse_value_range
 from monitoring.metrics import Metrics
-from pipeline.config import ConfigError, JobConfig, parse_value_range
 from pipeline.kafka_io import TopicSetupError, ensure_topics, producer, sensor_topics_for
 from pipeline.outage import BrokerWatch
 from streams import codec, topics
@@ -105,7 +105,7 @@ def _recording_fleet_data(cfg: JobConfig) -> FleetData:
     if list(shares) != devices:
         # load_config takes the devices from the recording; a config built another way may not.
         raise ConfigError(f"devices {devices} are not the devices {list(shares)} of the recording "
-                          f"{cfg.data.recording}; load the job with pipeline.config.load_config")
+                          f"{cfg.data.recording}; load the job with job.config.load_config")
     value_range = declared_value_range(cfg, (info.stats.min, info.stats.max), from_data=True)
     return FleetData(train, heldout, shares, value_range=value_range,
                      input_stats=(info.stats.mean, info.stats.std))

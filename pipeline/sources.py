@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.config import ConfigError, DataSection, DevicesSection
+from job.config import ConfigError, DataSection, DevicesSection
 from pipeline.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE, import_command
 from streams.datasets import Dataset
 from streams.recording import MANIFEST_NAME
 
 if TYPE_CHECKING:
-    from pipeline.config import JobConfig
+    from job.config import JobConfig
 
 
 class RecordingSourceError(ConfigError):

@@ -34,7 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.config import JobConfig
+from job.config import JobConfig
 from pipeline.run import RunError
 from pipeline.worker import SERVER_NAME
 

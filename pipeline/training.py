@@ -52,8 +52,8 @@ from typing import Any
 import faust
 import numpy as np
 
+from job.config import ConfigError, JobConfig, emulated_wait_s
 from monitoring.metrics import Metrics
-from pipeline.config import ConfigError, JobConfig, emulated_wait_s
 from pipeline.ingest import CONSUMED, DEAD
 from streams import codec, topics
 from streams.batching import Batch, BatchQueue

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import faust
 
+from job.config import ConfigError, JobConfig
 from monitoring.health import Health
 from monitoring.metrics import Metrics, serve
 from pipeline import memory
@@ -24,7 +25,6 @@ from pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
-from pipeline.config import ConfigError, JobConfig
 from pipeline.kafka_io import (
     adopt_group_offsets,
     end_offsets,

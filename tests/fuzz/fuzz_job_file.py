@@ -1,4 +1,4 @@
-"""Fuzz target: job files (``pipeline.config.load_config``: TOML, or the JSON of ``dump_config``).
+"""Fuzz target: job files (``job.config.load_config``: TOML, or the JSON of ``dump_config``).
 
 Input: one mode byte, then the file's bytes. Mode bit 1: the file is ``job.json``
 (the effective configuration ``edgestream run`` hands to its workers) instead of
@@ -21,9 +21,9 @@ import functools
 import typing
 from pathlib import Path
 
-from pipeline import config
+from job import config
+from job.config import JobConfig, dump_config, load_config
 from pipeline.cli import CONFIG_ERRORS
-from pipeline.config import JobConfig, dump_config, load_config
 from tests.fuzz.targets import REPO, FuzzFinding, scratch_dir
 
 MAX_LEN = 4096

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pipeline.config import JobConfig, load_config
+from job.config import JobConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import JobConfig, load_config
+from job.config import JobConfig, load_config
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for
 from pipeline.run import stop_process
 from pipeline.simulate import job_fleet_data

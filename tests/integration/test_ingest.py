@@ -12,8 +12,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer
 from rich.console import Console
 
+from job.config import load_config
 from pipeline.app import sensor_group
-from pipeline.config import load_config
 from pipeline.kafka_io import end_offsets
 from pipeline.run import run_job
 from streams.garbage import EXPECTED_REASON, KINDS

@@ -9,7 +9,7 @@ import io
 import pytest
 from rich.console import Console
 
-from pipeline.config import load_config
+from job.config import load_config
 from pipeline.importer import ImportSpec, import_table
 from pipeline.run import run_job
 from tests.integration.jobs import show

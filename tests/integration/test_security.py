@@ -15,8 +15,8 @@ from kafka.errors import KafkaError
 
 from deploy.kafka.broker import ADMIN_USER, BrokerSecurity, LocalBroker
 from deploy.kafka.tls import make_pki
+from job.config import load_config
 from pipeline import acl, security
-from pipeline.config import load_config
 from pipeline.kafka_io import consumer, producer
 from pipeline.run import run_job
 from pipeline.simulate import simulate

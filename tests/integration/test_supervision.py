@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import load_config
+from job.config import load_config
 from pipeline.run import ProcessFailed, RunContext, run_job
 from tests.integration.jobs import quiet, steps_of, wait_until
 

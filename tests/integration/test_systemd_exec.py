@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import dump_config
+from job.config import dump_config
 from tests.integration.jobs import (
     REPO,
     http_status,

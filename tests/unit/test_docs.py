@@ -1,6 +1,6 @@
 """The user docs against the tree: every relative link and backticked repository path in
 README.md and docs/*.md exists, every table has its header row, and every job key of the
-config schema (``pipeline.config.JobConfig``) has a row in docs/configuration.md.
+config schema (``job.config.JobConfig``) has a row in docs/configuration.md.
 
 The checks are plain functions over a directory, so the tests below also run them on a
 small planted tree, where each must find the fault it is for."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import JobConfig
+from job.config import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

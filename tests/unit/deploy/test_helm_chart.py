@@ -469,7 +469,7 @@ def test_each_process_reads_its_password_from_the_projected_secret(documents, re
     """As the kubelet would: the Secrets' data projected into a directory standing for
     KAFKA_DIR; each container's environment then loads as a valid job whose client
     security reads its own role's password from there."""
-    from pipeline.config import load_config
+    from job.config import load_config
     from pipeline.security import ClientSecurity
 
     (config_map,) = docs_of(documents, render, "ConfigMap")
@@ -513,7 +513,7 @@ def test_no_password_is_ever_rendered(tools):
 def test_default_render_leaves_kafka_security_to_the_job_file(documents, tmp_path):
     """PLAINTEXT (the default) sets no kafka.* security key: a job file that asks for TLS
     itself keeps it."""
-    from pipeline.config import load_config
+    from job.config import load_config
 
     sts = one(documents, "default", "StatefulSet", "edgestream-worker")
     env = {k: v for k, v in env_of(pod_spec(sts)["containers"][0]).items() if k.startswith("EDGESTREAM__")}
@@ -527,7 +527,7 @@ def test_default_render_leaves_kafka_security_to_the_job_file(documents, tmp_pat
 def test_the_job_file_loads_with_the_pods_environment(documents, render, tmp_path):
     """The ConfigMap's job, with the EDGESTREAM__ variables a pod gets, is a valid job whose
     effective settings are the deployment's."""
-    from pipeline.config import load_config
+    from job.config import load_config
 
     (config_map,) = docs_of(documents, render, "ConfigMap")
     job = tmp_path / "job.toml"

@@ -20,8 +20,8 @@ from deploy.kafka.broker import (
     NodeInfo,
 )
 from deploy.kafka.tls import certificate_hosts, make_pki, uncovered
+from job.config import load_config
 from pipeline.cli import main
-from pipeline.config import load_config
 
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 

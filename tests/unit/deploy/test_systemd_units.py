@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from job.config import ServiceSection, load_config
 from pipeline.cli import EXIT_CONFIG, EXIT_NO_CHECKPOINT
-from pipeline.config import ServiceSection, load_config
 from tests.unit.deploy.unitfile import (
     INSTALLED_EDGESTREAM,
     UNIT_DIR,

@@ -22,7 +22,7 @@ from deploy.testbed.plan import (
     up_commands,
 )
 from deploy.testbed.proxy import toxics
-from pipeline.config import ConfigError, load_config
+from job.config import ConfigError, load_config
 
 
 # --- link specs -----------------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_testbed_section_from_toml_flags_and_env(tmp_path):
 
 
 def test_testbed_section_survives_the_json_handed_to_workers(tmp_path):
-    from pipeline.config import dump_config
+    from job.config import dump_config
 
     cfg = load_config(overrides=["workers.count=2", "testbed.enabled=true", "testbed.links.w1=1mbit"], env={})
     path = tmp_path / "job.json"

@@ -13,9 +13,9 @@ import asyncio
 import numpy as np
 import pytest
 
+from job.config import load_config
 from monitoring.metrics import Metrics, serve
 from monitoring.scrape import scrape
-from pipeline.config import load_config
 from pipeline.simulate import job_fleet_data
 from pipeline.training import TrainingRuntime
 from streams.batching import Batch

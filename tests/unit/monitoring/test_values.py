@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from job.config import load_config
 from monitoring.scrape import scrape
-from pipeline.config import load_config
 from pipeline.ingest import IngestCore
 from streams import codec
 from streams.garbage import EXPECTED_REASON, KINDS, make_garbage

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from aiokafka import TopicPartition
 
+from job.config import ConfigError, load_config
 from monitoring.metrics import Metrics
 from pipeline.app import (
     CountingSink,
@@ -20,7 +21,6 @@ from pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
-from pipeline.config import ConfigError, load_config
 from pipeline.ingest import IngestActions, IngestCore
 from streams import codec
 from streams.garbage import make_garbage

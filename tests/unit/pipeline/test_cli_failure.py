@@ -9,7 +9,7 @@ import json
 import pytest
 
 import pipeline.cli as cli
-from pipeline.config import ConfigError
+from job.config import ConfigError
 from pipeline.kafka_io import KafkaUnreachable, TopicLayoutError, TopicSetupError
 from pipeline.run import ProcessFailed
 from pipeline.worker import ProcessCrashed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from pipeline.config import ConfigError, load_config
+from job.config import ConfigError, load_config
 from pipeline.simjob import run_config_from_job
 from pipeline.simulate import job_fleet_data
 from pipeline.training import build_driver

@@ -191,7 +191,7 @@ def test_a_non_finite_statistic_is_refused_naming_the_column():
 def test_a_declared_range_from_data_at_the_float32_limit_stays_finite_without_a_warning():
     import warnings
 
-    from pipeline.config import load_config
+    from job.config import load_config
     from pipeline.simulate import declared_value_range
 
     big = float(np.finfo(np.float32).max)

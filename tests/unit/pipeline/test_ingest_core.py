@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from job.config import load_config
 from monitoring.metrics import Metrics
 from monitoring.scrape import Scrape
-from pipeline.config import load_config
 from pipeline.ingest import IngestCore
 from streams import codec
 from streams.garbage import EXPECTED_REASON, KINDS, make_garbage

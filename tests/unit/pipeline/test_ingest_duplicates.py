@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from job.config import ConfigError, load_config
 from monitoring.metrics import Metrics
 from monitoring.scrape import Scrape
-from pipeline.config import ConfigError, load_config
 from pipeline.ingest import IngestCore
 from streams import codec
 from streams.records import RecordBatch

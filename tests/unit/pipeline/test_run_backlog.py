@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from pipeline.config import load_config
+from job.config import load_config
 from pipeline.run import (
     NOTHING_READ,
     RunResult,

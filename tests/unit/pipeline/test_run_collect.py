@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.config import load_config
+from job.config import load_config
 from pipeline.run import NOTHING_READ, RunContext, WorkerProc, _collect, prepare_state
 from pipeline.simulate import SimulationReport
 

@@ -11,8 +11,8 @@ import struct
 import pytest
 
 from deploy.kafka.tls import make_pki
+from job.config import ConfigError, load_config
 from pipeline import acl, security
-from pipeline.config import ConfigError, load_config
 
 
 def kafka_cfg(tmp_path, **keys):
@@ -157,7 +157,7 @@ def test_scram_client_proves_the_right_password_and_reports_a_refusal():
 
 
 def test_run_gives_its_workers_the_workers_principal_and_refuses_an_unreadable_password_file(tmp_path):
-    from pipeline.config import ConfigError, load_config
+    from job.config import ConfigError, load_config
     from pipeline.run import process_config
 
     secure = ["kafka.security_protocol=SASL_SSL", "kafka.ssl_cafile=/ca.pem", "kafka.sasl_username=admin",

@@ -14,9 +14,9 @@ import urllib.request
 
 import pytest
 
+from job.config import ConfigError, load_config
 from monitoring.health import Health
 from monitoring.metrics import Metrics, serve
-from pipeline.config import ConfigError, load_config
 from pipeline.service import (
     EXIT_GRACE_EXPIRED,
     JsonFormatter,

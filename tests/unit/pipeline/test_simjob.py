@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.config import JobConfig
+from job.config import JobConfig
 from pipeline.simjob import run_config_from_job, streams_from_job
 from pipeline.simulate import job_fleet_data
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import pipeline.run as run_module
-from pipeline.config import load_config
+from job.config import load_config
 from pipeline.run import ProcessFailed, RunContext
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from job.config import load_config
 from monitoring.prometheus import run_targets
-from pipeline.config import load_config
 from pipeline.run import start_worker_process
 from pipeline.testbed_run import (
     DEVICES_HOST,

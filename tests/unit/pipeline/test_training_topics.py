@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from pipeline.config import load_config
+from job.config import load_config
 from pipeline.training import (
     channel_topic,
     read_topics,
