@@ -194,7 +194,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 # --- import -----------------------------------------------------------------------------
 def cmd_import(args: argparse.Namespace) -> int:
-    from pipeline.importer import ImportSpec, TableImportError, import_table, job_file_text
+    from job.importer import ImportSpec, TableImportError, import_table, job_file_text
 
     console = Console()
     err = Console(stderr=True)

@@ -1,7 +1,7 @@
 """A job's data kept on disk: an `edgestream import` recording as ``data.source = "recording"``.
 
 Owns reading what `edgestream import` stored next to a recording (``import.json``,
-``train.npz``, ``heldout.npz``; written by ``pipeline.importer``) and fitting a job
+``train.npz``, ``heldout.npz``; written by ``job.importer``) and fitting a job
 configuration to it: ``apply_recording_source`` takes the job's devices from the
 recording, so the workers read exactly the recorded device topics.
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from job.config import ConfigError, DataSection, DevicesSection
-from pipeline.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE, import_command
+from job.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE, import_command
 from streams.datasets import Dataset
 from streams.recording import MANIFEST_NAME
 

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from job.config import load_config
-from pipeline.importer import ImportSpec, import_table
+from job.importer import ImportSpec, import_table
 from pipeline.run import run_job
 from tests.integration.jobs import show
 

@@ -8,7 +8,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from pipeline.importer import (
+from job.importer import (
     HELDOUT_FILE,
     IMPORT_INFO,
     TRAIN_FILE,

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from job.importer import IMPORT_INFO, TRAIN_FILE, TableImportError, _check_stats
 from pipeline.cli import EXIT_CONFIG, main
-from pipeline.importer import IMPORT_INFO, TRAIN_FILE, TableImportError, _check_stats
 
 
 def table_lines(rows: int = 24) -> list[str]:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.importer import ImportSpec, TableImportError, import_table, load_table
+from job.importer import ImportSpec, TableImportError, import_table, load_table
 from pipeline.record import RecordError, resolve_topics
 from pipeline.replay import (
     Pacer,
