@@ -764,7 +764,7 @@ def load_config(
             raise ConfigError(f"override {item!r} must look like section.key=value")
         dotted, value = item.split("=", 1)
         _set(cfg, dotted.strip(), value.strip())
-    from pipeline.sources import apply_recording_source  # imports this module: not at the top
+    from job.sources.recording import apply_recording_source  # imports this module: not at the top
 
     apply_recording_source(cfg)
     return cfg.validate()

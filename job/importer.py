@@ -9,7 +9,7 @@ micro-batches are encoded as sensor messages (``streams.codec``) into
 send time. ``edgestream replay`` then streams it.
 
 Besides the recording it owns the files a job needs to train on it without the
-original table (``data.source = "recording"``, ``pipeline.sources``):
+original table (``data.source = "recording"``, ``job.sources.recording``):
 
 - ``heldout.npz``: the held-out rows (``features`` float32, ``labels`` int64), never streamed;
 - ``train.npz``: the streamed rows (``features``, ``labels``) and each device's share of

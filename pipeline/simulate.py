@@ -67,7 +67,7 @@ def job_fleet_data(cfg: JobConfig) -> FleetData:
     """The job's dataset, held-out split, device shares, value range and input statistics.
 
     Deterministic from the config. For ``data.source = "recording"`` everything comes
-    from the recording's stored files (``pipeline.sources``): the streamed rows, the
+    from the recording's stored files (``job.sources.recording``): the streamed rows, the
     held-out rows, the device shares, and the streamed rows' per-feature statistics.
     """
     if cfg.data.source == "recording":
@@ -97,7 +97,7 @@ def job_fleet_data(cfg: JobConfig) -> FleetData:
 
 
 def _recording_fleet_data(cfg: JobConfig) -> FleetData:
-    from pipeline.sources import read_recording_info
+    from job.sources.recording import read_recording_info
 
     info = read_recording_info(cfg.data.recording)
     train, heldout, shares = info.load_data()
@@ -393,8 +393,8 @@ def _replay_recording(
     progress: Callable[[SimulationReport], None] | None,
     report_path: Path | None,
 ) -> SimulationReport:
+    from job.sources.recording import read_recording_info
     from pipeline.replay import ReplayError, parse_speed, replay
-    from pipeline.sources import read_recording_info
 
     info = read_recording_info(cfg.data.recording)
     try:

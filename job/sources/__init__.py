@@ -1,0 +1,1 @@
+"""Where a job's data comes from: the registry of data sources (``data.source``)."""
