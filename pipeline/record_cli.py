@@ -110,8 +110,14 @@ TRUNCATED_HINT = "use --allow-truncated to replay the intact prefix"
 
 # --- replay -----------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.replay import ReplayError, parse_speed, replay
-    from streams.recording import ManifestError, RecordingCorrupt, RecordingError, RecordingReader
+    from pipeline.replay import ReplayError, replay
+    from streams.recording import (
+        ManifestError,
+        RecordingCorrupt,
+        RecordingError,
+        RecordingReader,
+        parse_speed,
+    )
 
     console = Console(stderr=True)
     try:

@@ -27,38 +27,15 @@ import numpy as np
 from pipeline import security
 from streams import codec, topics
 from streams.errors import StreamsError
-from streams.recording import RecordedMessage, RecordingReader, check_topic
+from streams.recording import (
+    RecordedMessage,
+    RecordingReader,
+    ReplayError,
+    check_topic,
+)
 
 if TYPE_CHECKING:
     from job.config import JobConfig
-
-#: Speed value meaning "as fast as the producer goes".
-MAX_SPEED = math.inf
-
-
-class ReplayError(StreamsError):
-    """The replay cannot proceed (bad option, destination topic mismatch, send failure)."""
-
-
-# ------------------------------------------------------------------ options
-
-
-def parse_speed(text: str | float) -> float:
-    """``"1"``, ``"2.5"``, ``"10x"`` or ``"max"`` -> a positive speed factor (``inf`` for max)."""
-    if isinstance(text, (int, float)):
-        speed = float(text)
-    else:
-        raw = text.strip().lower()
-        if raw in ("max", "inf", "fastest"):
-            return MAX_SPEED
-        try:
-            speed = float(raw[:-1] if raw.endswith("x") else raw)
-        except ValueError:
-            raise ReplayError(f"speed {text!r} is not a number or 'max' (e.g. 1, 2.5, 10x, max)") from None
-    if not speed > 0:
-        raise ReplayError(f"speed must be > 0 (or 'max'), got {text!r}")
-    return speed
-
 
 class TopicRenamer:
     """Maps recorded topic names to destination names.

@@ -394,7 +394,8 @@ def _replay_recording(
     report_path: Path | None,
 ) -> SimulationReport:
     from job.sources.recording import read_recording_info
-    from pipeline.replay import ReplayError, parse_speed, replay
+    from pipeline.replay import ReplayError, replay
+    from streams.recording import parse_speed
 
     info = read_recording_info(cfg.data.recording)
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import math
 import os
 import re
 import struct
@@ -97,6 +98,33 @@ class ManifestError(RecordingError):
         self.path = Path(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+# --------------------------------------------------------------- replay speed
+
+#: Speed value meaning "as fast as the producer goes".
+MAX_SPEED = math.inf
+
+
+class ReplayError(StreamsError):
+    """The replay cannot proceed (bad option, destination topic mismatch, send failure)."""
+
+
+def parse_speed(text: str | float) -> float:
+    """``"1"``, ``"2.5"``, ``"10x"`` or ``"max"`` -> a positive speed factor (``inf`` for max)."""
+    if isinstance(text, (int, float)):
+        speed = float(text)
+    else:
+        raw = text.strip().lower()
+        if raw in ("max", "inf", "fastest"):
+            return MAX_SPEED
+        try:
+            speed = float(raw[:-1] if raw.endswith("x") else raw)
+        except ValueError:
+            raise ReplayError(f"speed {text!r} is not a number or 'max' (e.g. 1, 2.5, 10x, max)") from None
+    if not speed > 0:
+        raise ReplayError(f"speed must be > 0 (or 'max'), got {text!r}")
+    return speed
 
 
 # ------------------------------------------------------------------------- messages

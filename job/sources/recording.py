@@ -25,7 +25,7 @@ import numpy as np
 from job.config import ConfigError, DataSection, DevicesSection
 from job.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE, import_command
 from streams.datasets import Dataset
-from streams.recording import MANIFEST_NAME
+from streams.recording import MANIFEST_NAME, ReplayError, parse_speed
 
 if TYPE_CHECKING:
     from job.config import JobConfig
@@ -182,8 +182,6 @@ def read_recording_info(directory: str | Path) -> RecordingInfo:
 
 
 def _speed_factor(text: str) -> float:
-    from pipeline.replay import ReplayError, parse_speed
-
     try:
         speed = parse_speed(text)
     except ReplayError as exc:

@@ -16,14 +16,13 @@ from pipeline.replay import (
     TimingStats,
     TopicRenamer,
     loop_period_ms,
-    parse_speed,
     rewrite_device,
     topic_kind,
 )
 from streams import codec
 from streams.errors import RecordDecodeError
 from streams.garbage import KINDS, make_garbage
-from streams.recording import RecordingReader
+from streams.recording import RecordingReader, parse_speed
 from streams.records import RecordBatch
 
 
