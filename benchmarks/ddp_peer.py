@@ -69,7 +69,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from job.config import JobConfig, load_config  # noqa: E402
-from pipeline.kafka_io import ensure_topics, sensor_topics_for  # noqa: E402
+from job.topics import sensor_topics_for  # noqa: E402
+from pipeline.kafka_io import ensure_topics  # noqa: E402
 from streams.errors import RecordDecodeError  # noqa: E402
 from streams.topics import sensor_topic  # noqa: E402
 from trainers.evaluation import TARGET_HOLD_EVALUATIONS, time_to_target  # noqa: E402
@@ -326,7 +327,7 @@ class Rank:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        from pipeline.simulate import job_fleet_data
+        from job.sources import job_fleet_data
         from streams import codec
         from trainers import build_model, limit_torch_threads
 

@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from job.config import load_config  # noqa: E402
+from job.topics import sensor_topics_for  # noqa: E402
 from monitoring.scrape import scrape  # noqa: E402
-from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for  # noqa: E402
+from pipeline.kafka_io import ensure_topics, producer  # noqa: E402
 from pipeline.run import start_worker_process, stop_process  # noqa: E402
 from streams import codec, topics  # noqa: E402
 from streams.records import RecordBatch  # noqa: E402

@@ -181,7 +181,8 @@ def fill_backlog(run: ModeRun, samples: dict[str, list[float]]) -> None:
 def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Path) -> ModeRun:
     """The DDP peer: the same simulators, one gloo rank per device reading its topic."""
     ddp_peer = _load_ddp_peer()
-    from pipeline.kafka_io import ensure_topics, sensor_topics_for
+    from job.topics import sensor_topics_for
+    from pipeline.kafka_io import ensure_topics
     from pipeline.simulate import simulate
 
     tag = uuid.uuid4().hex[:6]

@@ -16,13 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from job.errors import ConfigError
+from job.sources import parse_value_range, source_named
 from streams.profiles import SCADLES_RATES
 
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
-#: Values of ``data.source``.
-DATA_SOURCES = ("digits", "synthetic", "recording")
-#: ``data.max_timestamp_skew_s = "auto"`` for a generated source (digits, synthetic): one hour.
-AUTO_TIMESTAMP_SKEW_S = 3600.0
 #: Values of ``kafka.ingest_source``.
 INGEST_SOURCES = ("direct", "faust")
 #: Values of ``kafka.security_protocol`` and ``kafka.sasl_mechanism``.
@@ -38,10 +36,6 @@ MAX_ATTACK_SEED = 2**32 - 1
 #: Most devices (and workers) a job may have: each device is a topic; a larger count would
 #: only exhaust memory listing them.
 MAX_DEVICES = 100_000
-
-
-class ConfigError(ValueError):
-    """The job configuration is invalid; the message names the key and what is allowed."""
 
 
 @dataclass
@@ -79,7 +73,8 @@ class KafkaSection:
 
 @dataclass
 class DataSection:
-    #: digits | synthetic | recording (an `edgestream import` recording: ``data.recording``)
+    #: a registered source (``job.sources.names()``): digits | synthetic | recording (an
+    #: `edgestream import` recording: ``data.recording``)
     source: str = "digits"
     #: Directory of the recording when ``source = "recording"``; its manifest gives the
     #: devices, their rates, the feature shape, the classes and the held-out split.
@@ -119,7 +114,7 @@ class DataSection:
         if text == "none":
             return None
         if text == "auto":
-            return None if self.source == "recording" else AUTO_TIMESTAMP_SKEW_S
+            return source_named(self.source).auto_timestamp_skew_s
         try:
             seconds = float(text)
         except ValueError:
@@ -423,11 +418,7 @@ class JobConfig:
         if self.kafka.security_protocol == "SASL_SSL" and not self.kafka.sasl_username:
             raise ConfigError("kafka.security_protocol='SASL_SSL' needs kafka.sasl_username (and the password in "
                               "kafka.sasl_password_file or EDGESTREAM_KAFKA_PASSWORD)")
-        _choice("data.source", self.data.source, DATA_SOURCES)
-        if self.data.source == "recording" and not self.data.recording:
-            raise ConfigError(
-                "data.source='recording' needs data.recording = the directory `edgestream import` wrote"
-            )
+        source_named(self.data.source).validate(self)
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
         _non_negative("data.observed_warmup", self.data.observed_warmup)
@@ -628,23 +619,6 @@ def _non_negative(key: str, value: float) -> None:
         raise ConfigError(f"{key} must be a finite number >= 0 (got {value})")
 
 
-def parse_value_range(text: str) -> tuple[float, float] | str:
-    """``data.value_range``: ``"auto"``, ``"none"``, or ``"LO,HI"`` -> ``(lo, hi)``."""
-    spec = str(text).strip().lower()
-    if spec in ("auto", "none"):
-        return spec
-    parts = [p.strip() for p in spec.split(",")]
-    try:
-        lo, hi = (float(p) for p in parts)
-    except ValueError:
-        raise ConfigError(
-            f"data.value_range={text!r}: use auto, none, or LO,HI (e.g. \"-50,50\")"
-        ) from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ConfigError(f"data.value_range={text!r}: need finite LO < HI")
-    return lo, hi
-
-
 def _coerce(key: str, raw: Any, typ: Any) -> Any:
     """Convert a TOML value or an override string to the field's declared type."""
     origin = get_origin(typ)
@@ -764,9 +738,7 @@ def load_config(
             raise ConfigError(f"override {item!r} must look like section.key=value")
         dotted, value = item.split("=", 1)
         _set(cfg, dotted.strip(), value.strip())
-    from job.sources.recording import apply_recording_source  # imports this module: not at the top
-
-    apply_recording_source(cfg)
+    source_named(cfg.data.source).configure(cfg)
     return cfg.validate()
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from job.config import JobConfig
+from job.topics import job_topics, training_topics
 from streams import topics
 
 #: kafka-python's names of the operations granted.
@@ -53,8 +54,6 @@ def devices_user(cfg: JobConfig) -> str:
 
 
 def job_grants(cfg: JobConfig) -> list[Grant]:
-    from pipeline.training import training_topics
-
     job = cfg.job.name
     devices = cfg.devices.device_ids()
     workers, gateway = workers_user(cfg), devices_user(cfg)
@@ -108,10 +107,9 @@ def apply(bootstrap: str, cfg: JobConfig, password_dir: Path,
         UserScramCredentialUpsertion,
     )
 
-    from pipeline.kafka_io import admin_client, ensure_topics, sensor_topics_for
-    from pipeline.training import training_topics
+    from pipeline.kafka_io import admin_client, ensure_topics
 
-    ensure_topics(bootstrap, {**sensor_topics_for(cfg.devices.device_ids()), **training_topics(cfg.job.name, [])})
+    ensure_topics(bootstrap, job_topics(cfg, training=True))
     admin = admin_client(bootstrap)
     try:
         acls = []

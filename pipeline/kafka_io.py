@@ -205,12 +205,6 @@ def _check_layout(admin: KafkaAdminClient, wanted: dict[str, str], partitions: i
                 )
 
 
-def sensor_topics_for(devices: list[str]) -> dict[str, str]:
-    wanted = {topics.sensor_topic(d): "sensors" for d in devices}
-    wanted[topics.SENSOR_DLQ] = "dlq"
-    return wanted
-
-
 def producer(bootstrap: str, max_message_bytes: int = topics.MAX_MESSAGE_BYTES, **kwargs) -> KafkaProducer:
     options = dict(
         bootstrap_servers=bootstrap,

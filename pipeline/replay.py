@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from job.sources import job_fleet_data
+from job.topics import job_topics
 from pipeline import security
 from streams import codec, topics
 from streams.errors import StreamsError
@@ -550,7 +552,7 @@ def replay_through_workers(
     """
     from monitoring.scrape import scrape
     from pipeline.app import sensor_group
-    from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
+    from pipeline.kafka_io import ensure_topics, start_groups_at_end
     from pipeline.run import (
         RunError,
         WorkerProc,
@@ -562,7 +564,7 @@ def replay_through_workers(
         stop_process,
         wait_for,
     )
-    from pipeline.simulate import SimulationReport, job_fleet_data
+    from pipeline.simulate import SimulationReport
 
     state, cfg_path = prepare_state(cfg)
     devices = cfg.devices.device_ids()
@@ -582,12 +584,7 @@ def replay_through_workers(
     records, garbage = expected_from_recording(directory, mapping, data.num_classes, data.feature_shape,
                                                limits)
     expected = SimulationReport(records=records, garbage={d: {"replayed": n} for d, n in garbage.items()})
-    wanted = sensor_topics_for(devices)
-    if cfg.train.enabled:
-        from pipeline.training import training_topics
-
-        wanted.update(training_topics(cfg.job.name))
-    ensure_topics(bootstrap, wanted)
+    ensure_topics(bootstrap, job_topics(cfg))
     start_groups_at_end(
         bootstrap,
         {sensor_group(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},

@@ -27,13 +27,15 @@ from rich.table import Table
 from rich.text import Text
 
 from job.config import ConfigError, JobConfig
+from job.sources import job_fleet_data
+from job.topics import job_topics
 from monitoring.metrics import serve_process
 from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
 from pipeline.drain import WAIT, DrainProgress, waiting_for
 from pipeline.exits import EXIT_NO_CHECKPOINT
-from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, start_groups_at_end
+from pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
 from pipeline.outage import BrokerWatch
 from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
 from pipeline.worker import (
@@ -337,18 +339,13 @@ def run_job(
     state, cfg_path = prepare_state(cfg)
     devices = cfg.devices.device_ids()
     training = cfg.train.enabled
-    wanted = sensor_topics_for(devices)
     subscribes: tuple[str, ...] = ()
     if training:
-        from pipeline.training import training_topics
-
         subscribes = check_training_config(cfg)
         warn_byzantine(cfg)
-        # Every configured worker's inbox up front (point-to-point strategies): a message
-        # to a worker that starts later (or joins) waits in its topic.
-        inboxes = cfg.worker_names() if "inbox" in subscribes else []
-        wanted.update(training_topics(cfg.job.name, inboxes))
-    ensure_topics(bootstrap, wanted)
+    # Every configured worker's inbox up front (point-to-point strategies): a message
+    # to a worker that starts later (or joins) waits in its topic.
+    ensure_topics(bootstrap, job_topics(cfg, subscribes))
     if training:
         from pipeline.training import initial_workers
 
@@ -612,7 +609,6 @@ def _collect(cfg: JobConfig, ctx: RunContext, state: Path, report: SimulationRep
                        {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
                        list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined), missing=missing)
     if training and cfg.train.stages and not missing:
-        from pipeline.simulate import job_fleet_data
         from pipeline.training import assembled_evaluation  # torch: only for training runs
 
         result.assembled = assembled_evaluation(

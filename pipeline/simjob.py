@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from job.config import ConfigError, JobConfig
-from pipeline.simulate import job_fleet_data
+from job.sources import job_fleet_data
 from pipeline.training import parse_params
 from trainers.simclock import RunConfig, StreamSet
 

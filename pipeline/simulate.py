@@ -1,15 +1,13 @@
 """Streams a job's devices into their topics: simulated in real time, or a recording replayed.
 
-Owns the job's data (``job_fleet_data``: dataset, held-out split, device shares, declared
-value range and input statistics, deterministic from the config) and the producing side
-of a run (``stream_devices``). Invariant: the ``SimulationReport`` returned counts exactly
+Owns the producing side of a run (``stream_devices``); the job's data comes from its
+source (``job.sources.job_fleet_data``). Invariant: the ``SimulationReport`` returned counts exactly
 the records and messages handed to the producer per device, which is what the run's
 accounting balances against.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import logging
@@ -23,92 +21,21 @@ from pathlib import Path
 import numpy as np
 from kafka.errors import KafkaTimeoutError
 
-from job.config import ConfigError, JobConfig, parse_value_range
+from job.config import ConfigError, JobConfig
+from job.sources import job_fleet_data, source_named
+from job.topics import sensor_topics_for
 from monitoring.metrics import Metrics
-from pipeline.kafka_io import TopicSetupError, ensure_topics, producer, sensor_topics_for
+from pipeline.kafka_io import TopicSetupError, ensure_topics, producer
 from pipeline.outage import BrokerWatch
 from streams import codec, topics
 from streams.garbage import KINDS, make_garbage
-from streams.simulator import FleetData, build_simulators, fleet_data
+from streams.simulator import build_simulators
 
 log = logging.getLogger(__name__)
 
 #: Seconds the simulator's producer keeps a record it could not deliver (a broker that is
 #: down or restarting), retrying, before the record counts as refused.
 SEND_RETRY_S = 300.0
-
-
-def declared_value_range(
-    cfg: JobConfig, auto: tuple[np.ndarray, np.ndarray], *, from_data: bool
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """``data.value_range`` resolved: ``none`` -> None, ``LO,HI`` -> scalars, ``auto`` -> ``auto``.
-
-    ``auto`` is the source's own declaration; ``from_data`` says it is the min/max seen
-    in the data, which is then widened by ``data.value_margin`` (later records may lie
-    a little outside what the data happened to contain).
-    """
-    spec = parse_value_range(cfg.data.value_range)
-    if spec == "none":
-        return None
-    if isinstance(spec, tuple):
-        return np.float32(spec[0]).reshape(()), np.float32(spec[1]).reshape(())
-    lo, hi = auto
-    if from_data:
-        # Float64 out of widen; float32 rounding never moves a bound inside the data's [min, max].
-        lo, hi = codec.widen(lo, hi, cfg.data.value_margin)
-        # Data near float32's limit widens past it: every float32 lies inside, so clip
-        # (a plain cast would make the bound infinite, with an overflow warning).
-        f32_max = float(np.finfo(np.float32).max)
-        lo, hi = np.clip(lo, -f32_max, f32_max), np.clip(hi, -f32_max, f32_max)
-    return np.asarray(lo, dtype=np.float32), np.asarray(hi, dtype=np.float32)
-
-
-def job_fleet_data(cfg: JobConfig) -> FleetData:
-    """The job's dataset, held-out split, device shares, value range and input statistics.
-
-    Deterministic from the config. For ``data.source = "recording"`` everything comes
-    from the recording's stored files (``job.sources.recording``): the streamed rows, the
-    held-out rows, the device shares, and the streamed rows' per-feature statistics.
-    """
-    if cfg.data.source == "recording":
-        return _recording_fleet_data(cfg)
-    source_params = {}
-    if cfg.data.source == "synthetic":
-        source_params["n"] = cfg.data.synthetic_samples
-    data = fleet_data(
-        cfg.data.source,
-        cfg.devices.device_ids(),
-        scheme=cfg.data.partition,
-        seed=cfg.job.seed,
-        heldout_fraction=cfg.data.heldout_fraction,
-        dirichlet_alpha=cfg.data.dirichlet_alpha,
-        classes_per_device=cfg.data.classes_per_device,
-        source_params=source_params,
-    )
-    if cfg.data.source == "digits":
-        # Pixels are scaled to [0, 1] by the loader: that is the declaration, not an estimate.
-        auto = (np.float32(0.0).reshape(()), np.float32(1.0).reshape(()))
-        value_range = declared_value_range(cfg, auto, from_data=False)
-    else:
-        every = np.concatenate([data.train.features, data.heldout.features]).reshape(
-            len(data.train) + len(data.heldout), -1)
-        value_range = declared_value_range(cfg, (every.min(axis=0), every.max(axis=0)), from_data=True)
-    return dataclasses.replace(data, value_range=value_range)
-
-
-def _recording_fleet_data(cfg: JobConfig) -> FleetData:
-    from job.sources.recording import read_recording_info
-
-    info = read_recording_info(cfg.data.recording)
-    train, heldout, shares = info.load_data()
-    devices = cfg.devices.device_ids()
-    if list(shares) != devices:
-        # load_config takes the devices from the recording; a config built another way may not.
-        raise ConfigError(f"devices {devices} are not the devices {list(shares)} of the recording "
-                          f"{cfg.data.recording}; load the job with job.config.load_config")
-    value_range = declared_value_range(cfg, (info.stats.min, info.stats.max), from_data=True)
-    return FleetData(train, heldout, shares, value_range=value_range,
-                     input_stats=(info.stats.mean, info.stats.std))
 
 
 @dataclass
@@ -303,10 +230,10 @@ def _write_report(report: SimulationReport, report_path: Path | None) -> None:
 def check_stream_options(cfg: JobConfig, garbage_per_device: int = 0) -> None:
     """Raise ``ConfigError`` if ``stream_devices`` would refuse these options (call it before
     starting processes, so the user gets the one-line error at once)."""
-    if garbage_per_device and cfg.data.source == "recording":
+    refused = source_named(cfg.data.source).garbage_refused
+    if garbage_per_device and refused:
         raise ConfigError(
-            "garbage injection (--garbage) is not supported with data.source = 'recording': the "
-            "recording is replayed as imported; use a digits or synthetic job to test the dead-letter path"
+            f"garbage injection (--garbage) is not supported with data.source = {cfg.data.source!r}: {refused}"
         )
 
 
@@ -333,10 +260,11 @@ def stream_devices(
     bounds the wait after a stop for simulated devices only (a replay waits for every send).
     """
     check_stream_options(cfg, garbage_per_device)
-    if cfg.data.source != "recording":
+    directory = source_named(cfg.data.source).replay_directory(cfg)
+    if directory is None:
         return simulate(cfg, bootstrap, duration_s, garbage_per_device=garbage_per_device, stop=stop,
                         metrics=metrics, progress=progress, report_path=report_path, stop_flush_s=stop_flush_s)
-    return _replay_recording(cfg, bootstrap, duration_s, stop=stop or threading.Event(), metrics=metrics,
+    return _replay_recording(cfg, directory, bootstrap, duration_s, stop=stop or threading.Event(), metrics=metrics,
                              progress=progress, report_path=report_path)
 
 
@@ -385,6 +313,7 @@ def _send_order(directory: Path, devices: list[str]) -> _SendOrder:
 
 def _replay_recording(
     cfg: JobConfig,
+    directory: Path,
     bootstrap: str,
     duration_s: float,
     *,
@@ -393,17 +322,15 @@ def _replay_recording(
     progress: Callable[[SimulationReport], None] | None,
     report_path: Path | None,
 ) -> SimulationReport:
-    from job.sources.recording import read_recording_info
     from pipeline.replay import ReplayError, replay
     from streams.recording import parse_speed
 
-    info = read_recording_info(cfg.data.recording)
     try:
         speed = parse_speed(cfg.data.replay_speed)
     except ReplayError as exc:
         raise ConfigError(f"data.replay_speed: {exc}") from None
     devices = cfg.devices.device_ids()
-    order = _send_order(info.directory, devices)
+    order = _send_order(directory, devices)
     report = SimulationReport(records={d: 0 for d in devices}, messages={d: 0 for d in devices},
                               garbage={d: {} for d in devices})
 
@@ -433,7 +360,7 @@ def _replay_recording(
     report.started_at = time.time()
     watcher.start()
     try:
-        result = replay(info.directory, bootstrap, speed=speed, topics_filter=[topics.sensor_topic(d) for d in devices],
+        result = replay(directory, bootstrap, speed=speed, topics_filter=[topics.sensor_topic(d) for d in devices],
                         rewrite_timestamps=True, max_message_bytes=cfg.kafka.max_message_bytes,
                         stop=ended, progress=on_progress, metrics=metrics)
     finally:

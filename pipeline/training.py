@@ -53,6 +53,7 @@ import faust
 import numpy as np
 
 from job.config import ConfigError, JobConfig, emulated_wait_s
+from job.topics import SHARED_CHANNELS, channel_topic, read_topics, topic_channel
 from monitoring.metrics import Metrics
 from pipeline.ingest import CONSUMED, DEAD
 from streams import codec, topics
@@ -95,59 +96,6 @@ MEMBERSHIP_LOG_SIZE = 200
 #: Steps' worth of messages a strategy with ``background_sends`` may have queued before
 #: the training loop waits for its uplink.
 BACKGROUND_SEND_DEPTH = 4
-
-
-#: Channels with one topic per job, read by every subscriber (``inbox`` is per recipient).
-SHARED_CHANNELS = ("gradients", "models", "control")
-
-
-def channel_topic(job: str, channel: str, to: str | None = None) -> str:
-    """The Kafka topic of a strategy channel: ``gradients.<job>``, ``models.<job>``,
-    ``control.<job>``; for ``inbox``, recipient ``to``'s own topic ``inbox.<job>.<to>``."""
-    if channel == "gradients":
-        return topics.gradients_topic(job)
-    if channel == "models":
-        return topics.models_topic(job)
-    if channel == "control":
-        return "control." + job
-    if channel == "inbox":
-        if not to:
-            raise ValueError("the inbox channel needs a recipient (to=...)")
-        return topics.inbox_topic(job, to)
-    raise ValueError(f"unknown channel {channel!r}")
-
-
-def topic_channel(job: str, topic: str) -> str | None:
-    """Inverse of ``channel_topic``: the channel of a training topic of ``job`` (None: not one)."""
-    for channel in SHARED_CHANNELS:
-        if topic == channel_topic(job, channel):
-            return channel
-    if topic.startswith(f"inbox.{job}.") and topic.count(".") == 2:
-        return "inbox"
-    return None
-
-
-def training_topics(job: str, inboxes: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
-    """Topics a training job needs, name -> kind (for ``ensure_topics``); ``inboxes``: the
-    processes whose ``inbox.<job>.<name>`` topic to add (kind ``gradients``: one
-    partition, retention, never compacted)."""
-    wanted = {
-        channel_topic(job, "gradients"): "gradients",
-        channel_topic(job, "models"): "models",
-        channel_topic(job, "control"): "gradients",
-        topics.gradients_dlq_topic(job): "dlq",
-    }
-    wanted.update({channel_topic(job, "inbox", name): "gradients" for name in inboxes})
-    return wanted
-
-
-def read_topics(job: str, name: str, subscribes: tuple[str, ...] | list[str]) -> list[str]:
-    """The topics process ``name`` reads for a strategy subscribing to ``subscribes``: each
-    subscribed channel's topic (``inbox``: its own ``inbox.<job>.<name>`` only), then
-    ``control.<job>`` (the heartbeats) whether or not the strategy takes control messages."""
-    read = [channel_topic(job, ch, name if ch == "inbox" else None) for ch in subscribes]
-    control = channel_topic(job, "control")
-    return read if control in read else [*read, control]
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:

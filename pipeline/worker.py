@@ -14,6 +14,8 @@ from pathlib import Path
 import faust
 
 from job.config import ConfigError, JobConfig
+from job.sources import job_fleet_data
+from job.topics import channel_topic, sensor_topics_for, training_topics
 from monitoring.health import Health
 from monitoring.metrics import Metrics, serve
 from pipeline import memory
@@ -30,12 +32,10 @@ from pipeline.kafka_io import (
     end_offsets,
     ensure_topics,
     group_positions,
-    sensor_topics_for,
     set_group_offsets,
 )
 from pipeline.outage import BrokerWatch
 from pipeline.service import CONTEXT, ProcessService, StopSignals
-from pipeline.simulate import job_fleet_data
 from streams import topics
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,6 @@ def process_topics(cfg: JobConfig, name: str, subscribes: tuple[str, ...] = ()) 
     ``inbox`` among its strategy's channels (``subscribes``), its own ``inbox.<job>.<name>``."""
     wanted = {} if name == SERVER_NAME else sensor_topics_for(cfg.devices_of(name))
     if cfg.train.enabled:
-        from pipeline.training import training_topics
-
         wanted.update(training_topics(cfg.job.name, [name] if "inbox" in subscribes else []))
     return wanted
 
@@ -119,8 +117,6 @@ def update_topics(cfg: JobConfig, name: str | None = None, subscribes: tuple[str
     """The job's update topics (gradients, models, control), plus process ``name``'s own
     inbox when its strategy subscribes to ``inbox``: what a training process's Faust app
     may read, in its own consumer group."""
-    from pipeline.training import training_topics
-
     inboxes = [name] if name is not None and "inbox" in subscribes else []
     return [topic for topic, kind in training_topics(cfg.job.name, inboxes).items() if kind != "dlq"]
 
@@ -271,7 +267,6 @@ def records_of_others(bootstrap: str, cfg: JobConfig, worker: str) -> int:
     from kafka.structs import TopicPartition
 
     from pipeline.kafka_io import read_range
-    from pipeline.training import channel_topic
 
     topic = channel_topic(cfg.job.name, "gradients")
     start = group_positions(bootstrap, app_id(cfg, worker), [topic]).get(f"{topic}:0", 0)

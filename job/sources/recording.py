@@ -18,14 +18,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from job.config import ConfigError, DataSection, DevicesSection
+from job.errors import ConfigError
 from job.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE, import_command
+from job.sources.base import DataSource, declared_value_range, register
 from streams.datasets import Dataset
 from streams.recording import MANIFEST_NAME, ReplayError, parse_speed
+from streams.simulator import FleetData
 
 if TYPE_CHECKING:
     from job.config import JobConfig
@@ -200,14 +202,15 @@ def apply_recording_source(cfg: JobConfig) -> None:
     still at its default is taken over (a value equal to the default cannot be told
     apart from an unset one). Idempotent: a config this function filled in passes again
     (worker processes reload the effective config). Other sources are left alone; an
-    empty ``data.recording`` is left to ``JobConfig.validate``.
+    empty ``data.recording`` is left to ``RecordingSource.validate``.
     """
-    if cfg.data.source != "recording" or not cfg.data.recording:
+    if not cfg.data.recording:
         return
     info = read_recording_info(cfg.data.recording)
     scale = _speed_factor(cfg.data.replay_speed)
     where = f"the recording {cfg.data.recording}"
-    devices, data = DevicesSection(), DataSection()
+    defaults = type(cfg)()
+    devices, data = defaults.devices, defaults.data
     if cfg.devices.time_scale != devices.time_scale:
         raise ConfigError(f"devices.time_scale={cfg.devices.time_scale:g} does not apply to a recording "
                           "source (its rates are recorded); set data.replay_speed instead")
@@ -236,3 +239,44 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@register("recording")
+class RecordingSource(DataSource):
+    """An `edgestream import` recording: its devices, rows, held-out split and statistics.
+
+    ``auto`` value range: the streamed rows' per-feature min/max from ``import.json``,
+    widened; ``auto`` timestamp skew: none (its replay keeps the recorded event times,
+    Kafka stamps the send time). ``edgestream run`` replays its device topics.
+    """
+
+    parameters: ClassVar[tuple[str, ...]] = ("recording", "replay_speed")
+    auto_timestamp_skew_s: ClassVar[float | None] = None
+    garbage_refused: ClassVar[str] = (
+        "the recording is replayed as imported; use a digits or synthetic job to test the dead-letter path")
+
+    def configure(self, cfg: JobConfig) -> None:
+        apply_recording_source(cfg)
+
+    def validate(self, cfg: JobConfig) -> None:
+        if not cfg.data.recording:
+            raise ConfigError(
+                "data.source='recording' needs data.recording = the directory `edgestream import` wrote"
+            )
+
+    def fleet_data(self, cfg: JobConfig) -> FleetData:
+        """Everything from the recording's stored files: the streamed rows, the held-out
+        rows, the device shares, and the streamed rows' per-feature statistics."""
+        info = read_recording_info(cfg.data.recording)
+        train, heldout, shares = info.load_data()
+        devices = cfg.devices.device_ids()
+        if list(shares) != devices:
+            # load_config takes the devices from the recording; a config built another way may not.
+            raise ConfigError(f"devices {devices} are not the devices {list(shares)} of the recording "
+                              f"{cfg.data.recording}; load the job with job.config.load_config")
+        value_range = declared_value_range(cfg, (info.stats.min, info.stats.max), from_data=True)
+        return FleetData(train, heldout, shares, value_range=value_range,
+                         input_stats=(info.stats.mean, info.stats.std))
+
+    def replay_directory(self, cfg: JobConfig) -> Path | None:
+        return read_recording_info(cfg.data.recording).directory

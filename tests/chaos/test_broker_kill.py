@@ -31,10 +31,10 @@ from rich.console import Console
 from rich.table import Table
 
 from deploy.kafka.broker import LocalCluster
+from job.topics import channel_topic
 from monitoring.scrape import scrape
 from pipeline.kafka_io import admin_client
 from pipeline.run import RunContext, run_job
-from pipeline.training import channel_topic
 from tests.chaos.evidence import accounting_table, device_accounting
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 

@@ -101,8 +101,8 @@ def read_topic(bootstrap: str, topic: str, timeout_ms: int = 5000) -> list:
 
 def send_gradients(bootstrap: str, job: str, values, key: bytes = b"w0") -> None:
     """Produce raw ``values`` (encoded update messages, good or bad) to ``gradients.<job>``."""
+    from job.topics import channel_topic
     from pipeline.kafka_io import producer
-    from pipeline.training import channel_topic
 
     prod = producer(bootstrap)
     try:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from job.topics import channel_topic
 from pipeline.run import RunContext, run_job
-from pipeline.training import channel_topic
 from tests.integration.jobs import (
     dead_letter_reasons,
     published_by_sender,

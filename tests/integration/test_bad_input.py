@@ -16,8 +16,8 @@ import pytest
 import torch
 from kafka import KafkaConsumer
 
+from job.sources import job_fleet_data
 from pipeline.run import RunContext, run_job
-from pipeline.simulate import job_fleet_data
 from streams import codec, topics
 from streams.records import RecordBatch
 from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until, workers_of

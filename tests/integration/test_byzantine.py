@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from job.sources import job_fleet_data
+from job.topics import channel_topic
 from pipeline.run import run_job
-from pipeline.simulate import job_fleet_data
-from pipeline.training import channel_topic
 from tests.integration.jobs import quiet, read_topic, show, train_job, workers_of
 from trainers import build_model
 from trainers.aggregation import update_norm

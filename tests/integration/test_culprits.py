@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from job.sources import job_fleet_data
 from pipeline.run import RunContext, run_job
-from pipeline.simulate import job_fleet_data
 from streams import codec, topics
 from streams.records import RecordBatch
 from tests.integration.jobs import (

@@ -38,6 +38,7 @@ import pytest
 from rich.console import Console
 
 from job.config import load_config
+from job.topics import sensor_topics_for
 from monitoring.dashboards import all_dashboards, expand, training
 from monitoring.metrics import serve_process
 from monitoring.prometheus import (
@@ -51,7 +52,7 @@ from monitoring.prometheus import (
 from monitoring.render import KEY_PANELS, render_fleet
 from monitoring.scrape import scrape
 from pipeline.app import sensor_group
-from pipeline.kafka_io import ensure_topics, sensor_topics_for, start_groups_at_end
+from pipeline.kafka_io import ensure_topics, start_groups_at_end
 from pipeline.run import run_job, start_worker_process, stop_process
 from pipeline.simulate import simulate
 from streams import topics

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from job.config import JobConfig, load_config
-from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for
+from job.sources import job_fleet_data
+from job.topics import sensor_topics_for
+from pipeline.kafka_io import ensure_topics, producer
 from pipeline.run import stop_process
-from pipeline.simulate import job_fleet_data
 from streams import codec, topics
 from streams.garbage import EXPECTED_REASON, KINDS, make_garbage
 from streams.simulator import build_simulators

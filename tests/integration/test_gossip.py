@@ -16,8 +16,8 @@ import itertools
 import pytest
 import torch
 
+from job.sources import job_fleet_data
 from pipeline.run import RunContext, run_job
-from pipeline.simulate import job_fleet_data
 from tests.integration.jobs import (
     gossip_job,
     newest_checkpoint,

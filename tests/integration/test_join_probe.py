@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from job.topics import channel_topic, sensor_topics_for, training_topics
 from pipeline.app import sensor_group
-from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for, set_group_offsets
+from pipeline.kafka_io import ensure_topics, producer, set_group_offsets
 from pipeline.run import records_in_kafka
-from pipeline.training import channel_topic, training_topics
 from pipeline.worker import join_decision
 from streams import codec, topics
 from streams.codec import RecordBatch

@@ -19,10 +19,10 @@ import struct
 import pytest
 import torch
 
+from job.topics import channel_topic
 from monitoring.scrape import scrape
 from pipeline.kafka_io import producer
 from pipeline.run import RunContext, run_job
-from pipeline.training import channel_topic
 from tests.integration.jobs import (
     dead_letter_reasons,
     quiet,

@@ -1,7 +1,8 @@
 """Layering: the pure packages never import the Kafka side, and deploy/ never imports pipeline/.
 
-``trainers/``, ``compression/`` and ``streams/`` are testable without Kafka; ``pipeline/``
-is the only place that joins Kafka to torch (DESIGN.md, "Layout"). Every import
+``trainers/``, ``compression/`` and ``streams/`` are testable without Kafka; ``job/`` (the
+floor that turns a job file into parts) sits on them, Kafka-free too, and they never import
+it; ``pipeline/`` is the only place that joins Kafka to torch (DESIGN.md, "Layout"). Every import
 statement counts, wherever it sits (module level, inside a function, under
 ``TYPE_CHECKING``), and so does ``importlib.import_module`` / ``__import__`` with a
 literal module name.
@@ -17,7 +18,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-PURE_PACKAGES = ("trainers", "compression", "streams")
+PURE_PACKAGES = ("trainers", "compression", "streams", "job")
+#: The libraries under ``job/``.
+LIBRARIES = ("trainers", "compression", "streams")
 FORBIDDEN_IN_PURE = ("pipeline", "monitoring", "kafka", "aiokafka", "faust")
 
 
@@ -98,9 +101,14 @@ def test_the_pure_packages_import_no_pipeline_monitoring_or_kafka():
     assert all(python_files(p) for p in PURE_PACKAGES), "a pure package has no python files"
     bad = violations(PURE_PACKAGES, FORBIDDEN_IN_PURE)
     assert not bad, (
-        "trainers/, compression/ and streams/ must not import "
+        "trainers/, compression/, streams/ and job/ must not import "
         f"{', '.join(FORBIDDEN_IN_PURE)}:\n" + "\n".join(bad)
     )
+
+
+def test_the_libraries_do_not_import_the_job_floor():
+    bad = violations(LIBRARIES, ("job",))
+    assert not bad, "trainers/, compression/ and streams/ sit under job/ and must not import it:\n" + "\n".join(bad)
 
 
 def test_deploy_does_not_import_pipeline():

@@ -551,7 +551,7 @@ def _topic_names(text: str) -> set[str]:
 
 
 def test_kafka_topics_are_the_ones_edgestream_creates(documents, tools, tmp_path):
-    from pipeline.training import training_topics
+    from job.topics import training_topics
     from streams import topics
 
     def expected(job: str, devices: list[str], inboxes: list[str] = ()) -> dict[str, str]:

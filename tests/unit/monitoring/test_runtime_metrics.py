@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from job.config import load_config
+from job.sources import job_fleet_data
 from monitoring.metrics import Metrics, serve
 from monitoring.scrape import scrape
-from pipeline.simulate import job_fleet_data
 from pipeline.training import TrainingRuntime
 from streams.batching import Batch
 from streams.records import RecordBatch

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from job.config import BYZANTINE_ATTACKS, ConfigError, load_config
-from pipeline.simulate import job_fleet_data
+from job.sources import job_fleet_data
 from pipeline.training import build_driver
 from pipeline.worker import SERVER_NAME, check_training_config, warn_byzantine
 from trainers.byzantine import ATTACKS, ByzantineStrategy

@@ -6,8 +6,8 @@ import pytest
 from torch import nn
 
 from job.config import ConfigError, load_config
+from job.sources import job_fleet_data
 from pipeline.simjob import run_config_from_job
-from pipeline.simulate import job_fleet_data
 from pipeline.training import build_driver
 from trainers.stages import StageTrainer
 

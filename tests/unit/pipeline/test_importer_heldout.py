@@ -155,8 +155,8 @@ def test_job_file_trains_on_the_recording(tmp_path):
 
 def test_cli_import_writes_a_job_file_that_loads_as_a_recording_job(tmp_path, capsys, monkeypatch):
     from job.config import load_config
+    from job.sources import job_fleet_data
     from pipeline.cli import main
-    from pipeline.simulate import job_fleet_data
 
     src, _ = write_table(tmp_path / "t.csv")
     monkeypatch.chdir(tmp_path)

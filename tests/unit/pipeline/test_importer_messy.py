@@ -192,7 +192,7 @@ def test_a_declared_range_from_data_at_the_float32_limit_stays_finite_without_a_
     import warnings
 
     from job.config import load_config
-    from pipeline.simulate import declared_value_range
+    from job.sources import declared_value_range
 
     big = float(np.finfo(np.float32).max)
     cfg = load_config(overrides=["data.value_range=auto", "data.value_margin=0.5"], env={})

@@ -10,8 +10,9 @@ import pytest
 
 from job.config import ConfigError, load_config
 from job.importer import HELDOUT_FILE, IMPORT_INFO, TRAIN_FILE, ImportSpec, import_table
+from job.sources import job_fleet_data
 from job.sources.recording import RecordingSourceError, read_recording_info
-from pipeline.simulate import _send_order, job_fleet_data, stream_devices
+from pipeline.simulate import _send_order, stream_devices
 from streams.recording import RecordedMessage, RecordingWriter
 
 

@@ -9,12 +9,7 @@ import asyncio
 import pytest
 
 from job.config import load_config
-from pipeline.training import (
-    channel_topic,
-    read_topics,
-    topic_channel,
-    training_topics,
-)
+from job.topics import channel_topic, read_topics, topic_channel, training_topics
 from pipeline.worker import SERVER_NAME, check_training_config, process_topics, update_topics
 from streams import topics
 from streams.errors import TopicNameError
@@ -99,8 +94,8 @@ def test_the_config_check_returns_the_channels_the_strategy_reads(tmp_path, stra
 
 
 def test_a_runtime_ensures_each_recipients_inbox_once_and_retries_a_failure(tmp_path):
+    from job.sources import job_fleet_data
     from monitoring.metrics import Metrics
-    from pipeline.simulate import job_fleet_data
     from pipeline.training import TrainingRuntime
 
     cfg = job(tmp_path)
@@ -134,8 +129,8 @@ def test_a_runtime_ensures_each_recipients_inbox_once_and_retries_a_failure(tmp_
 
 
 def test_a_runtime_of_a_shared_channel_strategy_has_no_topic_of_its_own(tmp_path):
+    from job.sources import job_fleet_data
     from monitoring.metrics import Metrics
-    from pipeline.simulate import job_fleet_data
     from pipeline.training import TrainingRuntime
 
     cfg = job(tmp_path, "bsp")
