@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 #: ``data.max_timestamp_skew_s = "auto"`` for a generated source (digits, synthetic): one hour.
 AUTO_TIMESTAMP_SKEW_S = 3600.0
 
+
 class DataSource(ABC):
     """One kind of job data (``data.source``), registered by name with ``register``.
 
