@@ -1,0 +1,1 @@
+"""The Kafka-free floor that turns a job file into parts."""
