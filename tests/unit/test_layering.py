@@ -143,3 +143,17 @@ def test_relative_imports_resolve_inside_their_package_and_look_alike_names_pass
     assert not any(is_under(m, FORBIDDEN_IN_PURE) for m in found)
     init = [m for _, m in imported_modules("from .base import X\n", "compression", is_package=True)]
     assert init == ["compression.base.X"]
+
+
+def test_trainers_reach_the_job_floor_only_through_the_training_plan():
+    # trainers/assembly.py builds processes from job.plan.TrainingPlan; the rest of job/
+    # (config, sources, topics) is the job file's business, not the trainers'.
+    found = []
+    for path in python_files("trainers"):
+        for line, imported in imported_modules(path.read_text(encoding="utf-8"), module_name(path),
+                                               path.name == "__init__.py"):
+            if is_under(imported, ("job",)) and not (imported == "job.plan" or imported.startswith("job.plan.")):
+                found.append(f"{path.relative_to(REPO)}:{line}: imports {imported}")
+    assert not found, "trainers/ may import job.plan only:\n" + "\n".join(found)
+    assert any(is_under(m, ("job",)) for p in python_files("trainers")
+               for _, m in imported_modules(p.read_text(encoding="utf-8"), module_name(p))), "no trainers module uses the plan"
