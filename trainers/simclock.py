@@ -17,6 +17,8 @@ that happens to a worker's model goes through its ``trainers.driver.TrainingDriv
   messages leave. A step on an input the strategy received (``driver.queued_steps()``: a
   later stage of a split model) is taken first, as on the live runtime, and costs the
   same on its samples.
+- **Membership**: ``RunConfig.leaves`` stops workers on purpose at given times; the
+  others are told the new live set (``driver.membership``), as live.
 - **Assembly**: every process is built by ``trainers.assembly`` from one
   ``job.plan.TrainingPlan`` (``simulation_plan``: ``RunConfig.plan`` with the mode's
   strategy, batching, codec and lr), as the live runtime builds its own.
@@ -383,6 +385,12 @@ class RunConfig:
     controller, the observed range, data injection, Byzantine workers, the stage split,
     and the job's codec when the mode names none) reaches every process, built as the live
     runtime builds it (``trainers.assembly``). None: the defaults of a plan."""
+    leaves: tuple[tuple[float, str], ...] = ()
+    """``(time_s, worker)``: the worker stops on purpose at that simulated time, as a live
+    worker stopped by SIGTERM does: once its step in progress is done it publishes what
+    ``driver.leave()`` returns and its ``op: leave``, then takes no more steps or messages
+    (its device's records wait, as in Kafka); every other process is told the new live set
+    (``driver.membership``) at once, as the live runtime's heartbeat table does on a leave."""
 
     def __post_init__(self) -> None:
         if not (self.eval_every_s > 0 and self.time_budget_s > 0 and self.depth_sample_s > 0):
@@ -391,6 +399,8 @@ class RunConfig:
             raise ValueError(f"min_time_s must be in [0, time_budget_s], got {self.min_time_s}")
         if self.hold_evals < 1:
             raise ValueError(f"hold_evals must be >= 1, got {self.hold_evals}")
+        if any(not (math.isfinite(at) and at >= 0) or not isinstance(worker, str) for at, worker in self.leaves):
+            raise ValueError(f"leaves are (time_s >= 0, worker name) pairs, got {self.leaves}")
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -678,7 +688,7 @@ class StreamInjection:
 
 # Order of events at the same simulated time: data first, then what data enables,
 # then messages, then finished steps; observers (depth samples, evaluation) last.
-_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL = range(7)
+_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL, _LEAVE = range(8)
 
 
 class _EventQueue:
@@ -756,6 +766,10 @@ class _Worker:
         self.state_since = 0.0
         self.time_in: Counter[str] = Counter()
         self.step_starts: list[float] = []
+        #: Stopping (``RunConfig.leaves``): leaves once its step in progress is done.
+        self.leaving = False
+        #: Stopped: takes no more steps or messages.
+        self.gone = False
 
     def enter(self, state: str, now: float) -> None:
         """Charge ``[state_since, now]`` to the current state, then switch to ``state``."""
@@ -899,6 +913,11 @@ class _Simulation:
                 self.events.push(worker.backlog.batcher.next_window_at, _WINDOW, worker)
         self.events.push(self.config.depth_sample_s, _SAMPLE, 1)
         self.events.push(self.config.eval_every_s, _EVAL, 1)
+        names = {w.name: w for w in self.workers}
+        for at, name in self.config.leaves:
+            if name not in names:
+                raise ValueError(f"RunConfig.leaves names {name!r}, not a worker of this run ({', '.join(names)})")
+            self.events.push(at, _LEAVE, names[name])
         stopped = "budget"
         while self.events.next_time() <= self.config.time_budget_s:
             self.now, kind, payload = self.events.pop()
@@ -914,6 +933,8 @@ class _Simulation:
                 self._on_step_done(payload)
             elif kind == _SAMPLE:
                 self._on_sample(payload)
+            elif kind == _LEAVE:
+                self._on_leave(payload)
             elif kind == _EVAL and self._on_eval(payload):
                 stopped = "target"
                 break
@@ -941,7 +962,7 @@ class _Simulation:
 
     def _service(self, worker: _Worker) -> None:
         """Give an idle process its timers, then start a step if it may and has data."""
-        if worker.busy:
+        if worker.busy or worker.gone:
             return
         driver = worker.driver
         self._publish(worker, driver.poll(self.now))
@@ -995,6 +1016,9 @@ class _Simulation:
         self._publish(worker, stepped.outbound)  # none for a rejected step
         held, worker.held = worker.held, []
         self._publish(worker, held)
+        if worker.leaving:
+            self._leave(worker)
+            return
         while worker.pending:
             self._deliver(worker, worker.pending.popleft())
         self._service(worker)
@@ -1017,8 +1041,33 @@ class _Simulation:
             worker.driver.transferred(item, appended_at - self.now)
             self.events.push(appended_at, _APPEND, _LogEntry(item.channel, item.to, item.value, self.now))
 
+    def _on_leave(self, worker: _Worker) -> None:
+        """``RunConfig.leaves``: the worker stops now, or once its step in progress is done."""
+        if worker.gone:
+            return
+        worker.leaving = True
+        if not worker.busy:
+            self._leave(worker)
+
+    def _leave(self, worker: _Worker) -> None:
+        """The worker publishes its farewell and stops; every other process learns the live set."""
+        self._publish(worker, worker.driver.leave())
+        worker.leaving, worker.gone = False, True
+        worker.enter("gone", self.now)
+        live = [w.name for w in self.workers if not w.gone]
+        for process in self.processes:
+            if process.gone:
+                continue
+            outbound = process.driver.membership(live)
+            if process.busy:
+                process.held.extend(outbound)  # after the step's own messages
+            else:
+                self._publish(process, outbound)
+                self._service(process)
+
     def _on_append(self, entry: _LogEntry) -> None:
-        subscribers = [p for p in self.processes if entry.channel in p.driver.strategy.subscribes]
+        subscribers = [p for p in self.processes
+                       if entry.channel in p.driver.strategy.subscribes and not p.gone]
         if entry.channel in POINT_TO_POINT_CHANNELS:
             # The recipient's own topic: only it fetches the record.
             subscribers = [p for p in subscribers if p.name == entry.to]
@@ -1046,6 +1095,8 @@ class _Simulation:
 
     def _on_deliver(self, worker: _Worker, entry: _LogEntry) -> None:
         """A record that reached one process over its downlink."""
+        if worker.gone:
+            return
         if worker.busy:
             worker.pending.append(entry)
             return
