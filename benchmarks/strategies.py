@@ -41,7 +41,9 @@ The gossip and dlion rows have no server and no common model: every worker evalu
 model (``RunConfig.evaluate_workers``) and their accuracy is the mean of the nodes'
 held-out accuracies (benchmarks/gossip.py has the full comparison).
 
-A registered strategy without a configuration here still gets a row (its preferred
+The stage-split strategies (pipeline_bp, dni, cdni) have their own table (a model cut in
+two stages, one worker and device each: ``stage_split_runs``), run with the default matrix.
+A registered whole-model strategy without a configuration here still gets a row (its preferred
 batcher, default parameters) and a note. Columns: the heterogeneity regimes of
 BENCHMARKS.md, each with IID and Dirichlet(0.3) digits:
 
@@ -284,8 +286,67 @@ def _preferred_batcher(name: str) -> str | None:
 
 
 def unconfigured_strategies() -> list[str]:
-    configured = {"bsp", "asp", "ssp", "adsp", "localsgd", "scadles", "gossip", "edgegossip", "dlion"}
+    """Registered whole-model strategies without a tuned row (the stage-split ones have their
+    own table: :func:`stage_split_runs`)."""
+    configured = {"bsp", "asp", "ssp", "adsp", "localsgd", "scadles", "gossip", "edgegossip", "dlion",
+                  *strategies.stage_split_names()}
     return [name for name in strategies.names() if name not in configured]
+
+
+#: The stage-split rows: the matrix's model (mlp, one hidden layer of 64) cut after its first
+#: ReLU into two stages, one worker (and one device) each.
+STAGE_SPLIT_STAGES = ("2",)
+
+
+def stage_split_runs(s: Settings, seeds: list[int], partitions: list[str]) -> list[dict[str, Any]]:
+    """Every stage-split strategy (``pipeline_bp``, ``dni``, ``cdni``) on the simulated clock
+    with the default cost model: two stages on the first two ScaDLES rates (times
+    ``--scale``), stage 0 reading both devices, the later stage running its queued steps.
+    Figures per run: TTA, accuracy at ``--acc-budget``, steps per stage, first and last loss."""
+    from trainers.plan import TrainingPlan
+
+    rates = tuple(r * s.scale for r in SCADLES_RATES[:len(STAGE_SPLIT_STAGES) + 1])
+    out = []
+    for name in strategies.stage_split_names():
+        for partition in partitions:
+            for seed in seeds:
+                streams = simclock.StreamSet.from_fleet("digits", rates, partition=partition, seed=seed,
+                                                        message_interval_s=s.message_interval_s)
+                config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=seed,
+                                            eval_every_s=s.eval_every_s, target_accuracy=s.target,
+                                            time_budget_s=s.acc_budget_s, stop_at_target=False,
+                                            plan=TrainingPlan(stages=STAGE_SPLIT_STAGES))
+                mode = simclock.Mode(name, name, {}, batcher="fixed", batch_size=BATCH)
+                report = simclock.run(mode, streams, simclock.CostModel(), config)
+                losses = [loss for _, loss in report.loss_timeline]
+                out.append({"row": name, "partition": partition, "seed": seed, "tta_s": report.tta_s,
+                            "acc_at_budget": accuracy_at(report.timeline, s.acc_budget_s),
+                            "stage_steps": {p.name: p.local_steps for p in report.processes},
+                            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None})
+    return out
+
+
+def stage_split_markdown(entries: list[dict[str, Any]], s: Settings) -> str:
+    """The stage-split table: medians over seeds per strategy and partition."""
+    lines = ["## Stage-split strategies (simulated clock, default cost model)", "",
+             f"The mlp cut after block {', '.join(STAGE_SPLIT_STAGES)}: {len(STAGE_SPLIT_STAGES) + 1} stages, one "
+             f"worker and one device each (ScaDLES rates x {s.scale}), stage 0 reading every device; accuracy of "
+             f"the stages put together at {s.acc_budget_s:.0f} s.", "",
+             "| strategy | partition | TTA (s) | accuracy at budget | steps per stage | loss first -> last |",
+             "|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in entries:
+        groups.setdefault((e["row"], e["partition"]), []).append(e)
+    for (row, partition), runs in groups.items():
+        ttas = [r["tta_s"] for r in runs if r["tta_s"] is not None]
+        tta = f"{statistics.median(ttas):.1f}" if len(ttas) == len(runs) else f"{len(ttas)}/{len(runs)} reached"
+        acc = statistics.median(r["acc_at_budget"] or 0.0 for r in runs)
+        steps = " / ".join(str(int(statistics.median(r["stage_steps"][w] for r in runs)))
+                           for w in runs[0]["stage_steps"])
+        first = statistics.median(r["first_loss"] for r in runs if r["first_loss"] is not None)
+        last = statistics.median(r["last_loss"] for r in runs if r["last_loss"] is not None)
+        lines.append(f"| {row} | {partition} | {tta} | {acc:.3f} | {steps} | {first:.3f} -> {last:.3f} |")
+    return "\n".join(lines)
 
 
 # -- cost models -----------------------------------------------------------------------------
@@ -1151,6 +1212,9 @@ def main() -> None:
     cells = summarise(raw, s, rows, columns, costs)
     md = "## Strategy matrix (simulated clock)\n\n" + markdown(cells, s, rows, columns, costs, calibration, seconds,
                                                                seeds, notes)
+    staged = stage_split_runs(s, seeds, partitions) if args.rows is None else []
+    if staged:
+        md += "\n\n" + stage_split_markdown(staged, s)
     # Real-broker entries of earlier invocations are kept: those of the reused matrix file and of
     # --real-from (a file with other simulated settings: its own predictions stay beside it).
     kept: list[dict[str, Any]] = list(previous.get("real", [])) if previous is not None else []
@@ -1191,7 +1255,7 @@ def main() -> None:
             "default": asdict(simclock.CostModel()),
             **({"calibrated": calibration} if calibration else {})},
         "matrix_seconds": seconds, "jobs": args.jobs, "notes": notes,
-        "runs": raw, "cells": cells, "real": real_entries,
+        "runs": raw, "cells": cells, "real": real_entries, "stage_split": staged,
     }, indent=1, default=str))
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
 

@@ -18,9 +18,9 @@ from rich.table import Table
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from job.plan import parse_params
     from job.sources import job_fleet_data
     from pipeline.cli import job_config
-    from pipeline.training import parse_params
     from trainers.errors import ModelConfigError
     from trainers.models import build_model, model_names
     from trainers.stages import boundary_names, boundary_shapes

@@ -2,17 +2,18 @@
 
 The simulated-clock runner is Kafka-free and knows nothing of job files; these two
 conveniences read a :class:`~job.config.JobConfig` into its ``StreamSet`` and
-``RunConfig``, with the same data the live simulators stream (``job_fleet_data``).
+``RunConfig``, with the same data the live simulators stream (``job_fleet_data``) and the
+job's ``TrainingPlan`` (every ``train.*`` setting the live run builds its processes from).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from job.config import ConfigError, JobConfig
+from job.config import JobConfig
+from job.plan import parse_params, training_plan
 from job.sources import job_fleet_data
-from pipeline.training import parse_params
-from trainers.simclock import RunConfig, StreamSet
+from trainers.simclock import Mode, RunConfig, StreamSet
 
 
 def streams_from_job(cfg: JobConfig, *, profile: str = "poisson") -> StreamSet:
@@ -28,24 +29,34 @@ def streams_from_job(cfg: JobConfig, *, profile: str = "poisson") -> StreamSet:
 
 
 def run_config_from_job(cfg: JobConfig, **overrides: Any) -> RunConfig:
-    """Model, lr, momentum, eval cadence, target, seed, torch threads and message cap of ``cfg``.
+    """Model, lr, momentum, eval cadence, target, seed, torch threads, message cap, step-guard
+    bounds and training plan of ``cfg`` (its codec, compression controller, ``max_abs_weight``,
+    culprit search, injection, Byzantine workers and stage split reach every simulated process).
 
     ``overrides`` are ``RunConfig`` fields that win over the job's (e.g. ``time_budget_s``).
     """
     train = cfg.train
-    if train.stages:
-        raise ConfigError("the simulated clock runs whole-model strategies; a stage-split job (train.stages) "
-                          "runs on the broker: edgestream run")
     values: dict[str, Any] = {
         "model": train.model,
         "model_options": parse_params(train.model_params),
         "lr": train.lr,
         "momentum": train.momentum,
         "seed": cfg.job.seed,
+        "job": cfg.job.name,
         "eval_every_s": train.eval_every_s,
         "target_accuracy": train.target_accuracy or None,
         "torch_threads": train.torch_threads,
         "max_message_bytes": cfg.kafka.max_message_bytes,
+        "max_grad_norm": train.max_grad_norm,
+        "grad_norm_spike": train.grad_norm_spike,
+        "plan": training_plan(cfg),
     }
     values.update(overrides)
     return RunConfig(**values)
+
+
+def mode_from_job(cfg: JobConfig) -> Mode:
+    """The job's strategy (and its parameters) and step batch cap as a simulated-clock mode;
+    the codec is left to the plan (``run_config_from_job``), so the job's own reaches the run."""
+    return Mode(name=cfg.train.strategy, strategy=cfg.train.strategy,
+                strategy_params=parse_params(cfg.train.strategy_params), max_batch=cfg.train.max_step_batch)

@@ -53,6 +53,7 @@ import faust
 import numpy as np
 
 from job.config import ConfigError, JobConfig, emulated_wait_s
+from job.plan import training_plan
 from job.topics import SHARED_CHANNELS, channel_topic, read_topics, topic_channel
 from monitoring.metrics import Metrics
 from pipeline.ingest import CONSUMED, DEAD
@@ -61,22 +62,19 @@ from streams.batching import Batch, BatchQueue
 from streams.buffering import concat
 from streams.offsets import OffsetTracker
 from streams.simulator import FleetData
-from trainers import LocalTrainer, build_model, limit_torch_threads
+from trainers import LocalTrainer, assembly, limit_torch_threads
 from trainers.checkpoint import SHAPE_MISMATCH, CheckpointStore
-from trainers.driver import DriverConfig, Outbound, Stepped, TrainingDriver
+from trainers.driver import Outbound, Stepped, TrainingDriver
 from trainers.errors import (
     CheckpointNotFound,
     CheckpointRefused,
-    ModelConfigError,
     NoUsableCheckpoint,
 )
 from trainers.evaluation import evaluate
 from trainers.guard import StepRejection
-from trainers.injection import DataInjector, shared_pool
 from trainers.membership import HEARTBEAT, LEAVE, OPS, Liveness, is_stale
 from trainers.messages import UpdateMessage
-from trainers.stages import compose, stage_trainer
-from trainers.strategies import StrategyContext, create, stage_split_names
+from trainers.stages import compose
 from trainers.wire import (
     HEADER_CODEC,
     HEADER_KIND,
@@ -98,16 +96,6 @@ MEMBERSHIP_LOG_SIZE = 200
 BACKGROUND_SEND_DEPTH = 4
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    """``["ratio=0.01", "rank=4"]`` -> ``{"ratio": 0.01, "rank": 4}`` (JSON values, else strings)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw.strip()
-    return out
 
 
 def pick(parts: list[Batch], positions: np.ndarray) -> list[Batch]:
@@ -122,82 +110,25 @@ def pick(parts: list[Batch], positions: np.ndarray) -> list[Batch]:
     return picked
 
 
-def driver_config(cfg: JobConfig) -> DriverConfig:
-    """The driver's settings from the job file."""
-    return DriverConfig(
-        job=cfg.job.name, max_message_bytes=cfg.kafka.max_message_bytes,
-        max_step_batch=cfg.train.max_step_batch, codec=cfg.train.codec,
-        codec_params=parse_params(cfg.train.codec_params), error_feedback=cfg.train.error_feedback,
-        max_grad_norm=cfg.train.max_grad_norm, grad_norm_spike=cfg.train.grad_norm_spike,
-        max_abs_weight=cfg.train.max_abs_weight, culprit_max_probes=cfg.train.culprit_max_probes,
-        observed_margin=(cfg.data.value_margin if cfg.data.value_range.strip().lower() == "none"
-                         and cfg.data.observed_warmup > 0 else None),
-        observed_warmup=max(1, cfg.data.observed_warmup),
-        controller=cfg.train.compression_controller, controller_params=parse_params(cfg.train.controller_params),
-    )
-
-
 def initial_workers(cfg: JobConfig) -> list[str]:
     """The workers a job starts with (``train.initial_workers``, default every configured
     worker), in order: the strategy's initial members."""
-    wanted = set(cfg.train.initial_workers)
-    return [w for w in cfg.worker_names() if not wanted or w in wanted]
+    return list(training_plan(cfg).initial_workers)
 
 
 def build_driver(cfg: JobConfig, name: str, data: FleetData, *, role: str = "worker",
                  joining: bool = False) -> TrainingDriver:
-    """The model, strategy and driver of process ``name`` from the job (no I/O).
+    """The model, strategy and driver of process ``name`` from the job (no I/O), built by
+    ``trainers.assembly`` from the job's ``TrainingPlan``.
 
     ``joining``: the worker enters a running job and must first receive the model
     (``StrategyContext.joining``; its members are then the others).
     Raises ``ConfigError`` naming the key when the strategy or codec cannot be built.
     """
-    trainer = build_trainer(cfg, name, data)
-    members = tuple(w for w in initial_workers(cfg) if not (joining and w == name))
     try:
-        strategy = create(
-            cfg.train.strategy,
-            StrategyContext(name, trainer, role=role, members=members, joining=joining),  # type: ignore[arg-type]
-            **parse_params(cfg.train.strategy_params),
-        )
-    except Exception as exc:
-        raise ConfigError(f"train.strategy={cfg.train.strategy!r}: {exc}") from exc
-    attack = cfg.workers.attack_of(name) if role == "worker" else None
-    if attack is not None:  # fault injection (workers.byzantine): corrupts what it sends
-        from trainers.byzantine import byzantine
-
-        strategy = byzantine(strategy, attack, seed=cfg.workers.attack_seed)
-    injector = None
-    if role == "worker" and cfg.train.injection_alpha > 0 and cfg.train.injection_beta > 0:
-        pool = shared_pool(data.train.features, data.train.labels, cfg.train.injection_pool_per_class,
-                           seed=cfg.job.seed)
-        injection = DataInjector(pool, data.num_classes, alpha=cfg.train.injection_alpha,
-                                 beta=cfg.train.injection_beta, seed=cfg.job.seed * 7919 + _index(name))
-
-        def injector(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-            x, y, done = injection.augment(x, y)
-            return x, y, done.samples
-
-    try:
-        return TrainingDriver(name, trainer, strategy, driver_config(cfg), injector=injector)
-    except Exception as exc:
-        raise ConfigError(f"train.codec={cfg.train.codec!r} with train.strategy={cfg.train.strategy!r}: {exc}") from exc
-
-
-def build_trainer(cfg: JobConfig, name: str, data: FleetData) -> LocalTrainer:
-    """The model of process ``name``: the whole model, or its stage (``train.stages``)."""
-    model = build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
-                        standardize=data.input_stats, **parse_params(cfg.train.model_params))
-    if not cfg.train.stages:
-        return LocalTrainer(model, lr=cfg.train.lr, momentum=cfg.train.momentum)
-    if cfg.train.strategy not in stage_split_names():
-        raise ConfigError(f"train.stages splits the model; train.strategy={cfg.train.strategy!r} trains whole "
-                          f"models: use one of {', '.join(stage_split_names())}")
-    try:
-        return stage_trainer(model, cfg.train.stages, cfg.worker_names().index(name), data.feature_shape,
-                             data.num_classes, lr=cfg.train.lr, momentum=cfg.train.momentum)
-    except ModelConfigError as exc:
-        raise ConfigError(f"train.stages = {cfg.train.stages} for train.model={cfg.train.model!r}: {exc}") from None
+        return assembly.build_driver(training_plan(cfg), name, data, role=role, joining=joining)
+    except assembly.AssemblyError as exc:
+        raise ConfigError(str(exc)) from exc.__cause__
 
 
 def assembled_evaluation(cfg: JobConfig, data: FleetData, state_dirs: dict[str, Path]) -> dict[str, Any]:
@@ -1037,8 +968,3 @@ def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
         return json.loads(json.dumps(stats, default=str))
     except (TypeError, ValueError):
         return {}
-
-
-def _index(name: str) -> int:
-    """A stable small integer from a process name (seeds per-worker randomness)."""
-    return sum((i + 1) * ord(ch) for i, ch in enumerate(name))

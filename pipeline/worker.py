@@ -138,7 +138,8 @@ def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
     if not cfg.train.enabled:
         return ()
     from compression import registry as compressors
-    from pipeline.training import build_driver, parse_params
+    from job.plan import parse_params
+    from pipeline.training import build_driver
     from trainers import build_model
     from trainers.strategies import roles
 

@@ -14,7 +14,14 @@ that happens to a worker's model goes through its ``trainers.driver.TrainingDriv
   ``driver.batch_limit()`` records and runs ``driver.step`` at once (score, local
   step, step guard, compression signal, ``on_local_step``, encoding); the step
   "finishes" after ``(c0 + c1 * batch) * slowdown_i`` seconds, and only then do its
-  messages leave.
+  messages leave. A step on an input the strategy received (``driver.queued_steps()``: a
+  later stage of a split model) is taken first, as on the live runtime, and costs the
+  same on its samples.
+- **Membership**: ``RunConfig.leaves`` stops workers on purpose at given times; the
+  others are told the new live set (``driver.membership``), as live.
+- **Assembly**: every process is built by ``trainers.assembly`` from one
+  ``trainers.plan.TrainingPlan`` (``simulation_plan``: ``RunConfig.plan`` with the mode's
+  strategy, batching, codec and lr), as the live runtime builds its own.
 - **Transfer**: the driver encodes every outgoing message (one codec per link and
   kind); ``len(bytes)`` leaves the worker's uplink at ``bandwidth`` after
   ``latency`` and is appended to ONE totally ordered log (a single-partition
@@ -61,13 +68,13 @@ from streams.datasets import Dataset
 from streams.profiles import SCADLES_RATES
 from streams.records import RecordBatch
 from streams.simulator import DeviceSimulator, FleetData, build_simulators, fleet_data
-from trainers import strategies
+from trainers import assembly, strategies
 from trainers.consensus import consensus_distance
-from trainers.driver import DecodeMemo, DriverConfig, Outbound, Stepped, TrainingDriver
-from trainers.evaluation import time_to_target
-from trainers.local import LocalTrainer, limit_torch_threads
-from trainers.models import build_model
-from trainers.strategies.base import StrategyContext
+from trainers.driver import DecodeMemo, Outbound, Stepped, TrainingDriver
+from trainers.evaluation import EvalResult, evaluate, time_to_target
+from trainers.local import limit_torch_threads
+from trainers.plan import TrainingPlan
+from trainers.stages import compose
 
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",
@@ -90,7 +97,9 @@ __all__ = [
     "markdown_table",
     "oracle",
     "oracle_mode",
+    "processes",
     "run",
+    "simulation_plan",
     "scadles_rates",
 ]
 
@@ -369,6 +378,19 @@ class RunConfig:
     the job's accuracy (``timeline``, TTA) is then the mean of the workers' held-out
     accuracies (and ``loss_timeline`` the mean of their losses), ``evaluated`` is
     ``"workers"``. Off: only the job's model (the server's, else worker 0's) is evaluated."""
+    plan: TrainingPlan | None = None
+    """The job's training plan (``job.plan.training_plan``, as
+    ``pipeline.simjob.run_config_from_job`` sets it): every setting it holds that this
+    config and the mode do not (``max_abs_weight``, the culprit search, the compression
+    controller, the observed range, data injection, Byzantine workers, the stage split,
+    and the job's codec when the mode names none) reaches every process, built as the live
+    runtime builds it (``trainers.assembly``). None: the defaults of a plan."""
+    leaves: tuple[tuple[float, str], ...] = ()
+    """``(time_s, worker)``: the worker stops on purpose at that simulated time, as a live
+    worker stopped by SIGTERM does: once its step in progress is done it publishes what
+    ``driver.leave()`` returns and its ``op: leave``, then takes no more steps or messages
+    (its device's records wait, as in Kafka); every other process is told the new live set
+    (``driver.membership``) at once, as the live runtime's heartbeat table does on a leave."""
 
     def __post_init__(self) -> None:
         if not (self.eval_every_s > 0 and self.time_budget_s > 0 and self.depth_sample_s > 0):
@@ -377,6 +399,8 @@ class RunConfig:
             raise ValueError(f"min_time_s must be in [0, time_budget_s], got {self.min_time_s}")
         if self.hold_evals < 1:
             raise ValueError(f"hold_evals must be >= 1, got {self.hold_evals}")
+        if any(not (math.isfinite(at) and at >= 0) or not isinstance(worker, str) for at, worker in self.leaves):
+            raise ValueError(f"leaves are (time_s >= 0, worker name) pairs, got {self.leaves}")
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -664,7 +688,7 @@ class StreamInjection:
 
 # Order of events at the same simulated time: data first, then what data enables,
 # then messages, then finished steps; observers (depth samples, evaluation) last.
-_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL = range(7)
+_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL, _LEAVE = range(8)
 
 
 class _EventQueue:
@@ -742,6 +766,10 @@ class _Worker:
         self.state_since = 0.0
         self.time_in: Counter[str] = Counter()
         self.step_starts: list[float] = []
+        #: Stopping (``RunConfig.leaves``): leaves once its step in progress is done.
+        self.leaving = False
+        #: Stopped: takes no more steps or messages.
+        self.gone = False
 
     def enter(self, state: str, now: float) -> None:
         """Charge ``[state_since, now]`` to the current state, then switch to ``state``."""
@@ -781,6 +809,35 @@ def _injector(hook: InjectHook, index: int) -> Callable[[np.ndarray, np.ndarray]
     return inject
 
 
+def simulation_plan(mode: Mode, config: RunConfig, workers: Sequence[str]) -> TrainingPlan:
+    """The plan every process of a simulated run is built from: ``config.plan`` (the job's,
+    or a default one) with the mode's strategy, batch cap, codec (when it names one) and lr,
+    this config's model, optimiser, seed, message cap and step-guard bounds, and one
+    worker per device (``workers``), all of them members from the start."""
+    base = config.plan if config.plan is not None else TrainingPlan()
+    codec_set = mode.codec is not None
+    return replace(
+        base,
+        job=config.job,
+        seed=config.seed,
+        workers=tuple(workers),
+        initial_workers=tuple(workers),
+        strategy=mode.strategy,
+        strategy_params=dict(mode.strategy_params),
+        model=config.model,
+        model_params=dict(config.model_options),
+        lr=config.lr if mode.lr is None else mode.lr,
+        momentum=config.momentum,
+        max_message_bytes=config.max_message_bytes,
+        max_step_batch=mode.max_batch,
+        codec=mode.codec if mode.codec is not None else base.codec,
+        codec_params=dict(mode.codec_params) if codec_set else dict(base.codec_params),
+        error_feedback=mode.error_feedback if codec_set else base.error_feedback,
+        max_grad_norm=config.max_grad_norm,
+        grad_norm_spike=config.grad_norm_spike,
+    )
+
+
 #: The name of the server process (strategies with a server role), as in the live runtime.
 SERVER_NAME = "server"
 
@@ -797,37 +854,27 @@ class _Simulation:
         self.events = _EventQueue()
         self.simulators = streams.simulators()
         names = [f"w{i}" for i in range(len(streams.devices))]
-        driver_config = DriverConfig(
-            job=config.job,
-            max_message_bytes=config.max_message_bytes,
-            max_step_batch=mode.max_batch,
-            codec=mode.codec or "dense",
-            codec_params=dict(mode.codec_params),
-            error_feedback=mode.error_feedback,
-            max_grad_norm=config.max_grad_norm,
-            grad_norm_spike=config.grad_norm_spike,
-        )
+        self.plan = simulation_plan(mode, config, names)
+        if self.plan.stages and len(names) != len(self.plan.stages) + 1:
+            raise ValueError(f"train.stages = {list(self.plan.stages)} makes {len(self.plan.stages) + 1} stages, one "
+                             f"worker each; the simulated clock runs one worker per device: give it "
+                             f"{len(self.plan.stages) + 1} devices (it has {len(names)})")
         self.workers: list[_Worker] = []
         # Every worker runs the same model and strategy, so a log record decodes the same
         # for all: decode it once (the drivers still validate and judge it themselves).
-        decodes = DecodeMemo()
+        # A stage-split model's stages differ, so each of them decodes for itself.
+        decodes = DecodeMemo() if not self.plan.stages else None
         for index, (name, device) in enumerate(zip(names, streams.devices, strict=True)):
-            trainer = self._trainer()
-            ctx = StrategyContext(worker_id=name, trainer=trainer, members=tuple(names))
-            strategy = strategies.create(mode.strategy, ctx, **dict(mode.strategy_params))
             injector = None if self.inject is None else _injector(self.inject, index)
-            driver = TrainingDriver(name, trainer, strategy, driver_config, injector=injector,
-                                    shared_decodes=decodes)
+            driver = assembly.build_driver(self.plan, name, streams.data, members=names, injector=injector,
+                                           shared_decodes=decodes)
             self.workers.append(_Worker(index, name, DeviceBacklog(device, mode), driver))
         # The server role, if the strategy has one: same initial weights and optimiser
         # settings, its own driver (its own decodes: its strategy may read other kinds).
         self.server: _Worker | None = None
         if "server" in strategies.roles(mode.strategy):
-            trainer = self._trainer()
-            ctx = StrategyContext(worker_id=SERVER_NAME, trainer=trainer, role="server", members=tuple(names))
-            strategy = strategies.create(mode.strategy, ctx, **dict(mode.strategy_params))
-            self.server = _Worker(None, SERVER_NAME, None, TrainingDriver(SERVER_NAME, trainer, strategy,
-                                                                           driver_config))
+            self.server = _Worker(None, SERVER_NAME, None, assembly.build_driver(
+                self.plan, SERVER_NAME, streams.data, role="server", members=names))
         self.processes: list[_Worker] = self.workers + ([self.server] if self.server is not None else [])
         # The job's model: the server's, unless it says it holds none worth evaluating.
         self.evaluated = (
@@ -856,18 +903,6 @@ class _Simulation:
         self.compressed_messages = 0
         self.now = 0.0
 
-    def _trainer(self) -> LocalTrainer:
-        data = self.streams.data
-        model = build_model(
-            self.config.model,
-            data.feature_shape,
-            data.num_classes,
-            self.config.seed,
-            **dict(self.config.model_options),
-        )
-        lr = self.config.lr if self.mode.lr is None else self.mode.lr
-        return LocalTrainer(model, lr=lr, momentum=self.config.momentum)
-
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> RunReport:
@@ -878,6 +913,11 @@ class _Simulation:
                 self.events.push(worker.backlog.batcher.next_window_at, _WINDOW, worker)
         self.events.push(self.config.depth_sample_s, _SAMPLE, 1)
         self.events.push(self.config.eval_every_s, _EVAL, 1)
+        names = {w.name: w for w in self.workers}
+        for at, name in self.config.leaves:
+            if name not in names:
+                raise ValueError(f"RunConfig.leaves names {name!r}, not a worker of this run ({', '.join(names)})")
+            self.events.push(at, _LEAVE, names[name])
         stopped = "budget"
         while self.events.next_time() <= self.config.time_budget_s:
             self.now, kind, payload = self.events.pop()
@@ -893,6 +933,8 @@ class _Simulation:
                 self._on_step_done(payload)
             elif kind == _SAMPLE:
                 self._on_sample(payload)
+            elif kind == _LEAVE:
+                self._on_leave(payload)
             elif kind == _EVAL and self._on_eval(payload):
                 stopped = "target"
                 break
@@ -906,7 +948,9 @@ class _Simulation:
         interval = self.streams.message_interval_s
         start, end = (tick - 1) * interval, tick * interval
         for worker, simulator in zip(self.workers, self.simulators, strict=True):
-            worker.backlog.arrive(simulator.step(start, end, 0.0), self.now)
+            # A split model's first stage reads every device (as w0 does live).
+            reader = self.workers[0] if self.plan.stages else worker
+            reader.backlog.arrive(simulator.step(start, end, 0.0), self.now)
         self.events.push((tick + 1) * interval, _ARRIVALS, tick + 1)
         for process in self.processes:
             self._service(process)
@@ -918,11 +962,21 @@ class _Simulation:
 
     def _service(self, worker: _Worker) -> None:
         """Give an idle process its timers, then start a step if it may and has data."""
-        if worker.busy:
+        if worker.busy or worker.gone:
             return
         driver = worker.driver
         self._publish(worker, driver.poll(self.now))
         if worker.backlog is None:
+            return
+        if driver.queued_steps():
+            # A step on an input the strategy received (a later stage of a split model),
+            # taken before any stream step, as the live runtime's ``next_step()`` orders them.
+            worker.enter("busy", self.now)
+            worker.step_starts.append(self.now)
+            stepped = driver.step_queued()
+            if stepped.rejection is not None:
+                worker.rejected_steps[stepped.rejection.reason] += 1
+            self._compute(worker, stepped, stepped.samples)
             return
         if not worker.backlog.has_batch():
             worker.enter("starved", self.now)
@@ -942,10 +996,14 @@ class _Simulation:
         if stepped.correct_mask is not None:
             worker.scored += len(stepped.correct_mask)
             worker.correct += int(stepped.correct_mask.sum())
+        self._compute(worker, stepped, stepped.records + stepped.injected)
+
+    def _compute(self, worker: _Worker, stepped: Stepped, samples: int) -> None:
+        """Hold a started step's messages until its modelled compute time on ``samples`` has passed."""
         worker.stepped = stepped
         worker.busy = True
         assert worker.index is not None  # only workers have a backlog
-        compute_s = self.costs.compute_s(worker.index, stepped.records + stepped.injected)
+        compute_s = self.costs.compute_s(worker.index, samples)
         self.events.push(self.now + compute_s, _STEP_DONE, worker)
 
     def _on_step_done(self, worker: _Worker) -> None:
@@ -958,6 +1016,9 @@ class _Simulation:
         self._publish(worker, stepped.outbound)  # none for a rejected step
         held, worker.held = worker.held, []
         self._publish(worker, held)
+        if worker.leaving:
+            self._leave(worker)
+            return
         while worker.pending:
             self._deliver(worker, worker.pending.popleft())
         self._service(worker)
@@ -980,8 +1041,33 @@ class _Simulation:
             worker.driver.transferred(item, appended_at - self.now)
             self.events.push(appended_at, _APPEND, _LogEntry(item.channel, item.to, item.value, self.now))
 
+    def _on_leave(self, worker: _Worker) -> None:
+        """``RunConfig.leaves``: the worker stops now, or once its step in progress is done."""
+        if worker.gone:
+            return
+        worker.leaving = True
+        if not worker.busy:
+            self._leave(worker)
+
+    def _leave(self, worker: _Worker) -> None:
+        """The worker publishes its farewell and stops; every other process learns the live set."""
+        self._publish(worker, worker.driver.leave())
+        worker.leaving, worker.gone = False, True
+        worker.enter("gone", self.now)
+        live = [w.name for w in self.workers if not w.gone]
+        for process in self.processes:
+            if process.gone:
+                continue
+            outbound = process.driver.membership(live)
+            if process.busy:
+                process.held.extend(outbound)  # after the step's own messages
+            else:
+                self._publish(process, outbound)
+                self._service(process)
+
     def _on_append(self, entry: _LogEntry) -> None:
-        subscribers = [p for p in self.processes if entry.channel in p.driver.strategy.subscribes]
+        subscribers = [p for p in self.processes
+                       if entry.channel in p.driver.strategy.subscribes and not p.gone]
         if entry.channel in POINT_TO_POINT_CHANNELS:
             # The recipient's own topic: only it fetches the record.
             subscribers = [p for p in subscribers if p.name == entry.to]
@@ -1009,6 +1095,8 @@ class _Simulation:
 
     def _on_deliver(self, worker: _Worker, entry: _LogEntry) -> None:
         """A record that reached one process over its downlink."""
+        if worker.gone:
+            return
         if worker.busy:
             worker.pending.append(entry)
             return
@@ -1032,6 +1120,8 @@ class _Simulation:
     def _on_eval(self, tick: int) -> bool:
         """Evaluate the job's model; True when the run should stop (TTA known and stop_at_target)."""
         heldout = self.streams.data.heldout
+        if self.plan.stages:
+            return self._on_eval_stages(tick)
         # Every model as it is at this instant: the spread first, then the evaluations,
         # then what they make the processes do.
         self.consensus_timeline.append(
@@ -1060,11 +1150,25 @@ class _Simulation:
             loss = math.fsum(results[w.name].loss for w in self.workers) / len(self.workers)
         self.timeline.append((self.now, accuracy, version))
         self.loss_timeline.append((self.now, loss))
+        return self._after_eval(tick)
+
+    def _after_eval(self, tick: int) -> bool:
+        """TTA once known, the next evaluation; True when the run should stop."""
         target = self.config.target_accuracy
         if target is not None and self.tta_s is None:
             self.tta_s = time_to_target([(t, a) for t, a, _ in self.timeline], target, self.config.hold_evals)
         self.events.push((tick + 1) * self.config.eval_every_s, _EVAL, tick + 1)
         return self.tta_s is not None and self.config.stop_at_target and self.now >= self.config.min_time_s
+
+    def _on_eval_stages(self, tick: int) -> bool:
+        """A split model's evaluation: its stages put together (``trainers.stages.compose``),
+        as ``edgestream run`` evaluates a stage-split job; no stage evaluates alone."""
+        heldout = self.streams.data.heldout
+        result: EvalResult = evaluate(compose([w.driver.trainer.model for w in self.workers]),
+                                      heldout.features, heldout.labels)
+        self.timeline.append((self.now, result.accuracy, self.workers[0].driver.trainer.version))
+        self.loss_timeline.append((self.now, result.loss))
+        return self._after_eval(tick)
 
     # -- the report -----------------------------------------------------------------------
 
@@ -1177,6 +1281,15 @@ def run(
     _ensure_registered(mode.strategy)
     limit_torch_threads(config.torch_threads)
     return _Simulation(mode, streams, costs, config).run()
+
+
+def processes(mode: Mode, streams: StreamSet, config: RunConfig | None = None) -> dict[str, TrainingDriver]:
+    """The drivers a run of ``mode`` on ``streams`` would start with, by process name (built
+    through ``trainers.assembly`` as :func:`run` builds them; nothing is simulated)."""
+    config = RunConfig() if config is None else config
+    _ensure_registered(mode.strategy)
+    simulation = _Simulation(mode, streams, CostModel(), config)
+    return {process.name: process.driver for process in simulation.processes}
 
 
 def oracle_mode(

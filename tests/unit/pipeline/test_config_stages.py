@@ -88,7 +88,9 @@ def test_model_params_reach_the_model(data):
     assert any(isinstance(m, nn.BatchNorm2d) for m in whole.trainer.model.modules())
 
 
-def test_the_simulated_clock_refuses_a_stage_split_job_pointing_at_edgestream_run():
-    with pytest.raises(ConfigError, match="edgestream run"):
-        run_config_from_job(job(*SPLIT, "train.strategy=dni"))
+def test_the_simulated_clock_takes_a_stage_split_job_with_its_stages():
+    config = run_config_from_job(job(*SPLIT, "train.strategy=dni"))
+
+    assert config.plan is not None
+    assert (config.plan.strategy, config.plan.stages, config.model) == ("dni", ("block1", "fc1"), "conv8")
     assert run_config_from_job(job("train.model=conv8")).model == "conv8"

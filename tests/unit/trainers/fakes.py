@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from trainers.driver import DriverConfig, Handled, Outbound, Stepped, TrainingDriver
+from trainers import assembly
+from trainers.driver import Handled, Outbound, Stepped, TrainingDriver
 from trainers.guard import StepRejection
 from trainers.local import LocalTrainer
 from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies import StrategyContext, SyncStrategy, create
+from trainers.plan import TrainingPlan
+from trainers.strategies import SyncStrategy
 from trainers.validation import TensorSpec
 from trainers.wire import MessageRejected, decode_update, encode_update
 
@@ -382,9 +384,13 @@ def build_node(
 ) -> Node:
     """Strategy ``strategy`` on ``trainer`` behind a driver of job ``JOB``; subscribed to
     ``bus`` (unless None) for the channels the strategy reads."""
-    ctx = StrategyContext(worker_id=name, trainer=trainer, role=role, members=members, joining=joining)  # type: ignore[arg-type]
-    config = DriverConfig(job=JOB, codec=codec, codec_params=dict(codec_params or {}))
-    driver = TrainingDriver(name, trainer, create(strategy, ctx, **params), config)
+    plan = TrainingPlan(job=JOB, workers=members or (name,), initial_workers=members, strategy=strategy,
+                        strategy_params=params, codec=codec, codec_params=dict(codec_params or {}))
+    try:
+        driver = assembly.build_driver(plan, name, None, role=role, joining=joining, members=members,
+                                       trainer=trainer)
+    except assembly.AssemblyError as exc:
+        raise (exc.__cause__ or exc) from None  # what the strategy or codec raised, as tests expect
     if bus is not None:
         bus.subscribe(name, driver.strategy.subscribes, spec=driver.spec)
     return Node(name=name, driver=driver, batches=batches)

@@ -625,3 +625,30 @@ def test_adsp_workers_commit_on_their_timer_while_busy_and_the_server_applies_ev
     assert report.local_steps > report.steps  # several local steps per commit
     assert report.final_accuracy > 0.5
     _assert_accounting(report)
+
+
+# -- membership: a worker that leaves ------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "asp", "gossip"])
+def test_a_worker_that_leaves_stops_and_the_others_go_on_without_it(strategy):
+    streams = StreamSet.from_fleet("digits", (40.0, 40.0, 40.0), seed=0)
+    config = RunConfig(time_budget_s=10.0, target_accuracy=None, leaves=((3.0, "w2"),))
+
+    report = run(Mode(strategy, strategy, batch_size=16), streams, None, config)
+
+    starts = {p.name: p.step_starts for p in report.processes if p.name != "server"}
+    assert any(t <= 3.0 for t in starts["w2"])
+    assert max(starts["w2"]) <= 3.0  # no step after its leave (the one in progress finished)
+    for worker in ("w0", "w1"):  # BSP's rounds no longer wait for w2: the live set was updated
+        assert sum(t > 5.0 for t in starts[worker]) >= 5, (worker, starts[worker])
+    left = next(d for d in report.devices if d.worker == "w2")
+    assert left.waiting > 0  # its device's records wait for it, as in Kafka
+
+
+def test_a_leave_must_name_a_worker_of_the_run():
+    streams = StreamSet.from_fleet("digits", (40.0, 40.0), seed=0)
+    with pytest.raises(ValueError, match="not a worker of this run"):
+        run(Mode("bsp", "bsp"), streams, None, RunConfig(time_budget_s=1.0, leaves=((0.5, "w9"),)))
+    with pytest.raises(ValueError, match="time_s >= 0"):
+        RunConfig(leaves=((-1.0, "w0"),))
