@@ -16,9 +16,10 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
+from cli.options import job_config
+
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from pipeline.cli import job_config
     from pipeline.simulate import job_fleet_data
     from pipeline.training import parse_params
     from trainers.errors import ModelConfigError

@@ -11,7 +11,7 @@ import pytest
 from kafka import KafkaProducer
 from rich.console import Console
 
-from pipeline.cli import main as cli_main
+from cli.main import main as cli_main
 from pipeline.config import load_config
 from pipeline.kafka_io import ensure_topics
 from pipeline.record import record

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from deploy.kafka import broker as kafka_broker
 from deploy.kafka.broker import (
     ADMIN_USER,
@@ -20,7 +21,6 @@ from deploy.kafka.broker import (
     NodeInfo,
 )
 from deploy.kafka.tls import certificate_hosts, make_pki, uncovered
-from pipeline.cli import main
 from pipeline.config import load_config
 
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"

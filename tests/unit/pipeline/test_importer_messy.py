@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.cli import EXIT_CONFIG, main
+from cli.main import main
+from pipeline.exits import EXIT_CONFIG
 from pipeline.importer import IMPORT_INFO, TRAIN_FILE, TableImportError, _check_stats
 
 
