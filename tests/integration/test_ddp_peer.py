@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import ddp_peer
 from pipeline.config import JobConfig, load_config
 from pipeline.kafka_io import ensure_topics, producer, sensor_topics_for
 from pipeline.run import stop_process
@@ -26,8 +26,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# benchmarks/ holds scripts, not a package; it imports as a namespace package from the root.
-ddp_peer = importlib.import_module("benchmarks.ddp_peer")
 
 BATCH = 32
 RECORDS_PER_MESSAGE = 16
