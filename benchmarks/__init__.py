@@ -43,7 +43,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "whole-model backprop against pipeline_bp, dni and cdni stage processes on the real broker"),
     Benchmark("soak", "benchmarks.soak", "30 minutes with device bursts: memory, buffers, lag, accounting (make soak)"),
     Benchmark("ddp_peer", "benchmarks.ddp_peer",
-              "the PyTorch DDP (gloo) peer that time_to_accuracy starts; alone: --job JOB --bootstrap HOST:PORT"),
+              "the PyTorch DDP (gloo) peer time_to_accuracy starts, one rank per device (not run alone)"),
 )}
 
 
