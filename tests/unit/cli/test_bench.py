@@ -77,3 +77,10 @@ def test_bench_runs_the_registered_module_as_main_with_its_arguments(tmp_path, m
     assert main(["bench", "fake", "--repeats", "2", "--debug"]) == 0
 
     assert json.loads(seen.read_text()) == ["--repeats", "2", "--debug"]
+
+
+def test_the_readme_names_every_registered_benchmark():
+    readme = (BENCHMARKS_DIR.parent / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| `edgestream bench NAME`"))
+
+    assert not [name for name in BENCHMARKS if f"`{name}`" not in row], "add them to README's bench row"
