@@ -40,10 +40,10 @@ integration: venv
 	@$(RUN) python -m pytest -q tests/integration
 
 lint: venv
-	@$(RUN) ruff check job pipeline streams trainers compression monitoring deploy tests benchmarks
+	@$(RUN) ruff check cli job pipeline streams trainers compression monitoring deploy tests benchmarks
 
 bench-ingest: venv
-	@$(RUN) python benchmarks/ingest.py
+	@$(RUN) python -m pipeline bench ingest
 
 broker-start: venv
 	@$(RUN) python -m pipeline broker start

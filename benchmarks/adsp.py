@@ -20,7 +20,7 @@ Medians over ``--repeats`` seeds with the min-max. Plots: held-out loss vs simul
 per strategy at the largest H, and speed-up over BSP vs H. Writes
 benchmarks/results/adsp.{json,md} and adsp_loss.png, adsp_speedup.png. Never asserts.
 
-    python benchmarks/adsp.py [--repeats 3] [--jobs 2] [--budget 60] [--acc-budget 30]
+    python -m pipeline bench adsp [--repeats 3] [--jobs 2] [--budget 60] [--acc-budget 30]
         [--levels 1.0,1.45,2.2,3.2] [--rows adsp,bsp,...] [--adsp period_s=10,commit_rate=10]
 """
 
@@ -43,15 +43,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import strategies as matrix  # strategies.py: the rows' configurations
+from trainers import simclock
+from trainers.evaluation import time_to_target
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))
-
-import strategies as matrix  # noqa: E402  (benchmarks/strategies.py: the rows' configurations)
-
-from trainers import simclock  # noqa: E402
-from trainers.evaluation import time_to_target  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 LEVELS = (1.0, 1.45, 2.2, 3.2)
 ROWS = ("adsp", "bsp", "ssp(s=3)", "ssp(s=40)", "localsgd", "asp")

@@ -41,7 +41,7 @@ and its gap in points to the clean run of the same strategy with the plain mean 
 users have today), and to the clean run with the same aggregation. Writes
 benchmarks/results/byzantine.{json,md}. Never asserts.
 
-    python benchmarks/byzantine.py [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
+    python -m pipeline bench byzantine [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
         [--attacks sign_flip,scale100,noise] [--byzantine 1,2] [--clip 1.0] [--trim 2] [--out PATH]
 """
 
@@ -62,12 +62,10 @@ from typing import Any
 
 import numpy as np
 
+from trainers import simclock
+from trainers.byzantine import ATTACKS, register_byzantine
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from trainers import simclock  # noqa: E402
-from trainers.byzantine import ATTACKS, register_byzantine  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 AGGREGATIONS = ("mean", "trimmed_mean", "median", "krum", "mean+clip")
 STRATEGIES = ("bsp", "asp", "adsp")

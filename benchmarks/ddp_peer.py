@@ -38,9 +38,9 @@ API: ``launch`` -> ``wait_ready`` -> start the streams -> wait for the processes
 on their own) or ``stop`` -> ``collect``.
 
     # one rank (what launch() starts)
-    python benchmarks/ddp_peer.py rank --rank 0 --world 3 --job JOB --bootstrap HOST:PORT ...
+    python -m benchmarks.ddp_peer rank --rank 0 --world 3 --job JOB --bootstrap HOST:PORT ...
     # standalone: every rank (and optionally the job's simulators), then the result
-    python benchmarks/ddp_peer.py --job JOB --bootstrap HOST:PORT --simulate --target 0.85
+    python -m benchmarks.ddp_peer --job JOB --bootstrap HOST:PORT --simulate --target 0.85
 """
 
 from __future__ import annotations
@@ -64,16 +64,14 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from job.config import JobConfig, load_config
+from job.topics import sensor_topics_for
+from pipeline.kafka_io import ensure_topics
+from streams.errors import RecordDecodeError
+from streams.topics import sensor_topic
+from trainers.evaluation import TARGET_HOLD_EVALUATIONS, time_to_target
 
-from job.config import JobConfig, load_config  # noqa: E402
-from job.topics import sensor_topics_for  # noqa: E402
-from pipeline.kafka_io import ensure_topics  # noqa: E402
-from streams.errors import RecordDecodeError  # noqa: E402
-from streams.topics import sensor_topic  # noqa: E402
-from trainers.evaluation import TARGET_HOLD_EVALUATIONS, time_to_target  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 #: Why a message was skipped: the codec's reasons plus two the consumer finds itself.
 BAD_REASONS: tuple[str, ...] = (*RecordDecodeError.REASONS, "no_labels", "empty")
@@ -828,7 +826,7 @@ def launch(
     procs = []
     for rank in range(world):
         cmd = [
-            sys.executable, str(Path(__file__).resolve()), "rank",
+            sys.executable, "-m", "benchmarks.ddp_peer", "rank",
             "--rank", str(rank), "--world", str(world), "--job", str(cfg_path),
             "--bootstrap", bootstrap, "--out", str(out_dir), "--batch", str(batch),
             "--slowdown", repr(factors[rank]), "--duration", repr(duration_s),
@@ -901,7 +899,7 @@ def _log(line: str) -> None:
 
 
 def _rank_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="ddp_peer.py rank", description="one DDP rank")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ddp_peer rank", description="one DDP rank")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--job", type=Path, required=True)

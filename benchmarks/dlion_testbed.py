@@ -66,17 +66,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks import dlion as dlion_bench  # dlion.py: how a ratio follows a change
+from benchmarks import (
+    strategies as matrix,  # strategies.py: row parameters, mean timeline, censoring
+)
+from benchmarks import testbed as testbed_bench  # testbed.py: tbf counters, spreads
+from job.config import JobConfig, load_config
+from trainers.evaluation import time_to_target
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))
-
-import dlion as dlion_bench  # noqa: E402  (benchmarks/dlion.py: how a ratio follows a change)
-import strategies as matrix  # noqa: E402  (benchmarks/strategies.py: row parameters, mean timeline, censoring)
-import testbed as testbed_bench  # noqa: E402  (benchmarks/testbed.py: tbf counters, spreads)
-
-from job.config import JobConfig, load_config  # noqa: E402
-from trainers.evaluation import time_to_target  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 LINKS = ("100mbit", "100mbit", "20mbit", "20mbit", "5mbit", "5mbit", "1mbit", "1mbit")
 SLOWDOWNS = (1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0)

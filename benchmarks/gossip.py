@@ -38,7 +38,7 @@ Figures are ratios against gossip (the baseline) on the same seed, medians over
 gossip_accuracy.png (accuracy vs time), gossip_consensus.png (consensus distance vs
 time), gossip_traffic.png. Never asserts.
 
-    python benchmarks/gossip.py [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--budget 120] [--acc-budget 60]
+    python -m pipeline bench gossip [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--budget 120] [--acc-budget 60]
         [--scale 2] [--partitions iid,dirichlet] [--lags 1] [--rows ...] [--topology ring] [--edge-window 0.3]
         [--quick] [--no-traffic] [--no-main] [--out PATH] [--log RUNS.jsonl [--resume]]
 """
@@ -64,15 +64,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import strategies as matrix  # strategies.py: BSP's row, censored medians
+from trainers import simclock
+from trainers.evaluation import time_to_target
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))
-
-import strategies as matrix  # noqa: E402  (benchmarks/strategies.py: BSP's row, censored medians)
-
-from trainers import simclock  # noqa: E402
-from trainers.evaluation import time_to_target  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH = 64
 WORKERS = 10

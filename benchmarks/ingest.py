@@ -14,7 +14,7 @@ whole topic:
 Prints a markdown table (medians over the repeats) and writes
 benchmarks/results/ingest.json and ingest.md. Never asserts.
 
-    python benchmarks/ingest.py [--messages 60000] [--repeats 3] [--bootstrap HOST:PORT]
+    python -m pipeline bench ingest [--messages 60000] [--repeats 3] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -32,17 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
+from job.config import load_config
+from job.topics import sensor_topics_for
+from monitoring.scrape import scrape
+from pipeline.kafka_io import ensure_topics, producer
+from pipeline.run import start_worker_process, stop_process
+from streams import codec, topics
+from streams.records import RecordBatch
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from job.config import load_config  # noqa: E402
-from job.topics import sensor_topics_for  # noqa: E402
-from monitoring.scrape import scrape  # noqa: E402
-from pipeline.kafka_io import ensure_topics, producer  # noqa: E402
-from pipeline.run import start_worker_process, stop_process  # noqa: E402
-from streams import codec, topics  # noqa: E402
-from streams.records import RecordBatch  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 RECORDS_PER_MESSAGE = 32
 #: Every consumer measured, in run order, with its table label.

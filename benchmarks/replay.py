@@ -14,7 +14,7 @@ Timing fidelity: a 10-device fleet recording (ScaDLES rates, one message per dev
 
 Prints a markdown table and writes benchmarks/results/replay.json / .md. Never asserts.
 
-    python benchmarks/replay.py [--repeats 3] [--messages-large 20000] [--messages-small 60000]
+    python -m pipeline bench replay [--repeats 3] [--messages-large 20000] [--messages-small 60000]
                                 [--fidelity-seconds 10] [--bootstrap HOST:PORT]
 """
 
@@ -27,7 +27,6 @@ import platform
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -35,15 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.replay import replay
+from streams import codec, topics
+from streams.profiles import SCADLES_RATES
+from streams.recording import RecordedMessage, RecordingWriter
+from streams.records import RecordBatch
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from pipeline.replay import replay  # noqa: E402
-from streams import codec, topics  # noqa: E402
-from streams.profiles import SCADLES_RATES  # noqa: E402
-from streams.recording import RecordedMessage, RecordingWriter  # noqa: E402
-from streams.records import RecordBatch  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 PRODUCER_PROPS = {"acks": "1", "enable.idempotence": "false", "linger.ms": "5",
                   "batch.size": str(1 << 20), "compression.type": "none",

@@ -10,7 +10,7 @@ window, batch and target; no Kafka) for the oracle, BSP and ScaDLES. It shows ho
 measured speed-up follows the bound, and at what spread the paper's 3.3x appears.
 Writes benchmarks/results/scadles_rate_sweep.{json,md}. Never asserts.
 
-    python benchmarks/scadles_rate_sweep.py [--slowest 22,15,10,7,5] [--partitions iid,dirichlet]
+    python -m pipeline bench scadles_rate_sweep [--slowest 22,15,10,7,5] [--partitions iid,dirichlet]
         [--budget 300]
 """
 
@@ -19,18 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
+from benchmarks.time_to_accuracy import Settings, simulated
+from streams.profiles import SCADLES_RATES
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from time_to_accuracy import Settings, simulated  # noqa: E402
-
-from streams.profiles import SCADLES_RATES  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 SLOWEST = SCADLES_RATES.index(min(SCADLES_RATES))  # dev07, 22 records/s
 

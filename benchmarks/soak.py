@@ -34,14 +34,12 @@ import threading
 import time
 from pathlib import Path
 
+from deploy.kafka.broker import LocalBroker, kafka_version
+from job.config import load_config
+from monitoring.scrape import scrape
+from pipeline.run import RunContext, run_job
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from deploy.kafka.broker import LocalBroker, kafka_version  # noqa: E402
-from job.config import load_config  # noqa: E402
-from monitoring.scrape import scrape  # noqa: E402
-from pipeline.run import RunContext, run_job  # noqa: E402
-
 RESULTS = REPO / "benchmarks" / "results"
 #: Growth of resident memory after warm-up that the soak accepts (fraction).
 MAX_RSS_GROWTH = 0.10

@@ -68,7 +68,7 @@ wall time, one worker per device, as benchmarks/time_to_accuracy.py does) and pu
 simulated prediction for the same job beside it. Writes benchmarks/results/strategies.{json,md,png}.
 Never asserts.
 
-    python benchmarks/strategies.py [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
+    python -m pipeline bench strategies [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
         [--regimes rates,compute,both,network] [--partitions iid,dirichlet] [--rows bsp,asp,...]
         [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--real-workers 10] [--bootstrap HOST:PORT]
         [--reuse-matrix results/strategies.json [--rerun ROWS]] [--real-from OLD.json] [--real-first-seed N]
@@ -107,14 +107,10 @@ from typing import Any
 
 import numpy as np
 
+from streams.profiles import SCADLES_RATES
+from trainers import simclock, strategies
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-# After the repository root: benchmarks/compression.py must not shadow the compression package.
-sys.path.append(str(ROOT / "benchmarks"))
-
-from streams.profiles import SCADLES_RATES  # noqa: E402
-from trainers import simclock, strategies  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH = 64
 #: ScaDLES's cap on one device's step batch (as benchmarks/time_to_accuracy.py).
@@ -829,8 +825,8 @@ def parse_row_params(items: list[str]) -> dict[str, dict[str, Any]]:
 def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed: int):
     """The job of one real run: benchmarks/time_to_accuracy.py's job, with the regime's rates
     and slowdowns (the first ``spec.workers`` devices) and the row's strategy."""
-    from time_to_accuracy import Settings as TtaSettings
-    from time_to_accuracy import job_config
+    from benchmarks.time_to_accuracy import Settings as TtaSettings
+    from benchmarks.time_to_accuracy import job_config
 
     regime = spec.regime_def()
     tta = TtaSettings(scale=s.scale, window_s=s.window_s, budget_s=s.acc_budget_s, target=s.target, delta=s.delta,
@@ -878,8 +874,8 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
     """The subset on the real broker (rows interleaved within a repeat), each with the simulated
     prediction for the same job (``pipeline.simjob``: the same data and seed) under both cost models."""
     from rich.console import Console
-    from time_to_accuracy import Sampler, fill_backlog
 
+    from benchmarks.time_to_accuracy import Sampler, fill_backlog
     from deploy.kafka.broker import LocalBroker
     from pipeline.run import run_job
     from pipeline.simjob import run_config_from_job, streams_from_job
@@ -928,7 +924,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                         evaluator = "server" if entry["server"] else "w0"
                         timeline = timeline_of(evaluator)
                     w0 = timeline_of("w0") if evaluator != "w0" else timeline
-                    from time_to_accuracy import ModeRun
+                    from benchmarks.time_to_accuracy import ModeRun
 
                     backlog = ModeRun(row, spec.partition, repeat)
                     fill_backlog(backlog, sampler.backlog)

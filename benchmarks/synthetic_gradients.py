@@ -35,7 +35,7 @@ stages (cut after block1, block2, block3, fc1). Repeats are interleaved, the arm
 rotated per repeat. Writes benchmarks/results/synthetic_gradients.{json,md,png}. Never
 asserts; exits 1 after writing the results if a run failed (its log directory is printed).
 
-    scripts/with-venv.sh python -m pipeline.cli bench synthetic_gradients [--repeats 3]
+    scripts/with-venv.sh python -m pipeline bench synthetic_gradients [--repeats 3]
         [--deep-repeats 2] [--quick] [--arms backprop,pipeline_bp,dni,cdni] [--out DIR]
 """
 
@@ -59,11 +59,9 @@ from typing import Any
 
 import numpy as np
 
+from job.config import JobConfig, load_config
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from job.config import JobConfig, load_config  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 ARMS = ("backprop", "pipeline_bp", "dni", "cdni", "cdni_linear")
 DEEP_ARMS = ("backprop", "pipeline_bp", "cdni")
@@ -529,7 +527,7 @@ def resummarise(path: Path, stem: Path, argv: str) -> None:
     data = json.loads(path.read_text())
     s = Settings(**{k: v for k, v in data["settings"].items() if k in Settings.__dataclass_fields__})
     meta = {k: v for k, v in data.items() if k not in ("benchmark", "clock", "settings", "n", "table", "runs")}
-    note = (f"Summarised again from the runs' JSON by `scripts/with-venv.sh python -m pipeline.cli bench "
+    note = (f"Summarised again from the runs' JSON by `scripts/with-venv.sh python -m pipeline bench "
             f"synthetic_gradients {argv}`.\n\n")
     write(data["runs"], s, meta, stem, note)
 
@@ -572,7 +570,7 @@ def main() -> None:
     if s.per_device() % BATCH or s.per_device(s.deep_devices) % BATCH:
         raise SystemExit(f"records per device ({s.per_device()}) must be a multiple of {BATCH}: change --rate or "
                          "--duration")
-    command = "scripts/with-venv.sh python -m pipeline.cli bench synthetic_gradients " + " ".join(sys.argv[1:])
+    command = "scripts/with-venv.sh python -m pipeline bench synthetic_gradients " + " ".join(sys.argv[1:])
     from deploy.kafka.broker import LocalBroker, kafka_version
 
     began, started = time.monotonic(), time.strftime("%H:%M", time.gmtime())

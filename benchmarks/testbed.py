@@ -56,13 +56,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from job.config import JobConfig, load_config
+from trainers import simclock
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))
-
-from job.config import JobConfig, load_config  # noqa: E402
-from trainers import simclock  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 WORKERS = ("w0", "w1", "w2")
 SLOW_HOST = "w1"
@@ -310,7 +307,7 @@ def cost_models(calibrate: bool) -> tuple[dict[str, simclock.CostModel], dict[st
     costs = {"default": simclock.CostModel()}
     calibration = None
     if calibrate:
-        import strategies as matrix  # benchmarks/strategies.py
+        from benchmarks import strategies as matrix
 
         calibration = matrix.calibrate()
         costs["calibrated"] = replace(simclock.CostModel(), compute_base_s=calibration["compute_base_s"],

@@ -17,7 +17,7 @@ fraction of compressed steps, mean staleness. The same comparison runs in the
 simulated-clock runner (seconds, no Kafka) with its oracle (zero compute, zero transfer)
 as the lower bound. Writes benchmarks/results/time_to_accuracy.{json,md,png}. Never asserts.
 
-    python benchmarks/time_to_accuracy.py [--repeats 3] [--partitions iid,dirichlet]
+    python -m pipeline bench time_to_accuracy [--repeats 3] [--partitions iid,dirichlet]
         [--modes bsp,scadles,...] [--budget 60] [--scale 2] [--bootstrap HOST:PORT]
 """
 
@@ -39,18 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+
+from job.config import JobConfig, load_config
+from monitoring.scrape import scrape
+from pipeline.run import RunContext, run_job
+from streams.profiles import SCADLES_RATES
+from trainers.evaluation import time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from rich.console import Console  # noqa: E402
-
-from job.config import JobConfig, load_config  # noqa: E402
-from monitoring.scrape import scrape  # noqa: E402
-from pipeline.run import RunContext, run_job  # noqa: E402
-from streams.profiles import SCADLES_RATES  # noqa: E402
-from trainers.evaluation import time_to_target  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 MODES = ("bsp", "scadles", "scadles+compress", "scadles+compress+inject", "ddp")
 SLOWDOWN = (1, 1, 1, 2, 2, 2, 4, 4, 8, 8)
@@ -180,7 +177,7 @@ def fill_backlog(run: ModeRun, samples: dict[str, list[float]]) -> None:
 
 def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Path) -> ModeRun:
     """The DDP peer: the same simulators, one gloo rank per device reading its topic."""
-    ddp_peer = _load_ddp_peer()
+    from benchmarks import ddp_peer
     from job.topics import sensor_topics_for
     from pipeline.kafka_io import ensure_topics
     from pipeline.simulate import simulate
@@ -212,18 +209,6 @@ def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Pat
                   bytes_sent=int(result["bytes_sent"]))
     fill_backlog(run, {d: v for d, v in result["backlog_samples"].items()})
     return run
-
-
-def _load_ddp_peer():
-    """benchmarks/ddp_peer.py as a module (the benchmarks folder is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ddp_peer", ROOT / "benchmarks" / "ddp_peer.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ddp_peer"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def simulated(s: Settings, partitions: list[str], modes: list[str],

@@ -1,7 +1,7 @@
-"""`python -m pipeline` is the `edgestream` command."""
+"""`python -m pipeline` is the `edgestream` command (the CLI lives on the top floor, ``cli``)."""
 
 import sys
 
-from pipeline.cli import main
+from cli.main import main
 
 sys.exit(main())

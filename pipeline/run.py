@@ -144,7 +144,7 @@ def start_worker_process(
     role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker, *(["--join"] if join else [])]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [*prefix, sys.executable, "-m", "pipeline.cli", *role_args, "--job", str(cfg_path),
+            [*prefix, sys.executable, "-m", "pipeline", *role_args, "--job", str(cfg_path),
              "--bootstrap", bootstrap, "--metrics-port", str(metrics_port), *extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,

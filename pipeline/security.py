@@ -126,7 +126,7 @@ class ClientSecurity:
                 f"username={self.username!r}, password_file={self.password_file!r})")
 
 
-#: This process's settings; ``use`` sets them (``pipeline.cli.job_config`` does, for every command).
+#: This process's settings; ``use`` sets them (``cli.options.job_config`` does, for every command).
 _current = ClientSecurity()
 
 

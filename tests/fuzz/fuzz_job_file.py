@@ -6,7 +6,7 @@ Input: one mode byte, then the file's bytes. Mode bit 1: the file is ``job.json`
 of part of the file. The environment is empty (``env={}``).
 
 Allowed to escape: what the CLI reports as a configuration error, exit status 2
-(``pipeline.cli.CONFIG_ERRORS``: ``ConfigError`` and its subclasses such as
+(``cli.errors.CONFIG_ERRORS``: ``ConfigError`` and its subclasses such as
 ``RecordingSourceError``, ``TopicNameError``, ...). Anything else (a ``KeyError``,
 ``UnicodeDecodeError``, ``OverflowError``, a hang) reaches the user as a crash with a
 traceback, and is a bug. Also a bug: a configuration that loads but whose
@@ -21,9 +21,9 @@ import functools
 import typing
 from pathlib import Path
 
+from cli.errors import CONFIG_ERRORS
 from job import config
 from job.config import JobConfig, dump_config, load_config
-from pipeline.cli import CONFIG_ERRORS
 from tests.fuzz.targets import REPO, FuzzFinding, scratch_dir
 
 MAX_LEN = 4096

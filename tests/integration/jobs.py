@@ -168,7 +168,7 @@ def start_cli(args, log_path: Path, *, cwd=REPO, env: dict | None = None, wrappe
     argv if any) in a session of its own, stdout and stderr appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:  # the process holds its own copy
-        return subprocess.Popen([*wrapper, sys.executable, "-m", "pipeline.cli", *args], env=env, cwd=cwd,
+        return subprocess.Popen([*wrapper, sys.executable, "-m", "pipeline", *args], env=env, cwd=cwd,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 

@@ -186,7 +186,7 @@ def test_examples_refuse_bad_strategy_parameters_with_one_line(kafka_bootstrap, 
     env.pop("EDGESTREAM_DEBUG", None)
     # The three runs at once (each spends its seconds starting up), each with its own state dir.
     procs = {strategy: subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "run", "--job", str(REPO / "examples" / f"{strategy}.toml"),
+        [sys.executable, "-m", "pipeline", "run", "--job", str(REPO / "examples" / f"{strategy}.toml"),
          "--bootstrap", kafka_bootstrap, "--set", f"train.strategy_params={params}",
          "--set", f"run.state_dir={tmp_path / strategy}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env,

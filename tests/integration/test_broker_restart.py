@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 def cli(*args: str, cwd: Path = REPO, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
     """``edgestream ARGS`` to its end (this checkout, this interpreter)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import ddp_peer
 from job.config import JobConfig, load_config
 from job.sources import job_fleet_data
 from job.topics import sensor_topics_for
@@ -27,8 +27,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# benchmarks/ holds scripts, not a package; it imports as a namespace package from the root.
-ddp_peer = importlib.import_module("benchmarks.ddp_peer")
 
 BATCH = 32
 RECORDS_PER_MESSAGE = 16

@@ -84,7 +84,8 @@ def test_a_messy_csv_is_refused_or_imported_as_a_job_that_runs(kafka_bootstrap, 
 
     import numpy as np
 
-    from pipeline.cli import EXIT_CONFIG, main
+    from cli.main import main
+    from pipeline.exits import EXIT_CONFIG
 
     clean = write_breast_cancer_csv(tmp_path / "clean.csv").read_text().splitlines()
     big = float(np.finfo(np.float32).max)  # the largest float32, as Python prints it

@@ -11,8 +11,8 @@ import pytest
 from kafka import KafkaProducer
 from rich.console import Console
 
+from cli.main import main as cli_main
 from job.config import load_config
-from pipeline.cli import main as cli_main
 from pipeline.kafka_io import ensure_topics
 from pipeline.record import record
 from pipeline.replay import replay, replay_through_workers

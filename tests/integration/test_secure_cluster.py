@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from cli.broker import _write_client_settings
+from cli.main import main
 from deploy.kafka.broker import ADMIN_USER, BrokerSecurity, LocalCluster, broker_count
 from deploy.kafka.tls import make_pki
-from pipeline.cli import _write_client_settings, main
 from pipeline.kafka_io import ensure_topics, producer, read_range
 from streams import topics
 from tests.integration import test_security

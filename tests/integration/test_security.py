@@ -67,7 +67,7 @@ def as_user():
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env={**os.environ, "EDGESTREAM_KAFKA_PASSWORD": ""})
 
 

@@ -151,3 +151,28 @@ def test_relative_imports_resolve_inside_their_package_and_look_alike_names_pass
     assert not any(is_under(m, FORBIDDEN_IN_PURE) for m in found)
     init = [m for _, m in imported_modules("from .base import X\n", "compression", is_package=True)]
     assert init == ["compression.base.X"]
+
+
+# --- the CLI on the top floor ----------------------------------------------------------------
+#: The one module below the top floor that may import ``cli``: ``python -m pipeline`` runs it.
+CLI_ENTRY = "pipeline/__main__.py"
+
+
+def top_level_packages() -> tuple[str, ...]:
+    """Every package at the repository root (derived, so a new one is checked too)."""
+    return tuple(sorted(p.name for p in REPO.iterdir() if (p / "__init__.py").exists() and p.name != "tests"))
+
+
+def test_cli_is_the_top_floor_imported_only_by_python_m_pipeline():
+    below = tuple(p for p in top_level_packages() if p != "cli")
+    assert {"pipeline", "monitoring", "benchmarks"} <= set(below)
+    bad = [v for v in violations(below, ("cli",)) if not v.startswith(CLI_ENTRY + ":")]
+    assert not bad, "only the top floor (cli/) and pipeline/__main__.py may import cli:\n" + "\n".join(bad)
+    assert violations(("pipeline",), ("cli",)), f"{CLI_ENTRY} should delegate to cli.main"
+
+
+def test_monitoring_imports_neither_pipeline_nor_cli():
+    assert python_files("monitoring")
+    bad = violations(("monitoring",), ("pipeline", "cli"))
+    assert not bad, "monitoring/ must not import pipeline/ or cli/:\n" + "\n".join(bad)
+

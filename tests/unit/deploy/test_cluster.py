@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from deploy.kafka.broker import BrokerInfo, LocalBroker, LocalCluster, NodeInfo, replication_for
 from pipeline import kafka_io
-from pipeline.cli import main
 from tests.unit.pipeline.test_probe_and_topics import FakeAdmin
 
 

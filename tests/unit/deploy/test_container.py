@@ -230,7 +230,7 @@ def test_build_context_is_small():
                  "benchmarks/results/x.json", "docs/img/a.png", "examples/demo.toml",
                  "pipeline/__pycache__/cli.cpython-311.pyc"):
         assert excluded(path, patterns), f"{path} is in the build context"
-    for path in ("pipeline/cli.py", "pyproject.toml", "deploy/kafka/pom.xml"):
+    for path in ("cli/main.py", "pipeline/run.py", "pyproject.toml", "deploy/kafka/pom.xml"):
         assert not excluded(path, patterns), f"{path} is missing from the build context"
 
 

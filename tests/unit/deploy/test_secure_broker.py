@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from deploy.kafka import broker as kafka_broker
 from deploy.kafka.broker import (
     ADMIN_USER,
@@ -21,7 +22,6 @@ from deploy.kafka.broker import (
 )
 from deploy.kafka.tls import certificate_hosts, make_pki, uncovered
 from job.config import load_config
-from pipeline.cli import main
 
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 

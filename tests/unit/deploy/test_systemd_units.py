@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from job.config import ServiceSection, load_config
-from pipeline.cli import EXIT_CONFIG, EXIT_NO_CHECKPOINT
+from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT
 from tests.unit.deploy.unitfile import (
     INSTALLED_EDGESTREAM,
     UNIT_DIR,
@@ -388,7 +388,7 @@ def default_env(unit) -> dict[str, str]:
     ("edgestream-server.service", "server"),
 ])
 def test_exec_start_is_a_valid_edgestream_command(name, command):
-    from pipeline.cli import build_parser
+    from cli.main import build_parser
 
     unit = parse_unit(UNIT_DIR / name)
     (line,) = unit.values("Service", "ExecStart")

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from cli.main import main
 from job.importer import IMPORT_INFO, TRAIN_FILE, TableImportError, _check_stats
-from pipeline.cli import EXIT_CONFIG, main
+from pipeline.exits import EXIT_CONFIG
 
 
 def table_lines(rows: int = 24) -> list[str]:

@@ -178,7 +178,7 @@ def test_missing_data_file_is_one_line_naming_it_and_the_fix(recording, tmp_path
 def test_the_printed_fix_for_a_damaged_recording_runs_as_written_and_makes_it_again(recording, tmp_path, capsys):
     import shlex
 
-    from pipeline.cli import main
+    from cli.main import main
 
     rec = copy_recording(recording[0], tmp_path / "r")
     (rec / HELDOUT_FILE).unlink()

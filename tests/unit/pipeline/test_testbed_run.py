@@ -93,7 +93,7 @@ def test_the_worker_command_is_the_loopback_one_with_the_prefix_before_and_the_o
     prefix, extra = process_placement(FakeTestbed(), "w1")
     start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log", prefix=prefix, extra_args=extra)
     plain, placed = seen
-    assert plain == [sys.executable, "-m", "pipeline.cli", "worker", "--worker", "w1", "--job", str(job),
+    assert plain == [sys.executable, "-m", "pipeline", "worker", "--worker", "w1", "--job", str(job),
                      "--bootstrap", "10.77.0.2:9092", "--metrics-port", "0"]
     assert placed == [*prefix, *plain, *extra]
 
@@ -123,21 +123,21 @@ def test_a_job_without_a_testbed_section_runs_on_loopback(tmp_path):
 
 
 def test_without_root_the_run_stops_before_anything_exists_and_says_what_to_do(tmp_path, monkeypatch):
-    import pipeline.cli as cli
+    from cli.errors import failure
     from pipeline.testbed_run import TestbedUnavailable, open_testbed
 
     monkeypatch.setattr("pipeline.testbed_run.os.geteuid", lambda: 1000)
     cfg = load_config(EXAMPLE, [f"run.state_dir={tmp_path}"], env={})
     with pytest.raises(TestbedUnavailable) as failed, open_testbed(cfg):
         pass
-    code, line, _ = cli.failure(failed.value, argparse_namespace("run"))
+    code, line, _ = failure(failed.value, argparse_namespace("run"))
     assert code == 1 and line.startswith("the edge testbed creates network namespaces") and "root" in line
 
 
 def test_a_testbed_job_refuses_an_outside_cluster(capsys):
-    import pipeline.cli as cli
+    from cli.main import main
 
-    code = cli.main(["run", "--job", str(EXAMPLE), "--bootstrap", "127.0.0.1:9"])
+    code = main(["run", "--job", str(EXAMPLE), "--bootstrap", "127.0.0.1:9"])
     assert code == 2
     assert "runs its own brokers in the testbed" in capsys.readouterr().err
 

@@ -3,9 +3,9 @@ and a training comparison of dense vs top-k 1 % + error feedback on digits.
 
 Usage (through the project venv)::
 
-    scripts/with-venv.sh python benchmarks/compression.py              # both parts
-    scripts/with-venv.sh python benchmarks/compression.py --skip-train # throughput only
-    scripts/with-venv.sh python benchmarks/compression.py --only-train # training only (merges JSON)
+    scripts/with-venv.sh python -m pipeline bench compression              # both parts
+    scripts/with-venv.sh python -m pipeline bench compression --skip-train # throughput only
+    scripts/with-venv.sh python -m pipeline bench compression --only-train # training only (merges JSON)
 
 Writes ``benchmarks/results/compression.json`` (machine, versions, config, every
 repeat's raw figures, medians) and ``compression.md`` (the tables). One torch
@@ -31,17 +31,13 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+from compression import registry
+from compression.base import Compressor
+from compression.memory import ErrorFeedback, NoMemory
+from compression.pipeline import GradientCodec, decode_tensors, encode_tensors
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# Run as a script, this file's folder comes first on sys.path and its own name
-# would shadow the ``compression`` package: put the checkout first instead.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
-
-from compression import registry  # noqa: E402
-from compression.base import Compressor  # noqa: E402
-from compression.memory import ErrorFeedback, NoMemory  # noqa: E402
-from compression.pipeline import GradientCodec, decode_tensors, encode_tensors  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 MB = 1e6  # throughput unit: 10^6 bytes of dense fp32 gradient per second
 

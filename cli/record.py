@@ -16,10 +16,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from cli.options import (
+    add_service_args,
+    job_config,
+    need_bootstrap,
+    port,
+    positive_float,
+    positive_int,
+    use_log_format,
+)
+
 
 def _bootstrap(args: argparse.Namespace) -> tuple[str, int]:
-    from pipeline.cli import job_config, need_bootstrap
-
     cfg = job_config(args)
     return need_bootstrap(args, cfg), cfg.kafka.max_message_bytes
 
@@ -128,7 +136,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return _fail(console, "replay", exc, hint)
     except (RecordingError, ReplayError) as exc:
         return _fail(console, "replay", exc)
-    from pipeline.cli import job_config, use_log_format
 
     cfg = job_config(args)
     use_log_format(args, cfg)
@@ -251,7 +258,6 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the `record`, `replay` and `import` subcommands."""
-    from pipeline.cli import add_service_args, port, positive_float, positive_int
 
     p = sub.add_parser("record", help="record Kafka topics to a recording directory")
     add_job_args(p)

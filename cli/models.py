@@ -16,11 +16,12 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
+from cli.options import job_config
+
 
 def cmd_models(args: argparse.Namespace) -> int:
     from job.plan import parse_params
     from job.sources import job_fleet_data
-    from pipeline.cli import job_config
     from trainers.errors import ModelConfigError
     from trainers.models import build_model, model_names
     from trainers.stages import boundary_names, boundary_shapes

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
-import pipeline.cli as cli
+from cli import errors, options, simulate, worker
+from cli.main import main
 from job.config import ConfigError
+from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME
 from pipeline.kafka_io import KafkaUnreachable, TopicLayoutError, TopicSetupError
 from pipeline.run import ProcessFailed
 from pipeline.worker import ProcessCrashed
@@ -21,8 +23,8 @@ def args_of(command: str, **extra) -> argparse.Namespace:
 
 
 def test_one_line_keeps_the_first_line_and_says_more_exists():
-    assert cli.one_line("bad  value\n  for x") == "bad value (more with --debug)"
-    assert cli.one_line("\n\nonly\n") == "only"
+    assert errors.one_line("bad  value\n  for x") == "bad value (more with --debug)"
+    assert errors.one_line("\n\nonly\n") == "only"
 
 
 @pytest.mark.parametrize(("exc", "code", "start"), [
@@ -32,10 +34,10 @@ def test_one_line_keeps_the_first_line_and_says_more_exists():
     (TopicSetupError("cannot create topic(s) x: TopicAuthorizationFailedError"), 1, "cannot create topic(s) x"),
     (KafkaUnreachable("h:1", "connection to h:1 refused"), 1, "cannot reach Kafka at h:1: connection"),
     (ProcessFailed("worker w1 crashed (exit 1): X", "w1", []), 1, "worker w1 crashed (exit 1): X"),
-    (cli.CommandError("no Kafka broker", 1), 1, "no Kafka broker"),
+    (errors.CommandError("no Kafka broker", 1), 1, "no Kafka broker"),
 ])
 def test_failure_maps_each_kind_of_error_to_its_exit_status(exc, code, start):
-    got, line, _ = cli.failure(exc, args_of("simulate"))
+    got, line, _ = errors.failure(exc, args_of("simulate"))
 
     assert got == code and line.startswith(start), line
 
@@ -48,10 +50,10 @@ def test_no_usable_checkpoint_is_its_own_exit_status_with_the_whole_reason_on_on
                                          (directory / "checkpoint-000000001.bin", "bad magic")])
 
     for raised in (exc, ProcessCrashed(exc, 1)):  # also when the Faust app stopped on it
-        code, line, reason = cli.failure(raised, args_of("worker"))
+        code, line, reason = errors.failure(raised, args_of("worker"))
 
-        assert code == cli.EXIT_NO_CHECKPOINT == 3
-        assert code not in (cli.EXIT_CONFIG, cli.EXIT_RUNTIME)
+        assert code == EXIT_NO_CHECKPOINT == 3
+        assert code not in (EXIT_CONFIG, EXIT_RUNTIME)
         assert line == f"cannot start: {reason}" and reason.startswith("NoUsableCheckpoint: checkpoint ")
         assert "checkpoint-000000002.bin: payload digest mismatch; checkpoint-000000001.bin: bad magic" in line
         assert line.endswith(f"or put a good checkpoint file back into {directory}") and "--debug" not in line
@@ -63,7 +65,7 @@ def test_training_name_errors_are_configuration_errors():
 
     for exc in (ModelConfigError("unknown model"), UnknownStrategyError("x", ["bsp"]),
                 CompressorConfigError("unknown compressor")):
-        assert cli.failure(exc, args_of("run"))[0] == 2
+        assert errors.failure(exc, args_of("run"))[0] == 2
 
 
 @pytest.mark.parametrize("make", [
@@ -71,7 +73,7 @@ def test_training_name_errors_are_configuration_errors():
     lambda: __import__("aiokafka.errors", fromlist=["x"]).KafkaConnectionError("Unable to bootstrap from h:1"),
 ])
 def test_client_connection_errors_name_the_cluster_and_the_fix(make):
-    code, line, reason = cli.failure(make(), args_of("record", bootstrap=None, resolved_bootstrap="h:1"))
+    code, line, reason = errors.failure(make(), args_of("record", bootstrap=None, resolved_bootstrap="h:1"))
 
     assert code == 1
     assert line.startswith("cannot reach Kafka at h:1: ") and line.endswith("or check --bootstrap")
@@ -83,7 +85,7 @@ def test_a_worker_that_lost_the_cluster_says_so():
 
     crash = ProcessCrashed(KafkaConnectionError("Unable to bootstrap from h:1"), 1)
 
-    code, line, _ = cli.failure(crash, args_of("worker", bootstrap="h:1"))
+    code, line, _ = errors.failure(crash, args_of("worker", bootstrap="h:1"))
 
     assert code == 1 and line.startswith("crashed: cannot reach Kafka at h:1: KafkaConnectionError: ")
 
@@ -91,17 +93,17 @@ def test_a_worker_that_lost_the_cluster_says_so():
 def test_a_crash_of_a_worker_is_reported_with_its_reason():
     crash = ProcessCrashed(RuntimeError("disk\nfull"), 1)
 
-    code, line, reason = cli.failure(crash, args_of("worker"))
+    code, line, reason = errors.failure(crash, args_of("worker"))
 
     assert (code, line, reason) == (1, "crashed: RuntimeError: disk (more with --debug)",
                                    "RuntimeError: disk (more with --debug)")
-    assert cli.failure(OSError("no space"), args_of("server"))[1] == "crashed: OSError: no space"
-    assert cli.failure(OSError("no space"), args_of("simulate"))[1].startswith("failed: OSError: no space")
+    assert errors.failure(OSError("no space"), args_of("server"))[1] == "crashed: OSError: no space"
+    assert errors.failure(OSError("no space"), args_of("simulate"))[1].startswith("failed: OSError: no space")
 
 
 def test_argparse_refusals_are_one_line_with_exit_2(capsys):
     with pytest.raises(SystemExit) as exited:
-        cli.main(["simulate", "--duration", "-5"])
+        main(["simulate", "--duration", "-5"])
 
     assert exited.value.code == 2
     err = capsys.readouterr().err
@@ -110,12 +112,12 @@ def test_argparse_refusals_are_one_line_with_exit_2(capsys):
 
 
 @pytest.mark.parametrize(("kind", "text", "ok"), [
-    (cli.positive_float, "0.5", True), (cli.positive_float, "0", False), (cli.positive_float, "inf", False),
-    (cli.positive_int, "3", True), (cli.positive_int, "0", False), (cli.positive_int, "2.5", False),
-    (cli.non_negative_int, "0", True), (cli.non_negative_int, "-1", False),
-    (cli.port, "0", True), (cli.port, "65535", True), (cli.port, "65536", False),
-    (cli.bootstrap_address, "h:9092,[::1]:9093", True), (cli.bootstrap_address, "h", False),
-    (cli.bootstrap_address, "h:0", False), (cli.heap_size, "512m", True), (cli.heap_size, "lots", False),
+    (options.positive_float, "0.5", True), (options.positive_float, "0", False), (options.positive_float, "inf", False),
+    (options.positive_int, "3", True), (options.positive_int, "0", False), (options.positive_int, "2.5", False),
+    (options.non_negative_int, "0", True), (options.non_negative_int, "-1", False),
+    (options.port, "0", True), (options.port, "65535", True), (options.port, "65536", False),
+    (options.bootstrap_address, "h:9092,[::1]:9093", True), (options.bootstrap_address, "h", False),
+    (options.bootstrap_address, "h:0", False), (options.heap_size, "512m", True), (options.heap_size, "lots", False),
 ])
 def test_argument_types(kind, text, ok):
     if ok:
@@ -129,11 +131,11 @@ def test_main_prints_one_line_and_the_traceback_only_with_debug(monkeypatch, cap
     def broken(args):
         raise ConfigError("devices.count must be > 0")
 
-    monkeypatch.setattr(cli, "cmd_simulate", broken)
+    monkeypatch.setattr(simulate, "cmd_simulate", broken)
 
-    assert cli.main(["simulate"]) == 2
+    assert main(["simulate"]) == 2
     assert capsys.readouterr().err == "edgestream simulate: configuration error: devices.count must be > 0\n"
-    assert cli.main(["simulate", "--debug"]) == 2
+    assert main(["simulate", "--debug"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and err.endswith("configuration error: devices.count must be > 0\n")
 
@@ -145,9 +147,9 @@ def test_main_writes_the_verdict_of_a_worker_where_run_reads_it(monkeypatch, tmp
         args.exit_file = exit_file
         raise ProcessCrashed(ValueError("bad state"), 1)
 
-    monkeypatch.setattr(cli, "cmd_worker", crashed)
+    monkeypatch.setattr(worker, "cmd_worker", crashed)
 
-    assert cli.main(["worker", "--worker", "w0"]) == 1
+    assert main(["worker", "--worker", "w0"]) == 1
     assert capsys.readouterr().err == "edgestream worker w0: crashed: ValueError: bad state\n"
     verdict = json.loads(exit_file.read_text())
     assert verdict["code"] == 1 and verdict["reason"] == "ValueError: bad state"

@@ -1,4 +1,4 @@
-"""`edgestream dashboards | prometheus | fleet-png`: monitoring subcommands (an ``EXTENSIONS`` module)."""
+"""`edgestream dashboards | prometheus | fleet-png`: monitoring subcommands."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cli.options import positive_float
 from monitoring.prometheus import DEPLOY_DIR
 
 
@@ -47,8 +48,6 @@ def cmd_fleet_png(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    from pipeline.cli import positive_float
-
     p = sub.add_parser("dashboards", help="regenerate the Grafana dashboards and Prometheus config")
     p.add_argument("--check", action="store_true", help="only report stale generated files (exit 1)")
     p.set_defaults(func=cmd_dashboards)

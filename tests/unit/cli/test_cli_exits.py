@@ -7,9 +7,10 @@ import signal
 
 import pytest
 
-import pipeline.cli as cli
 import pipeline.kafka_io
 import pipeline.run
+from cli import run as run_command
+from cli.main import main
 from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME, EXIT_UNBALANCED
 from pipeline.run import NOTHING_READ, RunResult, summary_table
 
@@ -45,7 +46,7 @@ def run_ending_with(monkeypatch, tmp_path):
 
         monkeypatch.setattr(pipeline.run, "run_job", run_job)
         try:
-            return cli.main(["run", "--bootstrap", "127.0.0.1:9", "--set", f"run.state_dir={tmp_path}",
+            return main(["run", "--bootstrap", "127.0.0.1:9", "--set", f"run.state_dir={tmp_path}",
                              "--set", f"devices.ids={','.join(sorted(accounting))}",
                              "--set", f"devices.count={len(accounting)}"])
         finally:
@@ -81,12 +82,12 @@ def test_a_balanced_run_exits_0(run_ending_with, capsys):
 
 
 def test_piped_console_is_wider_than_any_table_it_prints(monkeypatch):
-    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: False, raising=False)
-    assert cli.run_console().width == cli.PIPED_WIDTH >= 1000
+    monkeypatch.setattr(run_command.sys.stdout, "isatty", lambda: False, raising=False)
+    assert run_command.run_console().width == run_command.PIPED_WIDTH >= 1000
 
 
 def test_an_unknown_benchmark_is_a_usage_error_listing_the_names(capsys):
-    code = cli.main(["bench", "nosuch"])
+    code = main(["bench", "nosuch"])
 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_CONFIG == 2

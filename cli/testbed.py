@@ -14,6 +14,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from cli.errors import CommandError
+from cli.options import job_config
+from pipeline.exits import EXIT_CONFIG, EXIT_RUNTIME
+
 
 def register(sub, add_job_args) -> None:
     p = sub.add_parser("testbed", help="network-namespace hosts with shaped links and faults (root only)",
@@ -44,7 +48,6 @@ def register(sub, add_job_args) -> None:
 
 def _errors(exc: Exception):
     from deploy.testbed import NeedsRoot
-    from pipeline.cli import EXIT_CONFIG, EXIT_RUNTIME, CommandError
 
     code = EXIT_CONFIG if isinstance(exc, (NeedsRoot, ValueError)) else EXIT_RUNTIME
     return CommandError(str(exc), code)
@@ -62,8 +65,6 @@ def cmd_testbed(args: argparse.Namespace) -> int:
 
 
 def _need_job(args: argparse.Namespace, what: str):
-    from pipeline.cli import EXIT_CONFIG, CommandError, job_config
-
     if args.job is None:
         raise CommandError(f"`edgestream testbed {what}` needs --job JOB.toml (the job whose testbed it is)"
                            + (", or --all" if what == "down" else ""), EXIT_CONFIG)
@@ -158,7 +159,6 @@ def _fault(args: argparse.Namespace) -> int:
     from deploy.testbed import Testbed, parse_link
     from deploy.testbed.system import need_root
     from deploy.testbed.testbed import STATE_FILE
-    from pipeline.cli import EXIT_CONFIG, CommandError
 
     cfg = _need_job(args, "fault")
     need_root()

@@ -1,0 +1,52 @@
+"""The registered benchmarks: each name `edgestream bench NAME` takes, the module it runs and
+what it measures.
+
+A benchmark is a module with a ``main``, run as ``__main__`` (``python -m benchmarks.NAME``
+runs it the same way); it prints a table and writes ``benchmarks/results/NAME.json``. Adding
+one is one module and one line in ``BENCHMARKS``. This package lives in the repository
+only: an installed ``edgestream`` without it refuses ``bench``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One registered benchmark: ``module`` is its importable name (``benchmarks.<file>``)."""
+
+    name: str
+    module: str
+    description: str
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
+    Benchmark("ingest", "benchmarks.ingest", "decode + buffer + batch in a worker against plain consumers, on the real broker"),
+    Benchmark("compression", "benchmarks.compression_bench",
+              "throughput, bytes and error of every compressor beside a plain torch reference"),
+    Benchmark("replay", "benchmarks.replay", "replay at max speed against Kafka's ProducerPerformance, and timing at 1x"),
+    Benchmark("time_to_accuracy", "benchmarks.time_to_accuracy",
+              "ScaDLES against BSP and the PyTorch DDP peer, on the real broker and the simulated clock"),
+    Benchmark("scadles_rate_sweep", "benchmarks.scadles_rate_sweep",
+              "where ScaDLES's advantage over BSP comes from: a rate-spread sweep on the simulated clock"),
+    Benchmark("strategies", "benchmarks.strategies",
+              "every strategy across heterogeneity regimes on the simulated clock (--real: a real-broker subset)"),
+    Benchmark("adsp", "benchmarks.adsp", "ADSP against BSP, SSP, local SGD and ASP over compute heterogeneity"),
+    Benchmark("gossip", "benchmarks.gossip", "EdgeGossip against gossip, asynchronous and with a lag bound, beside BSP"),
+    Benchmark("testbed", "benchmarks.testbed", "BSP and ScaDLES in the edge testbed with one host's link shaped (root)"),
+    Benchmark("dlion", "benchmarks.dlion", "DLion and its ablations against BSP and gossip on the simulated clock"),
+    Benchmark("dlion_testbed", "benchmarks.dlion_testbed",
+              "DLion against BSP and gossip on the real broker in the edge testbed (root)"),
+    Benchmark("byzantine", "benchmarks.byzantine", "robust aggregation against Byzantine workers on the simulated clock"),
+    Benchmark("synthetic_gradients", "benchmarks.synthetic_gradients",
+              "whole-model backprop against pipeline_bp, dni and cdni stage processes on the real broker"),
+    Benchmark("soak", "benchmarks.soak", "30 minutes with device bursts: memory, buffers, lag, accounting (make soak)"),
+    Benchmark("ddp_peer", "benchmarks.ddp_peer",
+              "the PyTorch DDP (gloo) peer time_to_accuracy starts, one rank per device (not run alone)"),
+)}
+
+
+def names() -> list[str]:
+    """Every registered benchmark name, sorted."""
+    return sorted(BENCHMARKS)
