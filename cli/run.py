@@ -39,8 +39,8 @@ def run_console() -> Console:
 def cmd_run(args: argparse.Namespace) -> int:
     from deploy.kafka.broker import LocalBroker, kafka_version
     from pipeline.kafka_io import check_reachable
-    from pipeline.run import process_config, run_job
-    from pipeline.testbed_run import run_in_testbed, uses_testbed
+    from pipeline.run import process_config, run_in_testbed, run_job
+    from pipeline.testbed_run import uses_testbed
     from pipeline.worker import check_training_config, process_topics, worker_cpus
 
     _sigterm_interrupts()  # `kill`/`timeout` stop the run like Ctrl-C: every process it started too

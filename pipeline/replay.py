@@ -5,14 +5,13 @@ Pure parts (``ReplaySchedule``, ``Pacer``, ``TimingStats``, ``TopicRenamer``,
 I/O edge: it reads the recording, sleeps until each message is due (pacing, not
 synchronisation) and hands it to an aiokafka producer (its record batches are built and
 CRC-checked in C; kafka-python's pure-Python CRC32C caps it at a few MB/s here).
-``replay_through_workers()`` runs worker processes on the replayed streams and returns
-their final accounting, so a recorded run can be compared with the live one.
+``pipeline.replay_workers.replay_through_workers()`` runs worker processes on the
+replayed streams.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import struct
 import threading
@@ -20,12 +19,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from job.sources import job_fleet_data
-from job.topics import job_topics
 from pipeline import security
 from streams import codec, topics
 from streams.errors import StreamsError
@@ -36,8 +33,6 @@ from streams.recording import (
     check_topic,
 )
 
-if TYPE_CHECKING:
-    from job.config import JobConfig
 
 class TopicRenamer:
     """Maps recorded topic names to destination names.
@@ -532,100 +527,3 @@ def expected_from_recording(
                 continue
             records[device] += batch.count
     return records, garbage
-
-
-def replay_through_workers(
-    cfg: JobConfig,
-    bootstrap: str,
-    directory: str | Path,
-    *,
-    rename: Iterable[str],
-    speed: float = 1.0,
-    ready_timeout_s: float = 90.0,
-) -> tuple[ReplayReport, dict[str, dict[str, int]]]:
-    """Start ``cfg``'s workers, replay ``directory`` into their device topics, drain, stop.
-
-    The recording's ``sensors.<old>`` topics must be renamed (``rename``) onto
-    ``sensors.<device>`` for ``cfg``'s device ids; device ids inside the messages are
-    rewritten to match. Returns the replay report and the workers' final per-device
-    accounting (``accounting.json``, as in ``RunResult.accounting``).
-    """
-    from monitoring.scrape import scrape
-    from pipeline.app import sensor_group
-    from pipeline.kafka_io import ensure_topics, start_groups_at_end
-    from pipeline.run import (
-        RunError,
-        WorkerProc,
-        device_view,
-        drained,
-        prepare_state,
-        scrape_all,
-        start_worker_process,
-        stop_process,
-        wait_for,
-    )
-    from pipeline.simulate import SimulationReport
-
-    state, cfg_path = prepare_state(cfg)
-    devices = cfg.devices.device_ids()
-    renamer = TopicRenamer(rename)
-    reader = RecordingReader(directory)
-    mapping = {}
-    for t in reader.topics:
-        dest = renamer(t)
-        if dest.startswith(topics.SENSOR_PREFIX) and dest != topics.SENSOR_DLQ \
-                and topics.device_of(dest) in devices:
-            mapping[t] = topics.device_of(dest)
-    missing = sorted(set(devices) - set(mapping.values()))
-    if missing:
-        raise ReplayError(f"no recorded topic is renamed onto the devices {missing}")
-    data = job_fleet_data(cfg)
-    limits = codec.DecodeLimits(cfg.limits.max_record_message_bytes, cfg.limits.max_records_per_message)
-    records, garbage = expected_from_recording(directory, mapping, data.num_classes, data.feature_shape,
-                                               limits)
-    expected = SimulationReport(records=records, garbage={d: {"replayed": n} for d, n in garbage.items()})
-    ensure_topics(bootstrap, job_topics(cfg))
-    start_groups_at_end(
-        bootstrap,
-        {sensor_group(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},
-    )
-    workers: list[WorkerProc] = []
-
-    def alive() -> None:
-        for w in workers:
-            if w.proc.poll() is not None:
-                raise RunError(f"worker {w.name} exited with code {w.proc.returncode}; see {w.log_path}")
-
-    def endpoint(w: WorkerProc) -> str | None:
-        alive()
-        path = state / "workers" / w.name / "endpoint.json"
-        return json.loads(path.read_text())["metrics"] if path.exists() else None
-
-    try:
-        for name in cfg.worker_names():
-            log_path = state / "logs" / f"{name}.log"
-            proc = start_worker_process(cfg_path, name, bootstrap, 0, log_path)
-            workers.append(WorkerProc(name, proc, cfg.devices_of(name), log_path=log_path))
-        for w in workers:
-            w.metrics_url = wait_for(lambda w=w: endpoint(w), ready_timeout_s, f"worker {w.name} to start")
-            wait_for(lambda w=w: (s := scrape(w.metrics_url)) is not None
-                     and s.get("edgestream_worker_ready", worker=w.name) == 1,
-                     ready_timeout_s, f"worker {w.name} to join its device topics")
-        report = replay(directory, bootstrap, speed=speed, rename=rename, rewrite_devices=True,
-                        topics_filter=sorted(mapping), create_topics=False)
-
-        def check() -> bool:
-            alive()
-            return drained(cfg, device_view(cfg, scrape_all(workers), expected), expected)
-
-        wait_for(check, cfg.run.drain_timeout_s, "every replayed record to be accounted for",
-                 on_fail=lambda: "; per device: " + json.dumps(device_view(cfg, scrape_all(workers), expected)))
-    finally:
-        codes = {w.name: stop_process(w.proc) for w in workers}
-    accounting: dict[str, dict[str, int]] = {}
-    for w in workers:
-        path = state / "workers" / w.name / "accounting.json"
-        if not path.exists():
-            raise RunError(f"worker {w.name} exited ({codes.get(w.name)}) without writing {path}")
-        accounting.update(json.loads(path.read_text())["devices"])
-    return report, accounting

@@ -34,6 +34,7 @@ from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from monitoring.scrape import Scrape, scrape
 from pipeline.app import app_id, sensor_group
 from pipeline.drain import WAIT, DrainProgress, waiting_for
+from pipeline.errors import RunError
 from pipeline.exits import EXIT_NO_CHECKPOINT
 from pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
 from pipeline.outage import BrokerWatch
@@ -51,10 +52,6 @@ from streams import topics
 SUMMARY_FILE = "summary.json"
 #: What ``RunResult.outcome`` may be (``failed: <reason>`` too).
 RUN_OUTCOMES = ("balanced", "backlog", "unbalanced", "drain_timeout", "interrupted", "failed")
-
-
-class RunError(RuntimeError):
-    """The run could not proceed; the message says what to do."""
 
 
 class ProcessFailed(RunError):
@@ -1167,3 +1164,17 @@ def _role(name: str) -> str:
 def _log_hint(w: WorkerProc) -> str:
     """Where the process's log is, as a suffix of a one-line message."""
     return f" (log: {w.log_path})" if w.log_path else ""
+
+
+def run_in_testbed(cfg: JobConfig, console: Console, *, garbage_per_device: int = 0, keep: bool = False):
+    """`edgestream run` for a job with ``[testbed]``: testbed and brokers up, the run with every
+    process on its host, the testbed table after the summary, everything down at the end."""
+    from pipeline.testbed_run import has_server, host_rows, hosts_table, links_summary, open_testbed
+
+    with open_testbed(cfg, keep=keep, console=console) as session:
+        console.print(hosts_table(host_rows(cfg, session.testbed.hosts, server=has_server(cfg)),
+                                  title="testbed hosts"))
+        result = run_job(cfg, session.bootstrap, garbage_per_device=garbage_per_device, console=console,
+                         testbed=session.testbed)
+        console.print(links_summary(cfg, session.testbed, result))
+        return result

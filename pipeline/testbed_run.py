@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from job.config import JobConfig
-from pipeline.run import RunError
+from pipeline.errors import RunError
 from pipeline.worker import SERVER_NAME
 
 #: Where each broker host's Kafka node listens (in its own namespace) and its controller.
@@ -240,20 +240,6 @@ def open_testbed(cfg: JobConfig, *, keep: bool = False, console: Console | None 
                           + (f"; the brokers' processes stay (data in {work})" if brokers is not None else ""))
 
 
-def run_in_testbed(cfg: JobConfig, console: Console, *, garbage_per_device: int = 0, keep: bool = False):
-    """`edgestream run` for a job with ``[testbed]``: testbed and brokers up, the run with every
-    process on its host, the testbed table after the summary, everything down at the end."""
-    from pipeline.run import run_job
-
-    with open_testbed(cfg, keep=keep, console=console) as session:
-        console.print(hosts_table(host_rows(cfg, session.testbed.hosts, server=_has_server(cfg)),
-                                  title="testbed hosts"))
-        result = run_job(cfg, session.bootstrap, garbage_per_device=garbage_per_device, console=console,
-                         testbed=session.testbed)
-        console.print(links_summary(cfg, session.testbed, result))
-        return result
-
-
 def links_summary(cfg: JobConfig, testbed: Any, result) -> Table:
     """Per worker: its host, address and link beside what it did (steps, version, restarts)."""
     table = Table(title="workers on their hosts")
@@ -270,10 +256,11 @@ def links_summary(cfg: JobConfig, testbed: Any, result) -> Table:
     return table
 
 
-def _has_server(cfg: JobConfig) -> bool:
-    from pipeline.run import strategy_roles
+def has_server(cfg: JobConfig) -> bool:
+    """The job trains with a strategy that has a server process."""
+    from trainers.strategies import roles
 
-    return cfg.train.enabled and "server" in strategy_roles(cfg.train.strategy)
+    return cfg.train.enabled and "server" in roles(cfg.train.strategy)
 
 
 def _state_dir(cfg: JobConfig) -> Path:

@@ -15,7 +15,8 @@ from cli.main import main as cli_main
 from job.config import load_config
 from pipeline.kafka_io import ensure_topics
 from pipeline.record import record
-from pipeline.replay import replay, replay_through_workers
+from pipeline.replay import replay
+from pipeline.replay_workers import replay_through_workers
 from pipeline.run import run_job
 from streams.garbage import KINDS
 from streams.recording import RecordedMessage, RecordingCorrupt, RecordingReader, RecordingWriter

@@ -176,3 +176,122 @@ def test_monitoring_imports_neither_pipeline_nor_cli():
     bad = violations(("monitoring",), ("pipeline", "cli"))
     assert not bad, "monitoring/ must not import pipeline/ or cli/:\n" + "\n".join(bad)
 
+
+
+# --- the floors and no circle ----------------------------------------------------------------
+#: The house from the ground up: a package may import its own floor's package or any package on
+#: a lower floor, never one above (``pipeline/__main__.py`` -> ``cli`` is the one exception).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("streams", "compression"),
+    ("trainers",),
+    ("deploy",),
+    ("job", "monitoring"),
+    ("pipeline",),
+    ("benchmarks",),
+    ("cli",),
+)
+
+
+def floor_of(package: str) -> int:
+    for level, packages in enumerate(FLOORS):
+        if package in packages:
+            return level
+    raise AssertionError(f"package {package} has no floor in FLOORS: place it there")
+
+
+def runtime_imports(path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` for each import of a repository module in ``path`` that runs (imports
+    under ``if TYPE_CHECKING:`` are annotations only and are skipped); ``from pkg import sub``
+    names the submodule alone when ``pkg.sub`` is a module."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                hidden.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    for line, imported in imported_modules(source, module_name(path), path.name == "__init__.py"):
+        if line in hidden:
+            continue
+        name = imported
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name:
+            yield line, name
+
+
+def module_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for package in top_level_packages() for p in python_files(package)}
+    known = set(files)
+    return {m: {i for _, i in runtime_imports(p, known) if i != m} for m, p in files.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_circle_finder_finds_a_circle_and_passes_a_chain():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_circle_anywhere_in_the_house():
+    found = circles(module_graph())
+    assert not found, "import circles (each a set of modules that import each other):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_every_package_has_a_floor_and_no_import_points_up():
+    assert {p for floor in FLOORS for p in floor} == set(top_level_packages())
+    files = {module_name(p): p for package in top_level_packages() for p in python_files(package)}
+    known = set(files)
+    up = []
+    for module, path in files.items():
+        own = floor_of(module.split(".")[0])
+        for line, imported in runtime_imports(path, known):
+            target = imported.split(".")[0]
+            if floor_of(target) > own and path.relative_to(REPO).as_posix() != CLI_ENTRY:
+                up.append(f"{path.relative_to(REPO)}:{line}: {module} imports {imported} (floor "
+                          f"{floor_of(target)} above {own})")
+            elif target != module.split(".")[0] and floor_of(target) == own:
+                up.append(f"{path.relative_to(REPO)}:{line}: {module} imports {imported}, a package of "
+                          "its own floor")
+    assert not up, "imports pointing up:\n" + "\n".join(up)
