@@ -159,7 +159,7 @@ def poison(path) -> None:
 def test_a_worker_restarted_on_a_poisoned_checkpoint_falls_back_to_the_previous_one(kafka_bootstrap, unique,
                                                                                      state_dir):
     cfg = train_job(unique, state_dir, "train.strategy=bsp", "train.target_accuracy=0.92",
-                    "run.restart_backoff_s=2", *FAST_STEPS)
+                    "run.restart_backoff_s=2")
     seen: dict[str, str] = {}
 
     def crash_on_poison(ctx: RunContext) -> None:
