@@ -19,11 +19,15 @@ venv:
 demo: venv
 	@$(RUN) python -m pipeline run --job examples/demo.toml --garbage 3
 
+# One file per process, in the order given: the long integration files first, then the
+# ~110 unit files, most of them short, which even out the two processes' ends (xdist's
+# default order, most tests first, left the long integration files, with one to five
+# tests each, as the tail of the run).
 test: venv
 	@bash scripts/system-deps.sh
 	@bash scripts/deploy-tools.sh >/dev/null
 	@bash scripts/fuzz-deps.sh
-	@$(RUN) python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests/unit tests/integration
+	@$(RUN) python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests/integration tests/unit
 
 chaos: venv
 	@bash scripts/system-deps.sh

@@ -57,7 +57,8 @@ def dead_letters(bootstrap: str, device: str, expected: int) -> list[tuple[dict[
 @pytest.mark.parametrize("source", ["direct", "faust"])
 def test_a_message_sent_three_times_is_trained_once_and_bad_event_times_are_dead_lettered(
         kafka_bootstrap, unique, state_dir, source):
-    cfg = train_job(unique, state_dir, "run.duration_s=12", f"data.max_timestamp_skew_s={SKEW_S}",
+    cfg = train_job(unique, state_dir, "run.duration_s=60",  # a cap: the hook ends streaming
+                    f"data.max_timestamp_skew_s={SKEW_S}",
                     f"kafka.ingest_source={source}")
     dup_device, time_device = cfg.devices_of("w0")[0], cfg.devices_of("w1")[0]
     n = 16
@@ -72,6 +73,8 @@ def test_a_message_sent_three_times_is_trained_once_and_bad_event_times_are_dead
         # 500 s ahead is within the skew (trained); then 500 s behind: 1000 s back, beyond it.
         ctx.inject(time_device, [real_message(cfg, time_device, 10**9 + 3, [now + 500])], records=1)
         ctx.inject(time_device, [real_message(cfg, time_device, 10**9 + 4, [time.time() - 500])], records=1)
+        # Everything to check is in the topics now: the drain waits until it is all read.
+        ctx.stop_streaming()
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=inject)
     show(result)
@@ -99,7 +102,8 @@ def test_a_restarted_worker_still_drops_a_resent_message_and_trains_what_it_read
     # a SIGKILL the worker drops a copy of a message trained before its checkpoint, while
     # every record it reads again (not acknowledged before the crash) is trained, not
     # dropped: exactly n duplicates in all, and the accounting balances.
-    cfg = train_job(unique, state_dir, "run.duration_s=45", "run.restart_backoff_s=1",
+    cfg = train_job(unique, state_dir, "run.duration_s=120",  # a cap: the hook ends streaming
+                    "run.restart_backoff_s=1",
                     f"data.max_timestamp_skew_s={SKEW_S}")
     device = cfg.devices_of("w0")[0]
     n = 16
@@ -120,6 +124,8 @@ def test_a_restarted_worker_still_drops_a_resent_message_and_trains_what_it_read
         ctx.kill("w0")
         wait_until(lambda: ctx.worker("w0").proc.pid != crashed and ctx.worker("w0").ready, 90, "w0 to be back")
         ctx.inject(device, [message], records=n)  # the device sends it again
+        # The copy and what w0 reads again are in its topic: the drain waits until both are read.
+        ctx.stop_streaming()
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash_and_resend)
     show(result)

@@ -102,7 +102,7 @@ def test_a_messy_csv_is_refused_or_imported_as_a_job_that_runs(kafka_bootstrap, 
     def cli_import(name: str) -> int:
         return main(["import", "--file", str(tmp_path / name), "--label-column", "diagnosis",
                      "--out", str(tmp_path / f"rec-{name}"), "--devices", "2", "--rates", "200,150",
-                     "--duration", "8", "--device-prefix", f"m{unique}-",
+                     "--duration", "4", "--device-prefix", f"m{unique}-",
                      "--job-out", str(tmp_path / f"{name}.toml")])
 
     assert cli_import("overflow.csv") == EXIT_CONFIG

@@ -321,20 +321,12 @@ def one_worker_job(unique: str, state_dir, *overrides: str):
                      *overrides)
 
 
-def test_simulate_unit_notifies_and_stops_on_sigterm(host, unique, tmp_path):
-    host.install(one_worker_job(unique, tmp_path / "unused"))
-    host.instance_env("simulate-lab.env", free_port())
-
-    sim = host.start("edgestream-simulate@.service", "edgestream-simulate@lab.service")
-    ready = assert_becomes_ready(sim)
-    assert_pings_the_watchdog(sim, ready)
-    assert_notifications_come_from_the_main_process(sim)
-    assert_stops_cleanly(sim, grace_s(host))
-
-
-def test_worker_unit_notifies_stops_with_a_checkpoint_and_resumes_from_it(host, unique, tmp_path):
-    """The worker unit with the simulator unit feeding it: ready, watchdog, a stop that
-    checkpoints, and a restart (README's upgrade: stop, swap the venv, start) that resumes."""
+def test_simulate_and_worker_units_notify_stop_on_sigterm_and_the_worker_resumes_from_its_checkpoint(
+        host, unique, tmp_path):
+    """The worker unit with the simulator unit feeding it: each ready, pinging the watchdog
+    and stopping cleanly; the worker's stop checkpoints, and its restart (README's upgrade:
+    stop, swap the venv, start) resumes. (One simulator for both units' checks: its start
+    is the expensive part.)"""
     job = one_worker_job(unique, tmp_path / "unused")
     host.install(job)
     host.instance_env("simulate-lab.env", free_port())
@@ -342,7 +334,9 @@ def test_worker_unit_notifies_stops_with_a_checkpoint_and_resumes_from_it(host, 
     grace = grace_s(host)
 
     sim = host.start("edgestream-simulate@.service", "edgestream-simulate@lab.service")
-    assert_becomes_ready(sim)
+    sim_ready = assert_becomes_ready(sim)
+    assert_pings_the_watchdog(sim, sim_ready)
+    assert_notifications_come_from_the_main_process(sim)
     worker = host.start("edgestream-worker@.service", "edgestream-worker@w0.service")
     ready = assert_becomes_ready(worker)
     assert_pings_the_watchdog(worker, ready)
