@@ -133,13 +133,18 @@ def degrade_then_kill(ctx: RunContext, seen: dict) -> None:
     degraded_t = time.monotonic()
 
     def followed(row: dict) -> bool:
-        return all(0 <= _ratio(row, link) <= FOLLOWED_SHARE for link in SLOW_LINKS)
+        # The slow links dropped while the fast pair carries most of its gradient, in one
+        # sample (under load the fast link's estimate can dip for a while too: wait for it).
+        return (all(0 <= _ratio(row, link) <= FOLLOWED_SHARE for link in SLOW_LINKS)
+                and _ratio(row, FAST_LINK) > 0.5)
 
-    after = wait_within_iterations(sample, followed, degraded_at, f"the shares of {SLOW}'s links to drop to {FOLLOWED_SHARE}")
+    after = wait_within_iterations(sample, followed, degraded_at,
+                                   f"the shares of {SLOW}'s links to drop to {FOLLOWED_SHARE} while "
+                                   f"{FAST_LINK[0]}->{FAST_LINK[1]} keeps most of its gradient")
     seen["followed_after_s"] = round(time.monotonic() - degraded_t, 1)
     seen["after"] = {f"{a}->{b}": _ratio(after, (a, b)) for a, b in (*SLOW_LINKS, FAST_LINK)}
     seen["followed_after_iterations"] = after[SLOW]["steps"] - degraded_at
-    # The fast pair keeps its whole gradient (sampled a while after the degradation).
+    # The fast pair keeps most of its gradient (in the sample where the slow links dropped).
     seen["fast_link_after"] = _ratio(after, FAST_LINK)
 
     ctx.kill("w1")
