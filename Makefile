@@ -17,7 +17,7 @@ venv:
 	@bash scripts/venv.sh >/dev/null
 
 demo: venv
-	@$(RUN) python -m pipeline run --job examples/demo.toml --garbage 3
+	@$(RUN) python -m edgestream run --job examples/demo.toml --garbage 3
 
 # One file per process, in the order given: the long integration files first, then the
 # ~110 unit files, most of them short, which even out the two processes' ends (xdist's
@@ -35,7 +35,7 @@ chaos: venv
 
 soak: venv
 	@bash scripts/system-deps.sh
-	@$(RUN) python -m pipeline bench soak $(SOAK_ARGS)
+	@$(RUN) python -m edgestream bench soak $(SOAK_ARGS)
 
 unit: venv
 	@$(RUN) python -m pytest -q tests/unit
@@ -44,16 +44,16 @@ integration: venv
 	@$(RUN) python -m pytest -q tests/integration
 
 lint: venv
-	@$(RUN) ruff check cli job pipeline streams trainers compression monitoring deploy tests benchmarks
+	@$(RUN) ruff check edgestream cli job pipeline streams trainers compression monitoring deploy tests benchmarks
 
 bench-ingest: venv
-	@$(RUN) python -m pipeline bench ingest
+	@$(RUN) python -m edgestream bench ingest
 
 broker-start: venv
-	@$(RUN) python -m pipeline broker start
+	@$(RUN) python -m edgestream broker start
 
 broker-stop: venv
-	@$(RUN) python -m pipeline broker stop
+	@$(RUN) python -m edgestream broker stop
 
 clean:
 	rm -rf .edgestream .pytest_cache

@@ -20,7 +20,7 @@ Medians over ``--repeats`` seeds with the min-max. Plots: held-out loss vs simul
 per strategy at the largest H, and speed-up over BSP vs H. Writes
 benchmarks/results/adsp.{json,md} and adsp_loss.png, adsp_speedup.png. Never asserts.
 
-    python -m pipeline bench adsp [--repeats 3] [--jobs 2] [--budget 60] [--acc-budget 30]
+    python -m edgestream bench adsp [--repeats 3] [--jobs 2] [--budget 60] [--acc-budget 30]
         [--levels 1.0,1.45,2.2,3.2] [--rows adsp,bsp,...] [--adsp period_s=10,commit_rate=10]
 """
 
@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import strategies as matrix  # strategies.py: the rows' configurations
-from trainers import simclock
-from trainers.evaluation import time_to_target
+from edgestream.benchmarks import strategies as matrix  # strategies.py: the rows' configurations
+from edgestream.trainers import simclock
+from edgestream.trainers.evaluation import time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -160,7 +160,7 @@ def _cv(values: list[int]) -> float:
 
 
 def _init() -> None:
-    from trainers.local import limit_torch_threads
+    from edgestream.trainers.local import limit_torch_threads
 
     limit_torch_threads(1)
 

@@ -41,7 +41,7 @@ and its gap in points to the clean run of the same strategy with the plain mean 
 users have today), and to the clean run with the same aggregation. Writes
 benchmarks/results/byzantine.{json,md}. Never asserts.
 
-    python -m pipeline bench byzantine [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
+    python -m edgestream bench byzantine [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
         [--attacks sign_flip,scale100,noise] [--byzantine 1,2] [--clip 1.0] [--trim 2] [--out PATH]
 """
 
@@ -62,8 +62,8 @@ from typing import Any
 
 import numpy as np
 
-from trainers import simclock
-from trainers.byzantine import ATTACKS, register_byzantine
+from edgestream.trainers import simclock
+from edgestream.trainers.byzantine import ATTACKS, register_byzantine
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -379,7 +379,7 @@ def main() -> None:
         s.aggregations = ("mean", *s.aggregations)  # every gap is to the clean mean run
     if not seeds or any(c < 1 or c >= s.workers for c in counts):
         parser.error(f"need at least one seed and attacker counts in 1..{s.workers - 1}")
-    from trainers.local import limit_torch_threads
+    from edgestream.trainers.local import limit_torch_threads
 
     limit_torch_threads(1)
     tasks = tasks_for(s)

@@ -3,9 +3,9 @@ and a training comparison of dense vs top-k 1 % + error feedback on digits.
 
 Usage (through the project venv)::
 
-    scripts/with-venv.sh python -m pipeline bench compression              # both parts
-    scripts/with-venv.sh python -m pipeline bench compression --skip-train # throughput only
-    scripts/with-venv.sh python -m pipeline bench compression --only-train # training only (merges JSON)
+    scripts/with-venv.sh python -m edgestream bench compression              # both parts
+    scripts/with-venv.sh python -m edgestream bench compression --skip-train # throughput only
+    scripts/with-venv.sh python -m edgestream bench compression --only-train # training only (merges JSON)
 
 Writes ``benchmarks/results/compression.json`` (machine, versions, config, every
 repeat's raw figures, medians) and ``compression.md`` (the tables). One torch
@@ -31,10 +31,10 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from compression import registry
-from compression.base import Compressor
-from compression.memory import ErrorFeedback, NoMemory
-from compression.pipeline import GradientCodec, decode_tensors, encode_tensors
+from edgestream.compression import registry
+from edgestream.compression.base import Compressor
+from edgestream.compression.memory import ErrorFeedback, NoMemory
+from edgestream.compression.pipeline import GradientCodec, decode_tensors, encode_tensors
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

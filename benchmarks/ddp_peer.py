@@ -64,12 +64,12 @@ from typing import Any
 
 import numpy as np
 
-from job.config import JobConfig, load_config
-from job.topics import sensor_topics_for
-from pipeline.kafka_io import ensure_topics
-from streams.errors import RecordDecodeError
-from streams.topics import sensor_topic
-from trainers.evaluation import TARGET_HOLD_EVALUATIONS, time_to_target
+from edgestream.job.config import JobConfig, load_config
+from edgestream.job.topics import sensor_topics_for
+from edgestream.pipeline.kafka_io import ensure_topics
+from edgestream.streams.errors import RecordDecodeError
+from edgestream.streams.topics import sensor_topic
+from edgestream.trainers.evaluation import TARGET_HOLD_EVALUATIONS, time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -325,9 +325,9 @@ class Rank:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        from job.sources import job_fleet_data
-        from streams import codec
-        from trainers import build_model, limit_torch_threads
+        from edgestream.job.sources import job_fleet_data
+        from edgestream.streams import codec
+        from edgestream.trainers import build_model, limit_torch_threads
 
         opts = self.opts
         limit_torch_threads(1)
@@ -362,7 +362,7 @@ class Rank:
     def _open_consumer(self) -> None:
         from kafka.structs import TopicPartition
 
-        from pipeline.kafka_io import consumer
+        from edgestream.pipeline.kafka_io import consumer
 
         opts = self.opts
         self.consumer = consumer(
@@ -397,7 +397,7 @@ class Rank:
 
     # -- reading -----------------------------------------------------------------------
     def _ingest(self, value: bytes | None, timestamp_ms: int | None) -> None:
-        from streams import codec
+        from edgestream.streams import codec
 
         if self.first_message_at is None and timestamp_ms is not None and timestamp_ms >= 0:
             self.first_message_at = timestamp_ms / 1000.0
@@ -526,7 +526,7 @@ class Rank:
 
     # -- the loop ------------------------------------------------------------------------
     def evaluate(self) -> float:
-        from trainers import evaluate
+        from edgestream.trainers import evaluate
 
         accuracy = evaluate(self.model, self.data.heldout.features, self.data.heldout.labels).accuracy
         wall = time.time()
@@ -826,7 +826,7 @@ def launch(
     procs = []
     for rank in range(world):
         cmd = [
-            sys.executable, "-m", "benchmarks.ddp_peer", "rank",
+            sys.executable, "-m", "edgestream.benchmarks.ddp_peer", "rank",
             "--rank", str(rank), "--world", str(world), "--job", str(cfg_path),
             "--bootstrap", bootstrap, "--out", str(out_dir), "--batch", str(batch),
             "--slowdown", repr(factors[rank]), "--duration", repr(duration_s),
@@ -959,7 +959,7 @@ def _standalone_main(argv: list[str]) -> int:
     try:
         wait_ready(out_dir, procs, timeout_s=300)
         if args.simulate:
-            from pipeline.simulate import simulate
+            from edgestream.pipeline.simulate import simulate
 
             simulators = threading.Thread(target=simulate, args=(cfg, bootstrap, duration_s),
                                           kwargs={"stop": streaming}, name="simulators", daemon=True)

@@ -50,7 +50,7 @@ Writes benchmarks/results/dlion.{json,md}, dlion_accuracy.png (accuracy vs simul
 time per row), dlion_scaling.png (TTA ratios and accuracy gaps vs N) and
 dlion_degraded.png (the ratios over time). Never asserts.
 
-    python -m pipeline bench dlion [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--nodes 8,16] [--ablation-nodes 8]
+    python -m edgestream bench dlion [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--nodes 8,16] [--ablation-nodes 8]
         [--partitions iid,dirichlet] [--rows ...] [--budget 60] [--acc-budget 30] [--scale 2]
         [--degrade-at 20] [--degrade-host 2] [--degrade-mbit 1] [--no-degraded]
         [--min-ratio 0.001] [--budget-safety 0.9] [--max-lag none] [--dlion-params max_lag=null,...] [--quick] [--out PATH] [--log RUNS.jsonl [--resume]]
@@ -74,9 +74,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import gossip as gossip_bench  # gossip.py: per-node idle figures, spreads
-from benchmarks import strategies as matrix  # strategies.py: the rows, censored medians
-from trainers import simclock
+from edgestream.benchmarks import (
+    gossip as gossip_bench,  # gossip.py: per-node idle figures, spreads
+)
+from edgestream.benchmarks import strategies as matrix  # strategies.py: the rows, censored medians
+from edgestream.trainers import simclock
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -161,8 +163,8 @@ def extra_params(text: str) -> dict[str, Any]:
 
 
 def _register_traced() -> None:
-    from trainers import strategies
-    from trainers.strategies.dlion import DLionStrategy
+    from edgestream.trainers import strategies
+    from edgestream.trainers.strategies.dlion import DLionStrategy
 
     if TRACED in strategies.names():
         return
@@ -648,7 +650,7 @@ def main() -> None:
     seconds = sum(r["wall_s"] for r in raw) / max(1, args.jobs)
     cells = summarise(raw, s)
     verdicts = goals(cells, s)
-    command = "python -m pipeline bench dlion " + " ".join(sys.argv[1:])
+    command = "python -m edgestream bench dlion " + " ".join(sys.argv[1:])
     versions = sorted({r.get("dlion_code") or "not recorded" for r in raw})
     md = (f"## DLion vs BSP and gossip (simulated clock)\n\nCommand: `{command}`; trainers/strategies/dlion.py at "
           f"{'; '.join(versions)}\n\n" + main_markdown(cells, s, seeds, seconds)

@@ -44,7 +44,7 @@ Writes benchmarks/results/dlion_testbed.{json,md}, dlion_testbed_accuracy.png (m
 accuracy vs wall time, IID and Dirichlet panels) and dlion_testbed_degraded.png (the
 ratios over time, degradation marked). Never asserts.
 
-    scripts/with-venv.sh python -m pipeline bench dlion_testbed [--repeats 1] [--duration 120]
+    scripts/with-venv.sh python -m edgestream bench dlion_testbed [--repeats 1] [--duration 120]
         [--acc-budget 110] [--target 0.85] [--partitions iid,dirichlet] [--strategies bsp,gossip,dlion]
         [--no-degraded] [--quick] [--out PATH]
 """
@@ -66,13 +66,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import dlion as dlion_bench  # dlion.py: how a ratio follows a change
-from benchmarks import (
+from edgestream.benchmarks import dlion as dlion_bench  # dlion.py: how a ratio follows a change
+from edgestream.benchmarks import (
     strategies as matrix,  # strategies.py: row parameters, mean timeline, censoring
 )
-from benchmarks import testbed as testbed_bench  # testbed.py: tbf counters, spreads
-from job.config import JobConfig, load_config
-from trainers.evaluation import time_to_target
+from edgestream.benchmarks import testbed as testbed_bench  # testbed.py: tbf counters, spreads
+from edgestream.job.config import JobConfig, load_config
+from edgestream.trainers.evaluation import time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -122,7 +122,7 @@ class Settings:
         return [f"w{i}" for i in range(self.workers)]
 
     def rates(self) -> list[float]:
-        from trainers import simclock
+        from edgestream.trainers import simclock
 
         base = simclock.scadles_rates(self.scale)
         return [base[i % len(base)] for i in range(self.workers)]
@@ -185,7 +185,7 @@ class Sampler:
         self.page_bytes: dict[str, int] = {}
 
     def sample(self, ctx) -> dict[str, Any]:
-        from monitoring.scrape import scrape
+        from edgestream.monitoring.scrape import scrape
 
         row: dict[str, Any] = {"wall": time.time()}
         for name in self.names:
@@ -221,7 +221,7 @@ class Sampler:
                 pass
 
     def __call__(self, ctx) -> None:
-        from deploy.testbed import parse_link
+        from edgestream.deploy.testbed import parse_link
 
         t0 = time.monotonic()
         while not ctx.stop.wait(self.every):  # poll interval of a sampler, not synchronisation
@@ -252,7 +252,7 @@ def run_one(session, strategy: str, partition: str, repeat: int, s: Settings, st
             degrade: bool = False) -> dict[str, Any]:
     from rich.console import Console
 
-    from pipeline.run import run_job
+    from edgestream.pipeline.run import run_job
 
     tag = uuid.uuid4().hex[:6]
     duration = s.degrade_duration_s if degrade else s.duration_s
@@ -616,7 +616,7 @@ def main() -> None:
         known = {k: v for k, v in data["settings"].items() if k in Settings.__dataclass_fields__}
         s = Settings(**{k: tuple(v) if k in ("links", "slowdowns", "step_cost") else v for k, v in known.items()})
         report(data["runs"], s, data["command"], data["seconds"], Path(args.out), data.get("dlion_commit", ""), False,
-               f"scripts/with-venv.sh python -m pipeline bench dlion_testbed --from-json {args.from_json}")
+               f"scripts/with-venv.sh python -m edgestream bench dlion_testbed --from-json {args.from_json}")
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     s = Settings(repeats=args.repeats, seed=args.seed, duration_s=args.duration, acc_budget_s=args.acc_budget,
@@ -629,10 +629,10 @@ def main() -> None:
         s = quick(s)
     if set(s.strategies) - set(STRATEGIES):
         raise SystemExit(f"--strategies: choose from {', '.join(STRATEGIES)}")
-    command = "scripts/with-venv.sh python -m pipeline bench dlion_testbed " + " ".join(sys.argv[1:])
+    command = "scripts/with-venv.sh python -m edgestream bench dlion_testbed " + " ".join(sys.argv[1:])
     from rich.console import Console
 
-    from pipeline.testbed_run import open_testbed
+    from edgestream.pipeline.testbed_run import open_testbed
 
     began = time.monotonic()
     entries: list[dict[str, Any]] = []

@@ -38,7 +38,7 @@ Figures are ratios against gossip (the baseline) on the same seed, medians over
 gossip_accuracy.png (accuracy vs time), gossip_consensus.png (consensus distance vs
 time), gossip_traffic.png. Never asserts.
 
-    python -m pipeline bench gossip [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--budget 120] [--acc-budget 60]
+    python -m edgestream bench gossip [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--budget 120] [--acc-budget 60]
         [--scale 2] [--partitions iid,dirichlet] [--lags 1] [--rows ...] [--topology ring] [--edge-window 0.3]
         [--quick] [--no-traffic] [--no-main] [--out PATH] [--log RUNS.jsonl [--resume]]
 """
@@ -64,9 +64,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import strategies as matrix  # strategies.py: BSP's row, censored medians
-from trainers import simclock
-from trainers.evaluation import time_to_target
+from edgestream.benchmarks import strategies as matrix  # strategies.py: BSP's row, censored medians
+from edgestream.trainers import simclock
+from edgestream.trainers.evaluation import time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -216,7 +216,7 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
 
 
 def _init() -> None:
-    from trainers.local import limit_torch_threads
+    from edgestream.trainers.local import limit_torch_threads
 
     limit_torch_threads(1)
 

@@ -14,7 +14,7 @@ whole topic:
 Prints a markdown table (medians over the repeats) and writes
 benchmarks/results/ingest.json and ingest.md. Never asserts.
 
-    python -m pipeline bench ingest [--messages 60000] [--repeats 3] [--bootstrap HOST:PORT]
+    python -m edgestream bench ingest [--messages 60000] [--repeats 3] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from job.config import load_config
-from job.topics import sensor_topics_for
-from monitoring.scrape import scrape
-from pipeline.kafka_io import ensure_topics, producer
-from pipeline.run import start_worker_process, stop_process
-from streams import codec, topics
-from streams.records import RecordBatch
+from edgestream.job.config import load_config
+from edgestream.job.topics import sensor_topics_for
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.kafka_io import ensure_topics, producer
+from edgestream.pipeline.run import start_worker_process, stop_process
+from edgestream.streams import codec, topics
+from edgestream.streams.records import RecordBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -204,7 +204,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
     args = parser.parse_args()
 
-    from deploy.kafka.broker import LocalBroker, kafka_version
+    from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
 
     work = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     broker = None

@@ -14,7 +14,7 @@ Timing fidelity: a 10-device fleet recording (ScaDLES rates, one message per dev
 
 Prints a markdown table and writes benchmarks/results/replay.json / .md. Never asserts.
 
-    python -m pipeline bench replay [--repeats 3] [--messages-large 20000] [--messages-small 60000]
+    python -m edgestream bench replay [--repeats 3] [--messages-large 20000] [--messages-small 60000]
                                 [--fidelity-seconds 10] [--bootstrap HOST:PORT]
 """
 
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.replay import replay
-from streams import codec, topics
-from streams.profiles import SCADLES_RATES
-from streams.recording import RecordedMessage, RecordingWriter
-from streams.records import RecordBatch
+from edgestream.pipeline.replay import replay
+from edgestream.streams import codec, topics
+from edgestream.streams.profiles import SCADLES_RATES
+from edgestream.streams.recording import RecordedMessage, RecordingWriter
+from edgestream.streams.records import RecordBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -125,7 +125,7 @@ def run_producer_perf(bootstrap: str, jar_dir: Path, messages: int, message_byte
                       payloads: Path | None = None) -> dict:
     """ProducerPerformance with ``--record-size`` (it fills every record with fresh random
     bytes, which costs it time per record) or, with ``payloads``, ``--payload-file``."""
-    from pipeline.kafka_io import ensure_topics
+    from edgestream.pipeline.kafka_io import ensure_topics
 
     dest = f"sensors.perf{uuid.uuid4().hex[:8]}"
     ensure_topics(bootstrap, {dest: "sensors"})
@@ -163,7 +163,7 @@ def main() -> None:
 
     import aiokafka
 
-    from deploy.kafka.broker import LocalBroker, kafka_version, resolve_jars
+    from edgestream.deploy.kafka.broker import LocalBroker, kafka_version, resolve_jars
 
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     jar_dir = resolve_jars()

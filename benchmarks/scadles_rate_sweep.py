@@ -10,7 +10,7 @@ window, batch and target; no Kafka) for the oracle, BSP and ScaDLES. It shows ho
 measured speed-up follows the bound, and at what spread the paper's 3.3x appears.
 Writes benchmarks/results/scadles_rate_sweep.{json,md}. Never asserts.
 
-    python -m pipeline bench scadles_rate_sweep [--slowest 22,15,10,7,5] [--partitions iid,dirichlet]
+    python -m edgestream bench scadles_rate_sweep [--slowest 22,15,10,7,5] [--partitions iid,dirichlet]
         [--budget 300]
 """
 
@@ -22,8 +22,8 @@ import platform
 import time
 from pathlib import Path
 
-from benchmarks.time_to_accuracy import Settings, simulated
-from streams.profiles import SCADLES_RATES
+from edgestream.benchmarks.time_to_accuracy import Settings, simulated
+from edgestream.streams.profiles import SCADLES_RATES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -17,7 +17,7 @@ Writes ``benchmarks/results/soak.json`` (every sample), ``soak.md`` (the verdict
 - **Accounting:** every record produced is trained, dropped by a counted policy, or
   dead-lettered.
 
-    scripts/with-venv.sh python -m pipeline bench soak [--minutes 30] [--bootstrap HOST:PORT]
+    scripts/with-venv.sh python -m edgestream bench soak [--minutes 30] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import threading
 import time
 from pathlib import Path
 
-from deploy.kafka.broker import LocalBroker, kafka_version
-from job.config import load_config
-from monitoring.scrape import scrape
-from pipeline.run import RunContext, run_job
+from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
+from edgestream.job.config import load_config
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.run import RunContext, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -199,7 +199,7 @@ def report_md(v: dict, args, elapsed_s: float) -> str:
     lines = [
         "## Soak with bursts",
         "",
-        f"Command: `scripts/with-venv.sh python -m pipeline bench soak --minutes {args.minutes:g}` "
+        f"Command: `scripts/with-venv.sh python -m edgestream bench soak --minutes {args.minutes:g}` "
         f"({elapsed_s / 60:.1f} min wall time).",
         "",
         f"Set-up: {args.devices} devices at {burst_rates(args)[0]:.1f} records/s, bursting to "

@@ -68,7 +68,7 @@ wall time, one worker per device, as benchmarks/time_to_accuracy.py does) and pu
 simulated prediction for the same job beside it. Writes benchmarks/results/strategies.{json,md,png}.
 Never asserts.
 
-    python -m pipeline bench strategies [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
+    python -m edgestream bench strategies [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
         [--regimes rates,compute,both,network] [--partitions iid,dirichlet] [--rows bsp,asp,...]
         [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--real-workers 10] [--bootstrap HOST:PORT]
         [--reuse-matrix results/strategies.json [--rerun ROWS]] [--real-from OLD.json] [--real-first-seed N]
@@ -107,8 +107,8 @@ from typing import Any
 
 import numpy as np
 
-from streams.profiles import SCADLES_RATES
-from trainers import simclock, strategies
+from edgestream.streams.profiles import SCADLES_RATES
+from edgestream.trainers import simclock, strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -270,8 +270,8 @@ def dlion_params(s: Settings) -> dict[str, Any]:
 
 
 def _preferred_batcher(name: str) -> str | None:
-    from trainers.local import LocalTrainer
-    from trainers.models import build_model
+    from edgestream.trainers.local import LocalTrainer
+    from edgestream.trainers.models import build_model
 
     trainer = LocalTrainer(build_model("mlp", (4,), 2, 0))
     try:
@@ -299,7 +299,7 @@ def stage_split_runs(s: Settings, seeds: list[int], partitions: list[str]) -> li
     with the default cost model: two stages on the first two ScaDLES rates (times
     ``--scale``), stage 0 reading both devices, the later stage running its queued steps.
     Figures per run: TTA, accuracy at ``--acc-budget``, steps per stage, first and last loss."""
-    from trainers.plan import TrainingPlan
+    from edgestream.trainers.plan import TrainingPlan
 
     rates = tuple(r * s.scale for r in SCADLES_RATES[:len(STAGE_SPLIT_STAGES) + 1])
     out = []
@@ -354,15 +354,15 @@ def calibrate(sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rounds: int = 
     medians. Sizes are interleaved over ``rounds`` so drifting load hits all of them alike.
     Also times one gradient message's encode + decode (dense and top-k 10 %), which the
     simulator does not charge."""
-    from compression import registry as compressors
-    from compression.memory import ErrorFeedback
-    from compression.pipeline import GradientCodec
-    from streams.simulator import fleet_data
-    from trainers.local import LocalTrainer, limit_torch_threads
-    from trainers.messages import UpdateMessage
-    from trainers.models import build_model
-    from trainers.validation import TensorSpec
-    from trainers.wire import decode_update, encode_update
+    from edgestream.compression import registry as compressors
+    from edgestream.compression.memory import ErrorFeedback
+    from edgestream.compression.pipeline import GradientCodec
+    from edgestream.streams.simulator import fleet_data
+    from edgestream.trainers.local import LocalTrainer, limit_torch_threads
+    from edgestream.trainers.messages import UpdateMessage
+    from edgestream.trainers.models import build_model
+    from edgestream.trainers.validation import TensorSpec
+    from edgestream.trainers.wire import decode_update, encode_update
 
     limit_torch_threads(1)
     data = fleet_data("digits", ["dev00"], scheme="iid", seed=0)
@@ -483,7 +483,7 @@ def accuracy_at(timeline: list[tuple[float, float, int]], t: float) -> float | N
 
 
 def _worker_init() -> None:
-    from trainers.local import limit_torch_threads
+    from edgestream.trainers.local import limit_torch_threads
 
     limit_torch_threads(1)
 
@@ -825,8 +825,8 @@ def parse_row_params(items: list[str]) -> dict[str, dict[str, Any]]:
 def real_job(row: str, spec: RealSpec, s: Settings, state: Path, tag: str, seed: int):
     """The job of one real run: benchmarks/time_to_accuracy.py's job, with the regime's rates
     and slowdowns (the first ``spec.workers`` devices) and the row's strategy."""
-    from benchmarks.time_to_accuracy import Settings as TtaSettings
-    from benchmarks.time_to_accuracy import job_config
+    from edgestream.benchmarks.time_to_accuracy import Settings as TtaSettings
+    from edgestream.benchmarks.time_to_accuracy import job_config
 
     regime = spec.regime_def()
     tta = TtaSettings(scale=s.scale, window_s=s.window_s, budget_s=s.acc_budget_s, target=s.target, delta=s.delta,
@@ -875,11 +875,11 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
     prediction for the same job (``pipeline.simjob``: the same data and seed) under both cost models."""
     from rich.console import Console
 
-    from benchmarks.time_to_accuracy import Sampler, fill_backlog
-    from deploy.kafka.broker import LocalBroker
-    from pipeline.run import run_job
-    from pipeline.simjob import run_config_from_job, streams_from_job
-    from trainers.evaluation import time_to_target
+    from edgestream.benchmarks.time_to_accuracy import Sampler, fill_backlog
+    from edgestream.deploy.kafka.broker import LocalBroker
+    from edgestream.pipeline.run import run_job
+    from edgestream.pipeline.simjob import run_config_from_job, streams_from_job
+    from edgestream.trainers.evaluation import time_to_target
 
     work = Path(tempfile.mkdtemp(prefix="bench-strategies-"))
     broker = None
@@ -924,7 +924,7 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
                         evaluator = "server" if entry["server"] else "w0"
                         timeline = timeline_of(evaluator)
                     w0 = timeline_of("w0") if evaluator != "w0" else timeline
-                    from benchmarks.time_to_accuracy import ModeRun
+                    from edgestream.benchmarks.time_to_accuracy import ModeRun
 
                     backlog = ModeRun(row, spec.partition, repeat)
                     fill_backlog(backlog, sampler.backlog)

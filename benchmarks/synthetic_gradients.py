@@ -35,7 +35,7 @@ stages (cut after block1, block2, block3, fc1). Repeats are interleaved, the arm
 rotated per repeat. Writes benchmarks/results/synthetic_gradients.{json,md,png}. Never
 asserts; exits 1 after writing the results if a run failed (its log directory is printed).
 
-    scripts/with-venv.sh python -m pipeline bench synthetic_gradients [--repeats 3]
+    scripts/with-venv.sh python -m edgestream bench synthetic_gradients [--repeats 3]
         [--deep-repeats 2] [--quick] [--arms backprop,pipeline_bp,dni,cdni] [--out DIR]
 """
 
@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from job.config import JobConfig, load_config
+from edgestream.job.config import JobConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -172,7 +172,7 @@ def run_one(arm: str, split: tuple[str, ...], group: str, repeat: int, s: Settin
             state: Path) -> dict[str, Any]:
     from rich.console import Console
 
-    from pipeline.run import run_job
+    from edgestream.pipeline.run import run_job
 
     tag = uuid.uuid4().hex[:6]
     entry: dict[str, Any] = {"arm": arm, "group": group, "split": list(split), "repeat": repeat, "tag": tag,
@@ -467,8 +467,8 @@ def step_times(s: Settings) -> tuple[str, int]:
     split and of the whole model, one thread; and the model's parameter count."""
     import torch
 
-    from trainers.models import build_model
-    from trainers.stages import split_model
+    from edgestream.trainers.models import build_model
+    from edgestream.trainers.stages import split_model
 
     torch.set_num_threads(1)
     model = build_model("conv8", (64,), 10, s.seed, norm="batch", width=s.width, hidden=s.hidden)
@@ -527,7 +527,7 @@ def resummarise(path: Path, stem: Path, argv: str) -> None:
     data = json.loads(path.read_text())
     s = Settings(**{k: v for k, v in data["settings"].items() if k in Settings.__dataclass_fields__})
     meta = {k: v for k, v in data.items() if k not in ("benchmark", "clock", "settings", "n", "table", "runs")}
-    note = (f"Summarised again from the runs' JSON by `scripts/with-venv.sh python -m pipeline bench "
+    note = (f"Summarised again from the runs' JSON by `scripts/with-venv.sh python -m edgestream bench "
             f"synthetic_gradients {argv}`.\n\n")
     write(data["runs"], s, meta, stem, note)
 
@@ -570,8 +570,8 @@ def main() -> None:
     if s.per_device() % BATCH or s.per_device(s.deep_devices) % BATCH:
         raise SystemExit(f"records per device ({s.per_device()}) must be a multiple of {BATCH}: change --rate or "
                          "--duration")
-    command = "scripts/with-venv.sh python -m pipeline bench synthetic_gradients " + " ".join(sys.argv[1:])
-    from deploy.kafka.broker import LocalBroker, kafka_version
+    command = "scripts/with-venv.sh python -m edgestream bench synthetic_gradients " + " ".join(sys.argv[1:])
+    from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
 
     began, started = time.monotonic(), time.strftime("%H:%M", time.gmtime())
     step_ms, parameters = step_times(s)

@@ -36,7 +36,7 @@ the same repeat (runs interleaved: fast, slow, slow+80ms per strategy per repeat
 over ``--repeats`` with min-max; measured vs predicted side by side. Writes
 benchmarks/results/testbed.{json,md}. Never asserts.
 
-    scripts/with-venv.sh python -m pipeline bench testbed [--repeats 3] [--duration 45] [--warmup 10]
+    scripts/with-venv.sh python -m edgestream bench testbed [--repeats 3] [--duration 45] [--warmup 10]
         [--strategies bsp,scadles] [--conditions fast,slow,slow+80ms] [--quick] [--out PATH]
 """
 
@@ -56,8 +56,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from job.config import JobConfig, load_config
-from trainers import simclock
+from edgestream.job.config import JobConfig, load_config
+from edgestream.trainers import simclock
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -124,8 +124,8 @@ def link_counters(testbed, host: str = SLOW_HOST) -> dict[str, dict[str, int]]:
     """The tbf counters of ``host``'s link as tc reports them: ``up`` (its end of the veth,
     in its namespace) and ``down`` (the bridge end): bytes and packets sent, drops. Wire
     bytes: everything the host sends and receives, scrapes and heartbeats included."""
-    from deploy.testbed.plan import HOST_IF
-    from deploy.testbed.testbed import read_qdisc
+    from edgestream.deploy.testbed.plan import HOST_IF
+    from edgestream.deploy.testbed.testbed import read_qdisc
 
     h = testbed.hosts[host]
     out = {}
@@ -149,7 +149,7 @@ class Sampler:
     def __call__(self, ctx) -> None:
         import urllib.request
 
-        from monitoring.scrape import scrape
+        from edgestream.monitoring.scrape import scrape
 
         t0 = time.monotonic()
         while not ctx.stop.wait(1.0):  # poll interval of a sampler, not synchronisation
@@ -223,8 +223,8 @@ def predict(cfg: JobConfig, strategy: str, s: Settings, link: str | None, costs:
     each cost model with the links' nominal rates, and (``goodputs``: probe_links' figures)
     with each link at what one TCP stream measured on it (the slower direction), compute
     from the calibrated model if there is one."""
-    from deploy.testbed import parse_link
-    from pipeline.simjob import run_config_from_job, streams_from_job
+    from edgestream.deploy.testbed import parse_link
+    from edgestream.pipeline.simjob import run_config_from_job, streams_from_job
 
     fast = parse_link(s.fast_link)
     spec = parse_link(link) if link else fast
@@ -264,7 +264,7 @@ def predict(cfg: JobConfig, strategy: str, s: Settings, link: str | None, costs:
 # -- the runs --------------------------------------------------------------------------------
 def set_link(testbed, link: str | None) -> None:
     """w1's link for the next run: ``link`` (degraded), or back to the configured fast one."""
-    from deploy.testbed import parse_link
+    from edgestream.deploy.testbed import parse_link
 
     if link is None:
         testbed.fault(SLOW_HOST, "heal", None)
@@ -276,7 +276,7 @@ def run_one(testbed, bootstrap: str, strategy: str, condition: str, repeat: int,
             costs: dict[str, simclock.CostModel], goodputs: dict[str, Any] | None) -> dict[str, Any]:
     from rich.console import Console
 
-    from pipeline.run import run_job
+    from edgestream.pipeline.run import run_job
 
     link = CONDITIONS[condition]
     tag = uuid.uuid4().hex[:6]
@@ -307,7 +307,7 @@ def cost_models(calibrate: bool) -> tuple[dict[str, simclock.CostModel], dict[st
     costs = {"default": simclock.CostModel()}
     calibration = None
     if calibrate:
-        from benchmarks import strategies as matrix
+        from edgestream.benchmarks import strategies as matrix
 
         calibration = matrix.calibrate()
         costs["calibrated"] = replace(simclock.CostModel(), compute_base_s=calibration["compute_base_s"],
@@ -530,10 +530,10 @@ def main() -> None:
     unknown = set(s.conditions) - set(CONDITIONS)
     if unknown or "fast" not in s.conditions:
         raise SystemExit(f"--conditions: choose from {', '.join(CONDITIONS)}, fast included (the baseline)")
-    command = "scripts/with-venv.sh python -m pipeline bench testbed " + " ".join(sys.argv[1:])
+    command = "scripts/with-venv.sh python -m edgestream bench testbed " + " ".join(sys.argv[1:])
     from rich.console import Console
 
-    from pipeline.testbed_run import open_testbed
+    from edgestream.pipeline.testbed_run import open_testbed
 
     costs, calibration = cost_models(not args.no_calibration)
     began = time.monotonic()

@@ -17,7 +17,7 @@ fraction of compressed steps, mean staleness. The same comparison runs in the
 simulated-clock runner (seconds, no Kafka) with its oracle (zero compute, zero transfer)
 as the lower bound. Writes benchmarks/results/time_to_accuracy.{json,md,png}. Never asserts.
 
-    python -m pipeline bench time_to_accuracy [--repeats 3] [--partitions iid,dirichlet]
+    python -m edgestream bench time_to_accuracy [--repeats 3] [--partitions iid,dirichlet]
         [--modes bsp,scadles,...] [--budget 60] [--scale 2] [--bootstrap HOST:PORT]
 """
 
@@ -41,11 +41,11 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from job.config import JobConfig, load_config
-from monitoring.scrape import scrape
-from pipeline.run import RunContext, run_job
-from streams.profiles import SCADLES_RATES
-from trainers.evaluation import time_to_target
+from edgestream.job.config import JobConfig, load_config
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.streams.profiles import SCADLES_RATES
+from edgestream.trainers.evaluation import time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -177,10 +177,10 @@ def fill_backlog(run: ModeRun, samples: dict[str, list[float]]) -> None:
 
 def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Path) -> ModeRun:
     """The DDP peer: the same simulators, one gloo rank per device reading its topic."""
-    from benchmarks import ddp_peer
-    from job.topics import sensor_topics_for
-    from pipeline.kafka_io import ensure_topics
-    from pipeline.simulate import simulate
+    from edgestream.benchmarks import ddp_peer
+    from edgestream.job.topics import sensor_topics_for
+    from edgestream.pipeline.kafka_io import ensure_topics
+    from edgestream.pipeline.simulate import simulate
 
     tag = uuid.uuid4().hex[:6]
     cfg = job_config("ddp", partition, s, state, tag)
@@ -214,7 +214,7 @@ def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Pat
 def simulated(s: Settings, partitions: list[str], modes: list[str],
               rates: list[float] | None = None) -> dict[str, Any]:
     """The same comparison on the simulated clock (plus its oracle); other base ``rates`` if given."""
-    from trainers import simclock
+    from edgestream.trainers import simclock
 
     started = time.monotonic()
     out: dict[str, Any] = {}
@@ -364,7 +364,7 @@ def main() -> None:
         raise SystemExit(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     console = Console(stderr=True)
 
-    from deploy.kafka.broker import LocalBroker, kafka_version
+    from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
 
     work = Path(tempfile.mkdtemp(prefix="bench-tta-"))
     broker = None

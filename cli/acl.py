@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cli.options import job_config, need_bootstrap
+from edgestream.cli.options import job_config, need_bootstrap
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
-    from pipeline import acl
+    from edgestream.pipeline import acl
 
     cfg = job_config(args)
     console = Console()

@@ -7,18 +7,18 @@ import runpy
 import sys
 from collections.abc import Callable
 
-from cli.errors import CommandError
-from pipeline.exits import EXIT_CONFIG
+from edgestream.cli.errors import CommandError
+from edgestream.pipeline.exits import EXIT_CONFIG
 
 #: Why `bench` cannot run here: the benchmarks package is the repository's, not the wheel's.
-NOT_INSTALLED = ("the benchmarks are not part of this installation: run `python -m pipeline bench` "
+NOT_INSTALLED = ("the benchmarks are not part of this installation: run `python -m edgestream bench` "
                  "from a clone of the repository (its root on PYTHONPATH, as scripts/with-venv.sh sets it)")
 
 
 def registry() -> dict:
     """``benchmarks.BENCHMARKS``, or a refusal (exit 2) where that package cannot be imported."""
     try:
-        from benchmarks import BENCHMARKS
+        from edgestream.benchmarks import BENCHMARKS
     except ImportError:
         raise CommandError(NOT_INSTALLED, EXIT_CONFIG) from None
     return BENCHMARKS

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cli.errors import CommandError
-from cli.options import (
+from edgestream.cli.errors import CommandError
+from edgestream.cli.options import (
     DEFAULT_BROKER_STATE,
     bootstrap_address,
     broker_nodes,
@@ -18,8 +18,8 @@ from cli.options import (
     local_broker_bootstrap,
     port,
 )
-from job.config import load_config
-from pipeline.exits import EXIT_CONFIG
+from edgestream.job.config import load_config
+from edgestream.pipeline.exits import EXIT_CONFIG
 
 #: Seconds `broker status` gives a broker to answer (the command must answer within 2 s).
 STATUS_TIMEOUT_S = 1.0
@@ -29,7 +29,7 @@ CLUSTER_DIR = "cluster"
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from deploy.kafka.broker import (
+    from edgestream.deploy.kafka.broker import (
         BrokerInfo,
         LocalBroker,
         LocalCluster,
@@ -153,8 +153,8 @@ def _secure_broker_files(state: Path):
     once and kept with its data (a restart must present the same)."""
     import secrets
 
-    from deploy.kafka.broker import BrokerSecurity
-    from deploy.kafka.tls import make_pki
+    from edgestream.deploy.kafka.broker import BrokerSecurity
+    from edgestream.deploy.kafka.tls import make_pki
 
     tls = state / "tls"
     pki = make_pki(tls, ["127.0.0.1", "localhost"])
@@ -167,7 +167,7 @@ def _secure_broker_files(state: Path):
 
 def _secure_problem(client_toml: Path, bootstrap: str) -> str | None:
     """What keeps the admin of a secure local broker from logging in (None: nothing)."""
-    from pipeline import security
+    from edgestream.pipeline import security
 
     cfg = load_config(client_toml, env={})
     try:
@@ -179,7 +179,7 @@ def _secure_problem(client_toml: Path, bootstrap: str) -> str | None:
 
 def _write_client_settings(state: Path, bootstrap: str, security) -> Path:
     """``state/client.toml``: the [kafka] table that logs in as the admin (no password in it)."""
-    from deploy.kafka.broker import ADMIN_USER
+    from edgestream.deploy.kafka.broker import ADMIN_USER
 
     path = state / "client.toml"
     path.write_text(
@@ -193,7 +193,7 @@ def _write_client_settings(state: Path, bootstrap: str, security) -> Path:
 def _admin_login(client_toml: Path):
     """``wrap`` for ``deploy.kafka.broker.broker_count``: TLS (certificate and hostname checked)
     and the SCRAM login of the admin of ``client_toml``, on a connected socket."""
-    from pipeline import security
+    from edgestream.pipeline import security
 
     settings = security.ClientSecurity.from_config(load_config(client_toml, env={}).kafka)
 
@@ -221,7 +221,7 @@ def _cluster_status(console: Console, info, info_file: Path, client_toml: Path |
     """One line per node of a local cluster (pid, address, alive, answers); exit 0 only
     if every node is up. A secure cluster (``client_toml``: the admin's settings) is asked
     over TLS, each node after the admin logged in there."""
-    from deploy.kafka.broker import broker_count, is_broker_pid, pid_alive
+    from edgestream.deploy.kafka.broker import broker_count, is_broker_pid, pid_alive
 
     up = 0
     for node in info.nodes:

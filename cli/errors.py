@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME
+from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME
 
 #: Error classes (by name, anywhere in the exception's MRO: matching by name keeps torch
 #: and the Kafka clients out of the import path of a failing command) that mean "the
@@ -67,7 +67,7 @@ def failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str, str
         reason = one_line(exc)
         return EXIT_RUNTIME, reason, reason
     if names & KAFKA_CONNECTION_ERRORS:
-        from pipeline.kafka_io import KAFKA_HINT
+        from edgestream.pipeline.kafka_io import KAFKA_HINT
 
         where = getattr(args, "resolved_bootstrap", None) or getattr(args, "bootstrap", None) or "?"
         reason = f"cannot reach Kafka at {where}: {kind}{one_line(exc)}"

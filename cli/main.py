@@ -16,10 +16,22 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from cli import acl, bench, broker, models, monitoring, record, run, simulate, testbed, worker
-from cli.errors import failure
-from cli.options import add_job_args
-from pipeline.exits import EXIT_CONFIG
+import edgestream
+from edgestream.cli import (
+    acl,
+    bench,
+    broker,
+    models,
+    monitoring,
+    record,
+    run,
+    simulate,
+    testbed,
+    worker,
+)
+from edgestream.cli.errors import failure
+from edgestream.cli.options import add_job_args
+from edgestream.pipeline.exits import EXIT_CONFIG
 
 log = logging.getLogger("edgestream")
 
@@ -46,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true",
                         help=f"print the traceback of a failed command (or set {DEBUG_ENV}=1)")
+    parser.add_argument("--version", action="version", version=f"edgestream {edgestream.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     for group in COMMANDS:

@@ -16,15 +16,15 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
-from cli.options import job_config
+from edgestream.cli.options import job_config
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from job.plan import parse_params
-    from job.sources import job_fleet_data
-    from trainers.errors import ModelConfigError
-    from trainers.models import build_model, model_names
-    from trainers.stages import boundary_names, boundary_shapes
+    from edgestream.job.plan import parse_params
+    from edgestream.job.sources import job_fleet_data
+    from edgestream.trainers.errors import ModelConfigError
+    from edgestream.trainers.models import build_model, model_names
+    from edgestream.trainers.stages import boundary_names, boundary_shapes
 
     cfg = job_config(args)
     data = job_fleet_data(cfg)

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cli.options import positive_float
-from monitoring.prometheus import DEPLOY_DIR
+from edgestream.cli.options import positive_float
+from edgestream.monitoring.prometheus import DEPLOY_DIR
 
 
 def cmd_dashboards(args: argparse.Namespace) -> int:
-    from monitoring.dashboards import main
+    from edgestream.monitoring.dashboards import main
 
     return main(["--check"] if args.check else [])
 
@@ -35,8 +35,8 @@ def cmd_prometheus(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet_png(args: argparse.Namespace) -> int:
-    from monitoring.prometheus import PrometheusAPI
-    from monitoring.render import render_fleet
+    from edgestream.monitoring.prometheus import PrometheusAPI
+    from edgestream.monitoring.render import render_fleet
 
     end = time.time()
     drawn = render_fleet(PrometheusAPI(args.prometheus), args.out, start=end - args.minutes * 60, end=end,

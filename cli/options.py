@@ -8,8 +8,8 @@ import math
 import re
 from pathlib import Path
 
-from cli.errors import CommandError
-from job.config import LOG_FORMATS, JobConfig, load_config
+from edgestream.cli.errors import CommandError
+from edgestream.job.config import LOG_FORMATS, JobConfig, load_config
 
 DEFAULT_BROKER_STATE = Path(".edgestream/broker")
 
@@ -49,7 +49,7 @@ def port(text: str) -> int:
 
 def bootstrap_address(text: str) -> str:
     """``HOST:PORT[,HOST:PORT...]`` with ports in 1..65535."""
-    from deploy.kafka.broker import host_port
+    from edgestream.deploy.kafka.broker import host_port
 
     try:
         for address in text.split(","):
@@ -85,7 +85,7 @@ def broker_nodes(text: str) -> int:
 def job_config(args: argparse.Namespace) -> JobConfig:
     """The job's configuration; its ``kafka.*`` security settings become this process's
     (every Kafka client it makes uses them: ``pipeline.security``)."""
-    from pipeline import security
+    from edgestream.pipeline import security
 
     cfg = load_config(getattr(args, "job", None), getattr(args, "set", None) or [])
     security.use(security.ClientSecurity.from_config(cfg.kafka))
@@ -101,7 +101,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
 
 
 def local_broker_bootstrap(state_dir: Path) -> str | None:
-    from deploy.kafka.broker import BrokerInfo, is_broker_pid
+    from edgestream.deploy.kafka.broker import BrokerInfo, is_broker_pid
 
     info_file = state_dir / "broker.json"
     if info_file.exists():
@@ -122,7 +122,7 @@ def cluster_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str | 
 
 def need_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str:
     """The cluster this command uses, checked to answer (``KafkaUnreachable`` within seconds)."""
-    from pipeline.kafka_io import check_reachable
+    from edgestream.pipeline.kafka_io import check_reachable
 
     bootstrap = cluster_bootstrap(args, cfg)
     if not bootstrap:
@@ -138,7 +138,7 @@ def need_bootstrap(args: argparse.Namespace, cfg: JobConfig | None) -> str:
 def use_log_format(args: argparse.Namespace, cfg: JobConfig) -> None:
     """``--log-format`` (else ``service.log_format``) for this process's log lines; the
     choice is written back to ``cfg`` (a Faust process keeps its own handlers for JSON)."""
-    from pipeline.service import use_json_logs
+    from edgestream.pipeline.service import use_json_logs
 
     fmt = getattr(args, "log_format", None) or cfg.service.log_format
     cfg.service.log_format = fmt

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from cli.options import (
+from edgestream.cli.options import (
     add_service_args,
     job_config,
     need_bootstrap,
@@ -64,8 +64,8 @@ def _mb(n: float) -> str:
 
 # --- record -----------------------------------------------------------------------------
 def cmd_record(args: argparse.Namespace) -> int:
-    from pipeline.kafka_io import topic_names
-    from pipeline.record import RecordError, record, resolve_topics
+    from edgestream.pipeline.kafka_io import topic_names
+    from edgestream.pipeline.record import RecordError, record, resolve_topics
 
     console = Console(stderr=True)
     bootstrap, max_bytes = _bootstrap(args)
@@ -118,8 +118,8 @@ TRUNCATED_HINT = "use --allow-truncated to replay the intact prefix"
 
 # --- replay -----------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.replay import ReplayError, replay
-    from streams.recording import (
+    from edgestream.pipeline.replay import ReplayError, replay
+    from edgestream.streams.recording import (
         ManifestError,
         RecordingCorrupt,
         RecordingError,
@@ -155,8 +155,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                             passes=p.passes + (0 if not looping else 1))
 
         stop = threading.Event()
-        from monitoring.metrics import serve_process
-        from pipeline.service import ProcessService
+        from edgestream.monitoring.metrics import serve_process
+        from edgestream.pipeline.service import ProcessService
 
         metrics, metrics_url = serve_process(args.metrics_port, cfg.workers.metrics_host,
                                              liveness_timeout_s=cfg.service.liveness_timeout_s)
@@ -207,7 +207,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 # --- import -----------------------------------------------------------------------------
 def cmd_import(args: argparse.Namespace) -> int:
-    from job.importer import ImportSpec, TableImportError, import_table, job_file_text
+    from edgestream.job.importer import ImportSpec, TableImportError, import_table, job_file_text
 
     console = Console()
     err = Console(stderr=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cli.errors import CommandError
-from cli.options import cluster_bootstrap, job_config, non_negative_int, positive_float
-from pipeline.exits import EXIT_CONFIG, EXIT_RUNTIME, EXIT_UNBALANCED
+from edgestream.cli.errors import CommandError
+from edgestream.cli.options import cluster_bootstrap, job_config, non_negative_int, positive_float
+from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_RUNTIME, EXIT_UNBALANCED
 
 
 def _sigterm_interrupts() -> None:
@@ -37,11 +37,11 @@ def run_console() -> Console:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from deploy.kafka.broker import LocalBroker, kafka_version
-    from pipeline.kafka_io import check_reachable
-    from pipeline.run import process_config, run_in_testbed, run_job
-    from pipeline.testbed_run import uses_testbed
-    from pipeline.worker import check_training_config, process_topics, worker_cpus
+    from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
+    from edgestream.pipeline.kafka_io import check_reachable
+    from edgestream.pipeline.run import process_config, run_in_testbed, run_job
+    from edgestream.pipeline.testbed_run import uses_testbed
+    from edgestream.pipeline.worker import check_training_config, process_topics, worker_cpus
 
     _sigterm_interrupts()  # `kill`/`timeout` stop the run like Ctrl-C: every process it started too
     cfg = job_config(args)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cli.errors import CommandError
-from cli.options import (
+from edgestream.cli.errors import CommandError
+from edgestream.cli.options import (
     add_service_args,
     job_config,
     need_bootstrap,
@@ -21,15 +21,15 @@ from cli.options import (
     positive_float,
     use_log_format,
 )
-from pipeline.exits import EXIT_CONFIG
+from edgestream.pipeline.exits import EXIT_CONFIG
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from monitoring.metrics import serve_process
-    from pipeline.service import ProcessService
-    from pipeline.simulate import check_stream_options, stream_devices
+    from edgestream.monitoring.metrics import serve_process
+    from edgestream.pipeline.service import ProcessService
+    from edgestream.pipeline.simulate import check_stream_options, stream_devices
 
     cfg = job_config(args)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cli.errors import CommandError
-from cli.options import job_config
-from pipeline.exits import EXIT_CONFIG, EXIT_RUNTIME
+from edgestream.cli.errors import CommandError
+from edgestream.cli.options import job_config
+from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_RUNTIME
 
 
 def register(sub, add_job_args) -> None:
@@ -47,14 +47,14 @@ def register(sub, add_job_args) -> None:
 
 
 def _errors(exc: Exception):
-    from deploy.testbed import NeedsRoot
+    from edgestream.deploy.testbed import NeedsRoot
 
     code = EXIT_CONFIG if isinstance(exc, (NeedsRoot, ValueError)) else EXIT_RUNTIME
     return CommandError(str(exc), code)
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
-    from deploy.testbed import TestbedError
+    from edgestream.deploy.testbed import TestbedError
 
     try:
         return _ACTIONS[args.testbed_action](args)
@@ -72,13 +72,13 @@ def _need_job(args: argparse.Namespace, what: str):
 
 
 def _state_dir(cfg) -> Path:
-    from deploy.testbed.testbed import default_state_dir
+    from edgestream.deploy.testbed.testbed import default_state_dir
 
     return default_state_dir(cfg.job.name)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.testbed import Testbed
+    from edgestream.deploy.testbed import Testbed
 
     cfg = _need_job(args, "up")
     console = Console()
@@ -94,8 +94,8 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from deploy.testbed import down_all, down_by_id
-    from deploy.testbed.system import need_root
+    from edgestream.deploy.testbed import down_all, down_by_id
+    from edgestream.deploy.testbed.system import need_root
 
     console = Console()
     need_root()
@@ -112,9 +112,9 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from deploy.testbed import Testbed, leftovers
-    from deploy.testbed.system import need_root
-    from deploy.testbed.testbed import DEFAULT_STATE_ROOT, STATE_FILE
+    from edgestream.deploy.testbed import Testbed, leftovers
+    from edgestream.deploy.testbed.system import need_root
+    from edgestream.deploy.testbed.testbed import DEFAULT_STATE_ROOT, STATE_FILE
 
     need_root()
     console = Console()
@@ -156,9 +156,9 @@ def _print_leftovers(console: Console, entries: list[str]) -> None:
 
 
 def _fault(args: argparse.Namespace) -> int:
-    from deploy.testbed import Testbed, parse_link
-    from deploy.testbed.system import need_root
-    from deploy.testbed.testbed import STATE_FILE
+    from edgestream.deploy.testbed import Testbed, parse_link
+    from edgestream.deploy.testbed.system import need_root
+    from edgestream.deploy.testbed.testbed import STATE_FILE
 
     cfg = _need_job(args, "fault")
     need_root()
@@ -209,7 +209,7 @@ def _qdisc(q: dict | None) -> str:
     if not q:
         return "?"
     if q["kind"] == "tbf":
-        from deploy.testbed.links import format_rate
+        from edgestream.deploy.testbed.links import format_rate
 
         return f"tbf {format_rate(q['rate_bps'])}"
     return "none" if q["kind"] in ("noqueue", "none") else q["kind"]

@@ -6,16 +6,22 @@ import argparse
 import logging
 from collections.abc import Callable
 
-from cli.errors import CommandError
-from cli.options import add_service_args, job_config, need_bootstrap, port, use_log_format
-from job.config import JobConfig
-from pipeline.exits import EXIT_CONFIG
+from edgestream.cli.errors import CommandError
+from edgestream.cli.options import (
+    add_service_args,
+    job_config,
+    need_bootstrap,
+    port,
+    use_log_format,
+)
+from edgestream.job.config import JobConfig
+from edgestream.pipeline.exits import EXIT_CONFIG
 
 LOGLEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline.worker import check_training_config, run_worker, worker_cpus
+    from edgestream.pipeline.worker import check_training_config, run_worker, worker_cpus
 
     cfg, bootstrap = _process_config(args, args.worker)
     worker_cpus(cfg, args.worker)
@@ -25,11 +31,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from pipeline.worker import SERVER_NAME, check_training_config, run_server
+    from edgestream.pipeline.worker import SERVER_NAME, check_training_config, run_server
 
     cfg, bootstrap = _process_config(args, SERVER_NAME)
     check_training_config(cfg)
-    from trainers.strategies import names, roles
+    from edgestream.trainers.strategies import names, roles
 
     if not cfg.train.enabled or "server" not in roles(cfg.train.strategy):
         with_server = ", ".join(n for n in names() if "server" in roles(n))
@@ -44,7 +50,7 @@ def _process_config(args: argparse.Namespace, name: str) -> tuple[JobConfig, str
     """Config and cluster of a worker/server process, checked without side effects (the
     cluster answers; worker, device and job names make valid topic names). Sets up its
     log and where ``main`` reports how it ended (``exit.json``, read by `run`)."""
-    from pipeline.worker import (
+    from edgestream.pipeline.worker import (
         EXIT_FILE,
         SERVER_NAME,
         process_topics,

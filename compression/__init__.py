@@ -61,7 +61,7 @@ Errors (``compression.errors``): ``CompressionError(reason, message, layer=None)
 ``PayloadDecodeError`` (bytes rejected) and ``CompressorConfigError`` (also a ValueError).
 """
 
-from compression import (  # noqa: F401  (importing registers each compressor)
+from edgestream.compression import (  # noqa: F401  (importing registers each compressor)
     dense,
     fp16,
     int8_block,
@@ -73,17 +73,21 @@ from compression import (  # noqa: F401  (importing registers each compressor)
     threshold,
     topk,
 )
-from compression.base import Compressed, Compressor, LayerContext
-from compression.errors import CompressionError, CompressorConfigError, PayloadDecodeError
-from compression.memory import ErrorFeedback, Memory, NoMemory
-from compression.pipeline import (
+from edgestream.compression.base import Compressed, Compressor, LayerContext
+from edgestream.compression.errors import (
+    CompressionError,
+    CompressorConfigError,
+    PayloadDecodeError,
+)
+from edgestream.compression.memory import ErrorFeedback, Memory, NoMemory
+from edgestream.compression.pipeline import (
     CompressionConfig,
     EncodeStats,
     GradientCodec,
     decode_tensors,
     encode_tensors,
 )
-from compression.registry import create, names, register
+from edgestream.compression.registry import create, names, register
 
 __all__ = [
     "CompressionConfig",

@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from compression import errors, wire
-from compression.errors import CompressionError, PayloadDecodeError
-from compression.wire import Compressed
+from edgestream.compression import errors, wire
+from edgestream.compression.errors import CompressionError, PayloadDecodeError
+from edgestream.compression.wire import Compressed
 
 __all__ = ["Compressed", "Compressor", "LayerContext", "expect_parts"]
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from compression.base import Compressor, LayerContext, expect_numel, expect_parts
-from compression.registry import register
+from edgestream.compression.base import Compressor, LayerContext, expect_numel, expect_parts
+from edgestream.compression.registry import register
 
 
 @register("dense")

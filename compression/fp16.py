@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from compression.base import Compressor, LayerContext, expect_numel, expect_parts
-from compression.registry import register
+from edgestream.compression.base import Compressor, LayerContext, expect_numel, expect_parts
+from edgestream.compression.registry import register
 
 FP16_MAX = 65504.0
 # Relative rounding error of fp16 (half an ulp, 10-bit mantissa) and the absolute

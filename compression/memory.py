@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import torch
 
-from compression import errors
-from compression.errors import CompressionError
+from edgestream.compression import errors
+from edgestream.compression.errors import CompressionError
 
 
 class Memory(ABC):

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from compression import errors
-from compression.base import LayerContext
-from compression.errors import PayloadDecodeError
-from compression.registry import register
-from compression.sparse import SparseCompressor, decode_sparse, sparse_part_sizes
+from edgestream.compression import errors
+from edgestream.compression.base import LayerContext
+from edgestream.compression.errors import PayloadDecodeError
+from edgestream.compression.registry import register
+from edgestream.compression.sparse import SparseCompressor, decode_sparse, sparse_part_sizes
 
 
 def nonzero_indices(flat: np.ndarray) -> np.ndarray:

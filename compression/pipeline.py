@@ -10,12 +10,16 @@ from typing import Any
 
 import torch
 
-from compression import errors, registry, wire
-from compression.base import Compressor, LayerContext
-from compression.dense import DenseCompressor
-from compression.errors import CompressionError, CompressorConfigError, PayloadDecodeError
-from compression.memory import ErrorFeedback, Memory, NoMemory
-from compression.wire import Compressed
+from edgestream.compression import errors, registry, wire
+from edgestream.compression.base import Compressor, LayerContext
+from edgestream.compression.dense import DenseCompressor
+from edgestream.compression.errors import (
+    CompressionError,
+    CompressorConfigError,
+    PayloadDecodeError,
+)
+from edgestream.compression.memory import ErrorFeedback, Memory, NoMemory
+from edgestream.compression.wire import Compressed
 
 __all__ = [
     "CompressionConfig",

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from compression import errors
-from compression.base import Compressor, LayerContext, expect_numel, expect_parts
-from compression.errors import CompressorConfigError, PayloadDecodeError
-from compression.registry import register
+from edgestream.compression import errors
+from edgestream.compression.base import Compressor, LayerContext, expect_numel, expect_parts
+from edgestream.compression.errors import CompressorConfigError, PayloadDecodeError
+from edgestream.compression.registry import register
 
 MAX_RANK = 1024
 

@@ -9,11 +9,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from compression import errors
-from compression.base import Compressor, LayerContext, expect_numel, expect_parts
-from compression.blockwise import scale_per_block
-from compression.errors import CompressionError, CompressorConfigError, PayloadDecodeError
-from compression.registry import register
+from edgestream.compression import errors
+from edgestream.compression.base import Compressor, LayerContext, expect_numel, expect_parts
+from edgestream.compression.blockwise import scale_per_block
+from edgestream.compression.errors import (
+    CompressionError,
+    CompressorConfigError,
+    PayloadDecodeError,
+)
+from edgestream.compression.registry import register
 
 MAX_LEVELS = 127
 MAX_BUCKET = 1 << 20

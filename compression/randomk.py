@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from compression.base import LayerContext
-from compression.registry import register
-from compression.sparse import (
+from edgestream.compression.base import LayerContext
+from edgestream.compression.registry import register
+from edgestream.compression.sparse import (
     SparseCompressor,
     check_ratio,
     keep_count,

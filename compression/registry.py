@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from compression import errors
-from compression.base import Compressor
-from compression.errors import CompressorConfigError, PayloadDecodeError
+from edgestream.compression import errors
+from edgestream.compression.base import Compressor
+from edgestream.compression.errors import CompressorConfigError, PayloadDecodeError
 
 C = TypeVar("C", bound=type[Compressor])
 

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from compression import errors
-from compression.base import Compressor, LayerContext, expect_numel, expect_parts
-from compression.errors import PayloadDecodeError
-from compression.registry import register
+from edgestream.compression import errors
+from edgestream.compression.base import Compressor, LayerContext, expect_numel, expect_parts
+from edgestream.compression.errors import PayloadDecodeError
+from edgestream.compression.registry import register
 
 
 @register("sign")

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from compression import errors
-from compression.base import Compressor, LayerContext, expect_numel
-from compression.errors import CompressorConfigError, PayloadDecodeError
-from compression.fp16 import fp16_error_bound, to_fp16_saturating
+from edgestream.compression import errors
+from edgestream.compression.base import Compressor, LayerContext, expect_numel
+from edgestream.compression.errors import CompressorConfigError, PayloadDecodeError
+from edgestream.compression.fp16 import fp16_error_bound, to_fp16_saturating
 
 BLOCK_BITS = 16
 BLOCK = 1 << BLOCK_BITS

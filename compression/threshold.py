@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from compression.base import LayerContext
-from compression.errors import CompressorConfigError
-from compression.registry import register
-from compression.sparse import SparseCompressor, rounding_bound, sparse_part_sizes
+from edgestream.compression.base import LayerContext
+from edgestream.compression.errors import CompressorConfigError
+from edgestream.compression.registry import register
+from edgestream.compression.sparse import SparseCompressor, rounding_bound, sparse_part_sizes
 
 
 @register("threshold")

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from compression import errors
-from compression.errors import CompressionError, PayloadDecodeError
+from edgestream.compression import errors
+from edgestream.compression.errors import CompressionError, PayloadDecodeError
 
 MAGIC = b"ESTW"
 VERSION = 1

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainers import strategies
+from edgestream.trainers import strategies
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "edgestream"

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from job.errors import ConfigError
-from job.sources import parse_value_range, source_named
-from streams.profiles import SCADLES_RATES
+from edgestream.job.errors import ConfigError
+from edgestream.job.sources import parse_value_range, source_named
+from edgestream.streams.profiles import SCADLES_RATES
 
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
 #: Values of ``kafka.ingest_source``.
@@ -453,7 +453,7 @@ class JobConfig:
             )
         if not self.devices.rates_hz or not all(0 < r < float("inf") for r in self.devices.rates_hz):
             raise ConfigError("devices.rates_hz must be a non-empty list of positive rates")
-        from streams.profiles import parse_profile
+        from edgestream.streams.profiles import parse_profile
 
         try:
             parse_profile(self.devices.profile, 1.0)
@@ -525,7 +525,7 @@ class JobConfig:
             for item in getattr(self.train, key):
                 if "=" not in item:
                     raise ConfigError(f"train.{key} entries look like name=value (got {item!r})")
-        from streams.topics import sensor_topic
+        from edgestream.streams.topics import sensor_topic
 
         for device in self.devices.device_ids():
             sensor_topic(device)  # raises TopicNameError with a clear message
@@ -559,8 +559,8 @@ class JobConfig:
                               "that robust aggregation combines; stage-split jobs aggregate none)")
 
     def _validate_testbed(self) -> None:
-        from deploy.testbed.links import parse_link
-        from deploy.testbed.plan import check_subnet
+        from edgestream.deploy.testbed.links import parse_link
+        from edgestream.deploy.testbed.plan import check_subnet
 
         tb = self.testbed
         if tb.brokers not in (1, 3):

@@ -37,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from streams import codec, topics
-from streams.datasets import Dataset, split_heldout
-from streams.errors import StreamsError
-from streams.partition import DeviceSampler, label_histogram, partition
-from streams.profiles import parse_profile
-from streams.recording import RecordedMessage, RecordingWriter
-from streams.simulator import DeviceSimulator
+from edgestream.streams import codec, topics
+from edgestream.streams.datasets import Dataset, split_heldout
+from edgestream.streams.errors import StreamsError
+from edgestream.streams.partition import DeviceSampler, label_histogram, partition
+from edgestream.streams.profiles import parse_profile
+from edgestream.streams.recording import RecordedMessage, RecordingWriter
+from edgestream.streams.simulator import DeviceSimulator
 
 IMPORT_INFO = "import.json"
 #: Version of ``import.json``: 1 had no held-out split and no stored data; 2 adds ``data``.

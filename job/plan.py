@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from trainers.plan import TrainingPlan
+from edgestream.trainers.plan import TrainingPlan
 
 if TYPE_CHECKING:
-    from job.config import JobConfig
+    from edgestream.job.config import JobConfig
 
 __all__ = ["TrainingPlan", "parse_params", "training_plan"]
 

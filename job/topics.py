@@ -8,8 +8,8 @@ or a strategy channel uses, and of which kind (``sensors``, ``dlq``, ``gradients
 
 from __future__ import annotations
 
-from job.config import JobConfig
-from streams import topics
+from edgestream.job.config import JobConfig
+from edgestream.streams import topics
 
 
 def sensor_topics_for(devices: list[str]) -> dict[str, str]:

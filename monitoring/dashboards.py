@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitoring.metrics import Metrics, name_of
-from monitoring.prometheus import DEPLOY_DIR, REPO_ROOT, prometheus_config
+from edgestream.monitoring.metrics import Metrics, name_of
+from edgestream.monitoring.prometheus import DEPLOY_DIR, REPO_ROOT, prometheus_config
 
 DASHBOARD_DIR = REPO_ROOT / "deploy" / "grafana" / "dashboards"
 PROMETHEUS_YML = DEPLOY_DIR / "prometheus.yml"

@@ -23,13 +23,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from monitoring.health import DEFAULT_LIVENESS_TIMEOUT_S, Health
-from monitoring.health import serve as serve_health
+from edgestream.monitoring.health import DEFAULT_LIVENESS_TIMEOUT_S, Health
+from edgestream.monitoring.health import serve as serve_health
 
 # Torch-free: the declarations of the strategies' own metrics, one beside each field of
 # ``Observations`` (``LOSS_FIT_PARAMS`` and ``OBSERVATIONS`` re-exported for their users).
-from trainers.observations import LOSS_FIT_PARAMS as LOSS_FIT_PARAMS
-from trainers.observations import OBSERVATIONS, observation_metrics
+from edgestream.trainers.observations import LOSS_FIT_PARAMS as LOSS_FIT_PARAMS
+from edgestream.trainers.observations import OBSERVATIONS, observation_metrics
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -327,7 +327,7 @@ class Metrics:
         cannot see that step: without this the first drops and dead letters of a device
         never show on a rate panel.
         """
-        from streams.errors import RecordDecodeError
+        from edgestream.streams.errors import RecordDecodeError
 
         for reason in DROP_REASONS:
             self.buffer_dropped.labels(device, reason)
@@ -503,7 +503,7 @@ def consumer_lag(
     qualify). A partition without a position yet counts its whole end offset; only
     device topics (``sensors.<device>``, not the DLQ) are counted.
     """
-    from streams import topics
+    from edgestream.streams import topics
 
     out: dict[str, int] = {}
     for tp, end in end_offsets.items():

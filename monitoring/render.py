@@ -6,8 +6,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from monitoring.dashboards import Panel, expand, fleet, panels_of
-from monitoring.prometheus import PrometheusAPI
+from edgestream.monitoring.dashboards import Panel, expand, fleet, panels_of
+from edgestream.monitoring.prometheus import PrometheusAPI
 
 #: The fleet panels drawn, in reading order (2 x 2).
 KEY_PANELS = ("Records in per device", "Buffer fill", "Buffer drops by reason", "Dead letters by reason")

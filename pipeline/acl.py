@@ -23,9 +23,9 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from job.config import JobConfig
-from job.topics import job_topics, training_topics
-from streams import topics
+from edgestream.job.config import JobConfig
+from edgestream.job.topics import job_topics, training_topics
+from edgestream.streams import topics
 
 #: kafka-python's names of the operations granted.
 DEVICE_OPS = ("WRITE", "DESCRIBE")
@@ -107,7 +107,7 @@ def apply(bootstrap: str, cfg: JobConfig, password_dir: Path,
         UserScramCredentialUpsertion,
     )
 
-    from pipeline.kafka_io import admin_client, ensure_topics
+    from edgestream.pipeline.kafka_io import admin_client, ensure_topics
 
     ensure_topics(bootstrap, job_topics(cfg, training=True))
     admin = admin_client(bootstrap)
@@ -141,7 +141,7 @@ def wait_for_login(brokers: list[str], user: str, password_file: Path, timeout_s
     import dataclasses
     import time
 
-    from pipeline import security
+    from edgestream.pipeline import security
 
     mine = security.current()
     if not mine.sasl:

@@ -34,13 +34,13 @@ from faust.transport.drivers.aiokafka import Producer as AIOKafkaFaustProducer
 from faust.types import TP
 from mode import Service
 
-from job.config import JobConfig
-from monitoring.metrics import Metrics, consumer_lag
-from pipeline import security
-from pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
-from streams import topics
-from streams.batching import Batch
-from streams.offsets import OffsetTracker
+from edgestream.job.config import JobConfig
+from edgestream.monitoring.metrics import Metrics, consumer_lag
+from edgestream.pipeline import security
+from edgestream.pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
+from edgestream.streams import topics
+from edgestream.streams.batching import Batch
+from edgestream.streams.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
 

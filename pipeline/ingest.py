@@ -29,17 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from job.config import JobConfig
-from monitoring.metrics import Metrics
-from streams import codec
-from streams.batching import AdaptiveBatcher, Batch
-from streams.buffering import Sources, StreamBuffer
-from streams.dedup import SeqWindow
-from streams.errors import RecordDecodeError, TopicNameError
-from streams.eventtime import BAD_TIMESTAMP, EventTimeCheck
-from streams.rates import RateEstimator
-from streams.records import RecordBatch
-from streams.topics import device_of, sensor_topic
+from edgestream.job.config import JobConfig
+from edgestream.monitoring.metrics import Metrics
+from edgestream.streams import codec
+from edgestream.streams.batching import AdaptiveBatcher, Batch
+from edgestream.streams.buffering import Sources, StreamBuffer
+from edgestream.streams.dedup import SeqWindow
+from edgestream.streams.errors import RecordDecodeError, TopicNameError
+from edgestream.streams.eventtime import BAD_TIMESTAMP, EventTimeCheck
+from edgestream.streams.rates import RateEstimator
+from edgestream.streams.records import RecordBatch
+from edgestream.streams.topics import device_of, sensor_topic
 
 
 @dataclass

@@ -18,9 +18,9 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from deploy.kafka.broker import replication_for
-from pipeline import security
-from streams import topics
+from edgestream.deploy.kafka.broker import replication_for
+from edgestream.pipeline import security
+from edgestream.streams import topics
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def check_reachable(bootstrap: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> N
     Commands call this first: Kafka clients retry a dead address for 30 s or more and
     then fail with a long traceback.
     """
-    from deploy.kafka.broker import probe
+    from edgestream.deploy.kafka.broker import probe
 
     if security.current().tls:
         security.preflight(bootstrap, timeout_s=timeout_s)  # TLS handshake and login, one line if refused

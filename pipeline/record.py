@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streams import topics
-from streams.errors import StreamsError
-from streams.recording import RecordedMessage, RecordingWriter
+from edgestream.streams import topics
+from edgestream.streams.errors import StreamsError
+from edgestream.streams.recording import RecordedMessage, RecordingWriter
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def record(
     """
     from kafka.structs import TopicPartition
 
-    from pipeline.kafka_io import consumer
+    from edgestream.pipeline.kafka_io import consumer
 
     stop = stop or threading.Event()
     # check_crcs=False: kafka-python's CRC32C is pure Python (a few MB/s) here; the broker

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import security
-from streams import codec, topics
-from streams.errors import StreamsError
-from streams.recording import (
+from edgestream.pipeline import security
+from edgestream.streams import codec, topics
+from edgestream.streams.errors import StreamsError
+from edgestream.streams.recording import (
     RecordedMessage,
     RecordingReader,
     ReplayError,
@@ -340,7 +340,7 @@ def replay(
         for t in names
     }
     if create_topics:
-        from pipeline.kafka_io import ensure_topics
+        from edgestream.pipeline.kafka_io import ensure_topics
 
         for dest, n in partitions_needed.items():
             ensure_topics(bootstrap, {dest: topic_kind(dest)}, partitions=n)

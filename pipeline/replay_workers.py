@@ -11,12 +11,12 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from job.config import JobConfig
-from job.sources import job_fleet_data
-from job.topics import job_topics
-from pipeline.replay import ReplayReport, TopicRenamer, expected_from_recording, replay
-from streams import codec, topics
-from streams.recording import RecordingReader, ReplayError
+from edgestream.job.config import JobConfig
+from edgestream.job.sources import job_fleet_data
+from edgestream.job.topics import job_topics
+from edgestream.pipeline.replay import ReplayReport, TopicRenamer, expected_from_recording, replay
+from edgestream.streams import codec, topics
+from edgestream.streams.recording import RecordingReader, ReplayError
 
 
 def replay_through_workers(
@@ -35,10 +35,10 @@ def replay_through_workers(
     rewritten to match. Returns the replay report and the workers' final per-device
     accounting (``accounting.json``, as in ``RunResult.accounting``).
     """
-    from monitoring.scrape import scrape
-    from pipeline.app import sensor_group
-    from pipeline.kafka_io import ensure_topics, start_groups_at_end
-    from pipeline.run import (
+    from edgestream.monitoring.scrape import scrape
+    from edgestream.pipeline.app import sensor_group
+    from edgestream.pipeline.kafka_io import ensure_topics, start_groups_at_end
+    from edgestream.pipeline.run import (
         RunError,
         WorkerProc,
         device_view,
@@ -49,7 +49,7 @@ def replay_through_workers(
         stop_process,
         wait_for,
     )
-    from pipeline.simulate import SimulationReport
+    from edgestream.pipeline.simulate import SimulationReport
 
     state, cfg_path = prepare_state(cfg)
     devices = cfg.devices.device_ids()

@@ -26,27 +26,27 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from job.config import ConfigError, JobConfig
-from job.sources import job_fleet_data
-from job.topics import job_topics
-from monitoring.metrics import serve_process
-from monitoring.prometheus import file_sd_path, run_targets, write_file_sd
-from monitoring.scrape import Scrape, scrape
-from pipeline.app import app_id, sensor_group
-from pipeline.drain import WAIT, DrainProgress, waiting_for
-from pipeline.errors import RunError
-from pipeline.exits import EXIT_NO_CHECKPOINT
-from pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
-from pipeline.outage import BrokerWatch
-from pipeline.simulate import SimulationReport, check_stream_options, stream_devices
-from pipeline.worker import (
+from edgestream.job.config import ConfigError, JobConfig
+from edgestream.job.sources import job_fleet_data
+from edgestream.job.topics import job_topics
+from edgestream.monitoring.metrics import serve_process
+from edgestream.monitoring.prometheus import file_sd_path, run_targets, write_file_sd
+from edgestream.monitoring.scrape import Scrape, scrape
+from edgestream.pipeline.app import app_id, sensor_group
+from edgestream.pipeline.drain import WAIT, DrainProgress, waiting_for
+from edgestream.pipeline.errors import RunError
+from edgestream.pipeline.exits import EXIT_NO_CHECKPOINT
+from edgestream.pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
+from edgestream.pipeline.outage import BrokerWatch
+from edgestream.pipeline.simulate import SimulationReport, check_stream_options, stream_devices
+from edgestream.pipeline.worker import (
     EXIT_FILE,
     SERVER_NAME,
     check_training_config,
     update_topics,
     warn_byzantine,
 )
-from streams import topics
+from edgestream.streams import topics
 
 #: The run's result (``RunResult.to_dict``), written on every exit, in the run's state dir.
 SUMMARY_FILE = "summary.json"
@@ -141,7 +141,7 @@ def start_worker_process(
     role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker, *(["--join"] if join else [])]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [*prefix, sys.executable, "-m", "pipeline", *role_args, "--job", str(cfg_path),
+            [*prefix, sys.executable, "-m", "edgestream", *role_args, "--job", str(cfg_path),
              "--bootstrap", bootstrap, "--metrics-port", str(metrics_port), *extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
@@ -297,7 +297,7 @@ def process_config(cfg: JobConfig) -> JobConfig:
     ``ConfigError`` if the file cannot be read (say how to make it)."""
     if not cfg.run.workers_password_file:
         return cfg
-    from pipeline.acl import workers_user
+    from edgestream.pipeline.acl import workers_user
 
     password_file = Path(cfg.run.workers_password_file).expanduser().resolve()
     if not password_file.is_file() or not os.access(password_file, os.R_OK):
@@ -344,7 +344,7 @@ def run_job(
     # to a worker that starts later (or joins) waits in its topic.
     ensure_topics(bootstrap, job_topics(cfg, subscribes))
     if training:
-        from pipeline.training import initial_workers
+        from edgestream.pipeline.training import initial_workers
 
         names = initial_workers(cfg)  # the others may join later (RunContext.start_worker)
     else:
@@ -386,7 +386,7 @@ def run_job(
         def produce() -> None:
             try:
                 if testbed is not None:
-                    from pipeline.testbed_run import enter_devices
+                    from edgestream.pipeline.testbed_run import enter_devices
 
                     enter_devices(testbed)  # this thread and the producers' threads
                 report_box["final"] = stream_devices(
@@ -606,7 +606,9 @@ def _collect(cfg: JobConfig, ctx: RunContext, state: Path, report: SimulationRep
                        {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
                        list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined), missing=missing)
     if training and cfg.train.stages and not missing:
-        from pipeline.training import assembled_evaluation  # torch: only for training runs
+        from edgestream.pipeline.training import (
+            assembled_evaluation,  # torch: only for training runs
+        )
 
         result.assembled = assembled_evaluation(
             cfg, job_fleet_data(cfg), {name: state / "workers" / name for name in cfg.worker_names()})
@@ -621,7 +623,7 @@ def _guard(fn, ctx, errors) -> None:
 
 
 def strategy_roles(name: str) -> tuple[str, ...]:
-    from trainers.strategies import roles
+    from edgestream.trainers.strategies import roles
 
     return roles(name)
 
@@ -648,8 +650,8 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
     message there (a malformed one counts 0). What the summary's "unread" is checked against."""
     from kafka.structs import TopicPartition
 
-    from pipeline.kafka_io import end_offsets, group_positions, read_range
-    from streams import codec
+    from edgestream.pipeline.kafka_io import end_offsets, group_positions, read_range
+    from edgestream.streams import codec
 
     topic = topics.sensor_topic(device)
     start = group_positions(bootstrap, group, [topic])
@@ -807,7 +809,7 @@ class RunContext:
             (self.state / "workers" / name / stale).unlink(missing_ok=True)
         extra: dict[str, Any] = {"join": True} if join else {}
         if self.testbed is not None:
-            from pipeline.testbed_run import process_placement
+            from edgestream.pipeline.testbed_run import process_placement
 
             extra["prefix"], extra["extra_args"] = process_placement(self.testbed, name)
         proc = start_worker_process(self.cfg_path, name, self.bootstrap, port, log_path, **extra)
@@ -1169,7 +1171,13 @@ def _log_hint(w: WorkerProc) -> str:
 def run_in_testbed(cfg: JobConfig, console: Console, *, garbage_per_device: int = 0, keep: bool = False):
     """`edgestream run` for a job with ``[testbed]``: testbed and brokers up, the run with every
     process on its host, the testbed table after the summary, everything down at the end."""
-    from pipeline.testbed_run import has_server, host_rows, hosts_table, links_summary, open_testbed
+    from edgestream.pipeline.testbed_run import (
+        has_server,
+        host_rows,
+        hosts_table,
+        links_summary,
+        open_testbed,
+    )
 
     with open_testbed(cfg, keep=keep, console=console) as session:
         console.print(hosts_table(host_rows(cfg, session.testbed.hosts, server=has_server(cfg)),

@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.kafka import wire
-from deploy.kafka.wire import ProtocolError  # raised here, caught as security.ProtocolError
+from edgestream.deploy.kafka import wire
+from edgestream.deploy.kafka.wire import (
+    ProtocolError,  # raised here, caught as security.ProtocolError
+)
 
 #: The environment variable that holds the SASL password when no file is configured.
 PASSWORD_ENV = "EDGESTREAM_KAFKA_PASSWORD"
@@ -148,7 +150,7 @@ def preflight(bootstrap: str, security: ClientSecurity | None = None, timeout_s:
     security = security or _current
     if not security.tls:
         return
-    from deploy.kafka.broker import host_port
+    from edgestream.deploy.kafka.broker import host_port
 
     context = security.ssl_context()
     assert context is not None

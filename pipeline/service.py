@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from monitoring.health import Health
+from edgestream.monitoring.health import Health
 
 log = logging.getLogger(__name__)
 

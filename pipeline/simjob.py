@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from job.config import JobConfig
-from job.plan import parse_params, training_plan
-from job.sources import job_fleet_data
-from trainers.simclock import Mode, RunConfig, StreamSet
+from edgestream.job.config import JobConfig
+from edgestream.job.plan import parse_params, training_plan
+from edgestream.job.sources import job_fleet_data
+from edgestream.trainers.simclock import Mode, RunConfig, StreamSet
 
 
 def streams_from_job(cfg: JobConfig, *, profile: str = "poisson") -> StreamSet:

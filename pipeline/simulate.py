@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 from kafka.errors import KafkaTimeoutError
 
-from job.config import ConfigError, JobConfig
-from job.sources import job_fleet_data, source_named
-from job.topics import sensor_topics_for
-from monitoring.metrics import Metrics
-from pipeline.kafka_io import TopicSetupError, ensure_topics, producer
-from pipeline.outage import BrokerWatch
-from streams import codec, topics
-from streams.garbage import KINDS, make_garbage
-from streams.simulator import build_simulators
+from edgestream.job.config import ConfigError, JobConfig
+from edgestream.job.sources import job_fleet_data, source_named
+from edgestream.job.topics import sensor_topics_for
+from edgestream.monitoring.metrics import Metrics
+from edgestream.pipeline.kafka_io import TopicSetupError, ensure_topics, producer
+from edgestream.pipeline.outage import BrokerWatch
+from edgestream.streams import codec, topics
+from edgestream.streams.garbage import KINDS, make_garbage
+from edgestream.streams.simulator import build_simulators
 
 log = logging.getLogger(__name__)
 
@@ -294,8 +294,8 @@ class _SendOrder:
 
 
 def _send_order(directory: Path, devices: list[str]) -> _SendOrder:
-    from pipeline.replay import _ordered_messages, sensor_record_count
-    from streams.recording import RecordingReader
+    from edgestream.pipeline.replay import _ordered_messages, sensor_record_count
+    from edgestream.streams.recording import RecordingReader
 
     reader = RecordingReader(directory)
     index = {topics.sensor_topic(d): i for i, d in enumerate(devices)}
@@ -322,8 +322,8 @@ def _replay_recording(
     progress: Callable[[SimulationReport], None] | None,
     report_path: Path | None,
 ) -> SimulationReport:
-    from pipeline.replay import ReplayError, replay
-    from streams.recording import parse_speed
+    from edgestream.pipeline.replay import ReplayError, replay
+    from edgestream.streams.recording import parse_speed
 
     try:
         speed = parse_speed(cfg.data.replay_speed)

@@ -34,9 +34,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from job.config import JobConfig
-from pipeline.errors import RunError
-from pipeline.worker import SERVER_NAME
+from edgestream.job.config import JobConfig
+from edgestream.pipeline.errors import RunError
+from edgestream.pipeline.worker import SERVER_NAME
 
 #: Where each broker host's Kafka node listens (in its own namespace) and its controller.
 BROKER_PORT = 9092
@@ -159,7 +159,7 @@ def start_brokers(testbed: Any, count: int, work_dir: Path, heap: str = "512m") 
     """Start ``count`` Kafka nodes, one in each broker host's namespace (1: one combined
     node; 3: a KRaft cluster of three), and wait until they answer from here (the root
     namespace, over the bridge)."""
-    from deploy.kafka import broker as kafka
+    from edgestream.deploy.kafka import broker as kafka
 
     names = broker_hosts(count)
     hosts = [testbed.hosts[n] for n in names]
@@ -205,7 +205,7 @@ def open_testbed(cfg: JobConfig, *, keep: bool = False, console: Console | None 
     yield; then stop the brokers and take the testbed down, also on error and Ctrl-C
     (``keep``: leave both running, for `edgestream testbed status` / `fault` by hand)."""
     require_root()
-    from deploy.testbed import Testbed, TestbedError
+    from edgestream.deploy.testbed import Testbed, TestbedError
 
     console = console or Console()
     try:
@@ -258,7 +258,7 @@ def links_summary(cfg: JobConfig, testbed: Any, result) -> Table:
 
 def has_server(cfg: JobConfig) -> bool:
     """The job trains with a strategy that has a server process."""
-    from trainers.strategies import roles
+    from edgestream.trainers.strategies import roles
 
     return cfg.train.enabled and "server" in roles(cfg.train.strategy)
 

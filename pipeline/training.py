@@ -52,30 +52,30 @@ from typing import Any
 import faust
 import numpy as np
 
-from job.config import ConfigError, JobConfig, emulated_wait_s
-from job.plan import training_plan
-from job.topics import SHARED_CHANNELS, channel_topic, read_topics, topic_channel
-from monitoring.metrics import Metrics
-from pipeline.ingest import CONSUMED, DEAD
-from streams import codec, topics
-from streams.batching import Batch, BatchQueue
-from streams.buffering import concat
-from streams.offsets import OffsetTracker
-from streams.simulator import FleetData
-from trainers import LocalTrainer, assembly, limit_torch_threads
-from trainers.checkpoint import SHAPE_MISMATCH, CheckpointStore
-from trainers.driver import Outbound, Stepped, TrainingDriver
-from trainers.errors import (
+from edgestream.job.config import ConfigError, JobConfig, emulated_wait_s
+from edgestream.job.plan import training_plan
+from edgestream.job.topics import SHARED_CHANNELS, channel_topic, read_topics, topic_channel
+from edgestream.monitoring.metrics import Metrics
+from edgestream.pipeline.ingest import CONSUMED, DEAD
+from edgestream.streams import codec, topics
+from edgestream.streams.batching import Batch, BatchQueue
+from edgestream.streams.buffering import concat
+from edgestream.streams.offsets import OffsetTracker
+from edgestream.streams.simulator import FleetData
+from edgestream.trainers import LocalTrainer, assembly, limit_torch_threads
+from edgestream.trainers.checkpoint import SHAPE_MISMATCH, CheckpointStore
+from edgestream.trainers.driver import Outbound, Stepped, TrainingDriver
+from edgestream.trainers.errors import (
     CheckpointNotFound,
     CheckpointRefused,
     NoUsableCheckpoint,
 )
-from trainers.evaluation import evaluate
-from trainers.guard import StepRejection
-from trainers.membership import HEARTBEAT, LEAVE, OPS, Liveness, is_stale
-from trainers.messages import UpdateMessage
-from trainers.stages import compose
-from trainers.wire import (
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.guard import StepRejection
+from edgestream.trainers.membership import HEARTBEAT, LEAVE, OPS, Liveness, is_stale
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.stages import compose
+from edgestream.trainers.wire import (
     HEADER_CODEC,
     HEADER_KIND,
     HEADER_TO,

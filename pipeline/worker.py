@@ -13,13 +13,13 @@ from pathlib import Path
 
 import faust
 
-from job.config import ConfigError, JobConfig
-from job.sources import job_fleet_data
-from job.topics import channel_topic, sensor_topics_for, training_topics
-from monitoring.health import Health
-from monitoring.metrics import Metrics, serve
-from pipeline import memory
-from pipeline.app import (
+from edgestream.job.config import ConfigError, JobConfig
+from edgestream.job.sources import job_fleet_data
+from edgestream.job.topics import channel_topic, sensor_topics_for, training_topics
+from edgestream.monitoring.health import Health
+from edgestream.monitoring.metrics import Metrics, serve
+from edgestream.pipeline import memory
+from edgestream.pipeline.app import (
     CountingSink,
     app_id,
     create_app,
@@ -27,16 +27,16 @@ from pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
-from pipeline.kafka_io import (
+from edgestream.pipeline.kafka_io import (
     adopt_group_offsets,
     end_offsets,
     ensure_topics,
     group_positions,
     set_group_offsets,
 )
-from pipeline.outage import BrokerWatch
-from pipeline.service import CONTEXT, ProcessService, StopSignals
-from streams import topics
+from edgestream.pipeline.outage import BrokerWatch
+from edgestream.pipeline.service import CONTEXT, ProcessService, StopSignals
+from edgestream.streams import topics
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +137,11 @@ def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
     (``subscribes``; empty without training). No side effects (no Kafka, no files); imports torch."""
     if not cfg.train.enabled:
         return ()
-    from compression import registry as compressors
-    from job.plan import parse_params
-    from pipeline.training import build_driver
-    from trainers import build_model
-    from trainers.strategies import roles
+    from edgestream.compression import registry as compressors
+    from edgestream.job.plan import parse_params
+    from edgestream.pipeline.training import build_driver
+    from edgestream.trainers import build_model
+    from edgestream.trainers.strategies import roles
 
     data = job_fleet_data(cfg)
     try:
@@ -267,7 +267,7 @@ def records_of_others(bootstrap: str, cfg: JobConfig, worker: str) -> int:
     beginning), other workers published (the key of every update record is its sender)."""
     from kafka.structs import TopicPartition
 
-    from pipeline.kafka_io import read_range
+    from edgestream.pipeline.kafka_io import read_range
 
     topic = channel_topic(cfg.job.name, "gradients")
     start = group_positions(bootstrap, app_id(cfg, worker), [topic]).get(f"{topic}:0", 0)
@@ -290,7 +290,7 @@ def join_decision(cfg: JobConfig, worker: str, bootstrap: str, state: Path, join
     workers where it would start reading: the job runs, and a fresh model replaying the
     log from there would never match its peers.
     """
-    from pipeline.training import has_checkpoint
+    from edgestream.pipeline.training import has_checkpoint
 
     if has_checkpoint(cfg, state):
         return False, "resumes from its checkpoint" + (" (--join does not apply)" if join else "")
@@ -333,7 +333,7 @@ def run_worker(
     data = job_fleet_data(cfg)
     runtime = None
     if cfg.train.enabled:
-        from pipeline.training import TrainingRuntime
+        from edgestream.pipeline.training import TrainingRuntime
 
         joining, why = join_decision(cfg, worker, bootstrap, state, join)
         runtime = TrainingRuntime(cfg, worker, data, metrics, state, joining=joining)
@@ -410,7 +410,7 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     Creates the training topics first; raises ``ProcessCrashed`` if its Faust app stopped on an error.
     """
     memory.tune_allocator()
-    from pipeline.training import TrainingRuntime
+    from edgestream.pipeline.training import TrainingRuntime
 
     ensure_topics(bootstrap, process_topics(cfg, SERVER_NAME))
     state, metrics = _start(cfg, SERVER_NAME, metrics_port, [], ("restored", "assigned"))

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streams.buffering import Sources, StreamBuffer, concat, slice_records
-from streams.records import RecordBatch
+from edgestream.streams.buffering import Sources, StreamBuffer, concat, slice_records
+from edgestream.streams.records import RecordBatch
 
 
 @dataclass

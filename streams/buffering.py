@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from streams.records import RecordBatch
+from edgestream.streams.records import RecordBatch
 
 POLICIES = ("persist", "truncate", "backpressure")
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import crc32c
 import numpy as np
 
-from streams.errors import OutOfRange, RecordDecodeError
-from streams.records import RecordBatch
+from edgestream.streams.errors import OutOfRange, RecordDecodeError
+from edgestream.streams.records import RecordBatch
 
 MAGIC = b"EDGS"
 #: The version ``encode`` writes.

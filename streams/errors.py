@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from streams.records import RecordBatch
+    from edgestream.streams.records import RecordBatch
 
 
 class StreamsError(Exception):

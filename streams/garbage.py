@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from streams import codec
-from streams.records import RecordBatch
+from edgestream.streams import codec
+from edgestream.streams.records import RecordBatch
 
 KINDS = ("random_bytes", "wrong_version", "wrong_shape", "nan", "oversized", "truncated", "bitflip")
 #: Kinds rejected only by a stream with a declared value range (``[0, 1]`` suffices).

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from streams.datasets import Dataset
+from edgestream.streams.datasets import Dataset
 
 __all__ = [
     "DeviceSampler",

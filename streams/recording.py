@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streams.errors import StreamsError
+from edgestream.streams.errors import StreamsError
 
 MAGIC = b"ESRC"
 VERSION = 1

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.datasets import Dataset, load_source, split_heldout
-from streams.partition import DeviceSampler, partition
-from streams.profiles import RateProfile, parse_profile
-from streams.records import RecordBatch
+from edgestream.streams.datasets import Dataset, load_source, split_heldout
+from edgestream.streams.partition import DeviceSampler, partition
+from edgestream.streams.profiles import RateProfile, parse_profile
+from edgestream.streams.records import RecordBatch
 
 
 class DeviceSimulator:

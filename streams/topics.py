@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from streams.errors import TopicNameError
+from edgestream.streams.errors import TopicNameError
 
 SENSOR_PREFIX = "sensors."
 SENSOR_DLQ = "sensors.dlq"

@@ -21,7 +21,7 @@ def kafka_bootstrap(tmp_path_factory) -> str:
     if existing:
         yield existing
         return
-    from deploy.kafka.broker import LocalBroker
+    from edgestream.deploy.kafka.broker import LocalBroker
 
     broker = LocalBroker(tmp_path_factory.mktemp("kafka"))
     broker.start()

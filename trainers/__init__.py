@@ -10,29 +10,29 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainers.aggregation import sample_weights, weighted_mean
-    from trainers.evaluation import EvalResult, evaluate
-    from trainers.local import LocalTrainer, StepResult, limit_torch_threads
-    from trainers.messages import Outgoing, UpdateMessage
-    from trainers.models import build_model, model_names, register_model
-    from trainers.validation import TensorSpec, validate_update
+    from edgestream.trainers.aggregation import sample_weights, weighted_mean
+    from edgestream.trainers.evaluation import EvalResult, evaluate
+    from edgestream.trainers.local import LocalTrainer, StepResult, limit_torch_threads
+    from edgestream.trainers.messages import Outgoing, UpdateMessage
+    from edgestream.trainers.models import build_model, model_names, register_model
+    from edgestream.trainers.validation import TensorSpec, validate_update
 
 #: Each re-exported name and the module that defines it.
 _HOME = {
-    "sample_weights": "trainers.aggregation",
-    "weighted_mean": "trainers.aggregation",
-    "EvalResult": "trainers.evaluation",
-    "evaluate": "trainers.evaluation",
-    "LocalTrainer": "trainers.local",
-    "StepResult": "trainers.local",
-    "limit_torch_threads": "trainers.local",
-    "Outgoing": "trainers.messages",
-    "UpdateMessage": "trainers.messages",
-    "build_model": "trainers.models",
-    "model_names": "trainers.models",
-    "register_model": "trainers.models",
-    "TensorSpec": "trainers.validation",
-    "validate_update": "trainers.validation",
+    "sample_weights": "edgestream.trainers.aggregation",
+    "weighted_mean": "edgestream.trainers.aggregation",
+    "EvalResult": "edgestream.trainers.evaluation",
+    "evaluate": "edgestream.trainers.evaluation",
+    "LocalTrainer": "edgestream.trainers.local",
+    "StepResult": "edgestream.trainers.local",
+    "limit_torch_threads": "edgestream.trainers.local",
+    "Outgoing": "edgestream.trainers.messages",
+    "UpdateMessage": "edgestream.trainers.messages",
+    "build_model": "edgestream.trainers.models",
+    "model_names": "edgestream.trainers.models",
+    "register_model": "edgestream.trainers.models",
+    "TensorSpec": "edgestream.trainers.validation",
+    "validate_update": "edgestream.trainers.validation",
 }
 
 __all__ = [

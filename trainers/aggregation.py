@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.errors import AggregationError
+from edgestream.trainers.errors import AggregationError
 
 
 def sample_weights(batch_sizes: Sequence[int]) -> list[float]:

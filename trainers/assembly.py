@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainers.byzantine import byzantine
-from trainers.driver import DecodeMemo, DriverConfig, TrainingDriver
-from trainers.errors import ModelConfigError, TrainerError
-from trainers.injection import DataInjector, shared_pool
-from trainers.local import LocalTrainer
-from trainers.models import build_model
-from trainers.stages import stage_trainer
-from trainers.strategies import StrategyContext, create, stage_split_names
+from edgestream.trainers.byzantine import byzantine
+from edgestream.trainers.driver import DecodeMemo, DriverConfig, TrainingDriver
+from edgestream.trainers.errors import ModelConfigError, TrainerError
+from edgestream.trainers.injection import DataInjector, shared_pool
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.models import build_model
+from edgestream.trainers.stages import stage_trainer
+from edgestream.trainers.strategies import StrategyContext, create, stage_split_names
 
 if TYPE_CHECKING:
-    from streams.simulator import FleetData
-    from trainers.plan import TrainingPlan
+    from edgestream.streams.simulator import FleetData
+    from edgestream.trainers.plan import TrainingPlan
 
 Injector = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, int]]
 """``(features, labels) -> (features, labels, injected samples)``, as ``TrainingDriver`` takes it."""

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import update_norm
-from trainers.errors import StrategyError
-from trainers.messages import Outgoing
-from trainers.strategies.base import (
+from edgestream.trainers.aggregation import update_norm
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.messages import Outgoing
+from edgestream.trainers.strategies.base import (
     StrategyContext,
     SyncStrategy,
     create,

@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trainers.errors import (
+from edgestream.trainers.errors import (
     CheckpointCorrupt,
     CheckpointError,
     CheckpointNotFound,
@@ -70,8 +70,8 @@ from trainers.errors import (
     CheckpointUnsound,
     NoUsableCheckpoint,
 )
-from trainers.local import LocalTrainer
-from trainers.strategies.base import SyncStrategy
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.strategies.base import SyncStrategy
 
 log = logging.getLogger(__name__)
 

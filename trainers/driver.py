@@ -51,21 +51,21 @@ from typing import Any
 
 import numpy as np
 
-from compression import registry as compressors
-from compression.controllers.policy import create_policy
-from compression.controllers.scadles import link_signal
-from compression.memory import ErrorFeedback, NoMemory
-from compression.pipeline import GradientCodec
-from trainers.errors import BatchError, StrategyError
-from trainers.evaluation import EvalResult, evaluate
-from trainers.guard import Culprits, CulpritSearch, StepGuard, StepRejection
-from trainers.local import LocalTrainer
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.observed import REASON as OUTSIDE_OBSERVED_RANGE
-from trainers.observed import ObservedRange
-from trainers.strategies.base import SyncStrategy
-from trainers.validation import TensorSpec
-from trainers.wire import HEADER_CODEC, MessageRejected, decode_update, encode_update
+from edgestream.compression import registry as compressors
+from edgestream.compression.controllers.policy import create_policy
+from edgestream.compression.controllers.scadles import link_signal
+from edgestream.compression.memory import ErrorFeedback, NoMemory
+from edgestream.compression.pipeline import GradientCodec
+from edgestream.trainers.errors import BatchError, StrategyError
+from edgestream.trainers.evaluation import EvalResult, evaluate
+from edgestream.trainers.guard import Culprits, CulpritSearch, StepGuard, StepRejection
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.observed import REASON as OUTSIDE_OBSERVED_RANGE
+from edgestream.trainers.observed import ObservedRange
+from edgestream.trainers.strategies.base import SyncStrategy
+from edgestream.trainers.validation import TensorSpec
+from edgestream.trainers.wire import HEADER_CODEC, MessageRejected, decode_update, encode_update
 
 #: Kinds whose tensors may go through a link's codec. Gradients and deltas are
 #: compressed unless the strategy marks one ``meta["compress"] = False``; model

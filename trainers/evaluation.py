@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainers.errors import BatchError
+from edgestream.trainers.errors import BatchError
 
 
 @dataclass(frozen=True)

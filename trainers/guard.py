@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainers.errors import BatchError
-from trainers.local import StepResult
+from edgestream.trainers.errors import BatchError
+from edgestream.trainers.local import StepResult
 
 #: ``reason`` values of a rejected step (metric label, dead-letter header).
 REASONS = ("bad_batch", "non_finite_loss", "non_finite_gradient", "gradient_norm", "gradient_spike")

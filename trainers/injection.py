@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainers.errors import StrategyError
+from edgestream.trainers.errors import StrategyError
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainers.errors import AggregationError, BatchError, TrainerError
+from edgestream.trainers.errors import AggregationError, BatchError, TrainerError
 
 
 def limit_torch_threads(num_threads: int) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainers.errors import ModelConfigError
+from edgestream.trainers.errors import ModelConfigError
 
 ModelFactory = Callable[..., nn.Module]
 

@@ -62,19 +62,19 @@ from typing import Any
 
 import numpy as np
 
-from streams.batching import AdaptiveBatcher, Batch, BatchQueue
-from streams.buffering import StreamBuffer, concat
-from streams.datasets import Dataset
-from streams.profiles import SCADLES_RATES
-from streams.records import RecordBatch
-from streams.simulator import DeviceSimulator, FleetData, build_simulators, fleet_data
-from trainers import assembly, strategies
-from trainers.consensus import consensus_distance
-from trainers.driver import DecodeMemo, Outbound, Stepped, TrainingDriver
-from trainers.evaluation import EvalResult, evaluate, time_to_target
-from trainers.local import limit_torch_threads
-from trainers.plan import TrainingPlan
-from trainers.stages import compose
+from edgestream.streams.batching import AdaptiveBatcher, Batch, BatchQueue
+from edgestream.streams.buffering import StreamBuffer, concat
+from edgestream.streams.datasets import Dataset
+from edgestream.streams.profiles import SCADLES_RATES
+from edgestream.streams.records import RecordBatch
+from edgestream.streams.simulator import DeviceSimulator, FleetData, build_simulators, fleet_data
+from edgestream.trainers import assembly, strategies
+from edgestream.trainers.consensus import consensus_distance
+from edgestream.trainers.driver import DecodeMemo, Outbound, Stepped, TrainingDriver
+from edgestream.trainers.evaluation import EvalResult, evaluate, time_to_target
+from edgestream.trainers.local import limit_torch_threads
+from edgestream.trainers.plan import TrainingPlan
+from edgestream.trainers.stages import compose
 
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",
@@ -641,7 +641,7 @@ class StreamInjection:
     ) -> None:
         """``pool``: a ``trainers.injection.Pool``; worker i's injector is seeded ``seed * 1000 + i``."""
         # Imported here: the runner itself does not need injection.
-        from trainers.injection import DataInjector
+        from edgestream.trainers.injection import DataInjector
 
         self._injector_class = DataInjector
         self.pool = pool
@@ -662,7 +662,7 @@ class StreamInjection:
         seed: int = 0,
     ) -> StreamInjection:
         """A pool of ``per_class`` samples per class from the streamed (never held-out) data."""
-        from trainers.injection import shared_pool
+        from edgestream.trainers.injection import shared_pool
 
         train = streams.data.train
         pool = shared_pool(train.features, train.labels, per_class, seed=seed)
@@ -1264,7 +1264,7 @@ def _ensure_registered(name: str) -> None:
     if name in strategies.names():
         return
     try:
-        importlib.import_module(f"trainers.strategies.{name}")
+        importlib.import_module(f"edgestream.trainers.strategies.{name}")
     except ModuleNotFoundError:
         pass  # strategies.create reports the unknown name with the registered ones
 

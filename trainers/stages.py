@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainers.errors import BatchError, ModelConfigError, StrategyError
-from trainers.local import LocalTrainer, StepResult
-from trainers.models import InputStandardizer, build_model
+from edgestream.trainers.errors import BatchError, ModelConfigError, StrategyError
+from edgestream.trainers.local import LocalTrainer, StepResult
+from edgestream.trainers.models import InputStandardizer, build_model
 
 
 def boundary_names(model: nn.Module) -> list[str]:

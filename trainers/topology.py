@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from trainers.errors import StrategyError
+from edgestream.trainers.errors import StrategyError
 
 TopologyName = Literal["ring", "torus", "regular", "complete"]
 TOPOLOGIES: tuple[str, ...] = get_args(TopologyName)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainers.errors import UpdateRejected
-from trainers.local import LocalTrainer
-from trainers.messages import MESSAGE_KINDS, UpdateMessage
+from edgestream.trainers.errors import UpdateRejected
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.messages import MESSAGE_KINDS, UpdateMessage
 
 Shape = tuple[int | None, ...]
 """A tensor shape; ``None`` in a position accepts any size there (e.g. a batch dim)."""

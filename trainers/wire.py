@@ -67,14 +67,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from compression import registry
-from compression.base import LayerContext
-from compression.errors import CompressionError
-from compression.pipeline import GradientCodec, decode_tensors, encode_tensors
-from trainers.errors import UpdateRejected
-from trainers.guard import gradient_norm
-from trainers.messages import MESSAGE_KINDS, UpdateMessage
-from trainers.validation import Shape, TensorSpec, validate_update
+from edgestream.compression import registry
+from edgestream.compression.base import LayerContext
+from edgestream.compression.errors import CompressionError
+from edgestream.compression.pipeline import GradientCodec, decode_tensors, encode_tensors
+from edgestream.trainers.errors import UpdateRejected
+from edgestream.trainers.guard import gradient_norm
+from edgestream.trainers.messages import MESSAGE_KINDS, UpdateMessage
+from edgestream.trainers.validation import Shape, TensorSpec, validate_update
 
 __all__ = [
     "COMPRESSED_KINDS",

@@ -1,8 +1,12 @@
 """Adaptive compression controllers: the ScaDLES vote, the Accordion switch and the byte budget."""
 
-from compression.controllers.accordion import AccordionSwitch
-from compression.controllers.budget import BandwidthEstimator, BudgetDecision, ByteBudgetController
-from compression.controllers.scadles import (
+from edgestream.compression.controllers.accordion import AccordionSwitch
+from edgestream.compression.controllers.budget import (
+    BandwidthEstimator,
+    BudgetDecision,
+    ByteBudgetController,
+)
+from edgestream.compression.controllers.scadles import (
     ScadlesSignal,
     ScadlesVote,
     compression_signal,

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from compression.base import LayerContext
-from compression.errors import CompressorConfigError
+from edgestream.compression.base import LayerContext
+from edgestream.compression.errors import CompressorConfigError
 
 
 class AccordionSwitch:

@@ -6,9 +6,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from compression import wire
-from compression.base import Compressor, LayerContext
-from compression.errors import CompressorConfigError
+from edgestream.compression import wire
+from edgestream.compression.base import Compressor, LayerContext
+from edgestream.compression.errors import CompressorConfigError
 
 
 class BandwidthEstimator:

@@ -22,10 +22,10 @@ from typing import Any, Protocol
 
 import torch
 
-from compression.base import Compressor, LayerContext
-from compression.controllers.accordion import AccordionSwitch
-from compression.controllers.budget import BandwidthEstimator, ByteBudgetController
-from compression.errors import CompressorConfigError
+from edgestream.compression.base import Compressor, LayerContext
+from edgestream.compression.controllers.accordion import AccordionSwitch
+from edgestream.compression.controllers.budget import BandwidthEstimator, ByteBudgetController
+from edgestream.compression.errors import CompressorConfigError
 
 POLICIES = ("none", "accordion", "budget")
 

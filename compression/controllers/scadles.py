@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
-from compression.errors import CompressorConfigError
-from compression.memory import Memory
-from compression.sparse import keep_count, select_topk
+from edgestream.compression.errors import CompressorConfigError
+from edgestream.compression.memory import Memory
+from edgestream.compression.sparse import keep_count, select_topk
 
 
 def compression_signal(grad_norms: Iterable[float], sent_norms: Iterable[float]) -> float:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.kafka import wire
+from edgestream.deploy.kafka import wire
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -411,7 +411,7 @@ class BrokerSecurity:
         """``BrokerError`` unless the brokers' certificate names every one of ``hosts`` (the
         addresses nodes advertise and bind their controller listeners to) in its
         subjectAltName: clients and peer nodes check it (TLS hostname verification)."""
-        from deploy.kafka.tls import PkiError, uncovered
+        from edgestream.deploy.kafka.tls import PkiError, uncovered
 
         cert = self.pki_dir / "broker.pem"
         try:

@@ -4,8 +4,8 @@
 or by name prefix after a crash: ``down_by_id``); docs/testbed.md has the picture.
 """
 
-from deploy.testbed.links import LinkSpec, parse_link
-from deploy.testbed.system import NeedsRoot, TestbedError
-from deploy.testbed.testbed import Host, Testbed, down_all, down_by_id, leftovers
+from edgestream.deploy.testbed.links import LinkSpec, parse_link
+from edgestream.deploy.testbed.system import NeedsRoot, TestbedError
+from edgestream.deploy.testbed.testbed import Host, Testbed, down_all, down_by_id, leftovers
 
 __all__ = ["Host", "LinkSpec", "NeedsRoot", "Testbed", "TestbedError", "down_all", "down_by_id", "leftovers", "parse_link"]

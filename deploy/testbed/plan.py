@@ -21,7 +21,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from deploy.testbed.links import LinkSpec, tbf_params
+from edgestream.deploy.testbed.links import LinkSpec, tbf_params
 
 #: Every namespace the testbed makes starts with this.
 NETNS_PREFIX = "edgestream-"

@@ -24,8 +24,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from deploy.testbed.links import LinkSpec
-from deploy.testbed.system import TestbedError, setns
+from edgestream.deploy.testbed.links import LinkSpec
+from edgestream.deploy.testbed.system import TestbedError, setns
 
 TOXIPROXY_VERSION = "2.5.0"
 TOXIPROXY_MODULE = f"github.com/Shopify/toxiproxy/v2/cmd/server@v{TOXIPROXY_VERSION}"
@@ -35,7 +35,7 @@ START_TIMEOUT_S = 10.0
 
 
 def binary_path() -> Path:
-    from deploy.kafka.broker import cache_root
+    from edgestream.deploy.kafka.broker import cache_root
 
     return cache_root() / f"toxiproxy-{TOXIPROXY_VERSION}" / "bin" / "server"
 

@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from deploy.kafka.broker import pid_alive
-from deploy.testbed.plan import LINK_RE, NETNS_RE, Cmd
+from edgestream.deploy.kafka.broker import pid_alive
+from edgestream.deploy.testbed.plan import LINK_RE, NETNS_RE, Cmd
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")

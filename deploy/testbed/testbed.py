@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.testbed import proxy
-from deploy.testbed.links import LinkSpec, parse_link
-from deploy.testbed.plan import (
+from edgestream.deploy.testbed import proxy
+from edgestream.deploy.testbed.links import LinkSpec, parse_link
+from edgestream.deploy.testbed.plan import (
     BROKER_PORT,
     HOST_IF,
     LINK_RE,
@@ -34,7 +34,7 @@ from deploy.testbed.plan import (
     partition_commands,
     shaping_commands,
 )
-from deploy.testbed.system import (
+from edgestream.deploy.testbed.system import (
     TestbedError,
     need_root,
     netns_list,
@@ -46,7 +46,7 @@ from deploy.testbed.system import (
     setns,
     stop_pids,
 )
-from deploy.testbed.system import (
+from edgestream.deploy.testbed.system import (
     leftovers as _leftovers,
 )
 

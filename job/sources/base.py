@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
-from job.errors import ConfigError
-from streams import codec
-from streams.simulator import FleetData, fleet_data
+from edgestream.job.errors import ConfigError
+from edgestream.streams import codec
+from edgestream.streams.simulator import FleetData, fleet_data
 
 if TYPE_CHECKING:
-    from job.config import JobConfig
+    from edgestream.job.config import JobConfig
 
 #: ``data.max_timestamp_skew_s = "auto"`` for a generated source (digits, synthetic): one hour.
 AUTO_TIMESTAMP_SKEW_S = 3600.0

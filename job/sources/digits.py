@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from job.sources.base import DatasetSource, register
-from streams.simulator import FleetData
+from edgestream.job.sources.base import DatasetSource, register
+from edgestream.streams.simulator import FleetData
 
 
 @register("digits")

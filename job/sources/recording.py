@@ -22,15 +22,21 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from job.errors import ConfigError
-from job.importer import HELDOUT_FILE, IMPORT_INFO, IMPORT_VERSION, TRAIN_FILE, import_command
-from job.sources.base import DataSource, declared_value_range, register
-from streams.datasets import Dataset
-from streams.recording import MANIFEST_NAME, ReplayError, parse_speed
-from streams.simulator import FleetData
+from edgestream.job.errors import ConfigError
+from edgestream.job.importer import (
+    HELDOUT_FILE,
+    IMPORT_INFO,
+    IMPORT_VERSION,
+    TRAIN_FILE,
+    import_command,
+)
+from edgestream.job.sources.base import DataSource, declared_value_range, register
+from edgestream.streams.datasets import Dataset
+from edgestream.streams.recording import MANIFEST_NAME, ReplayError, parse_speed
+from edgestream.streams.simulator import FleetData
 
 if TYPE_CHECKING:
-    from job.config import JobConfig
+    from edgestream.job.config import JobConfig
 
 
 class RecordingSourceError(ConfigError):

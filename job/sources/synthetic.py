@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from job.sources.base import DatasetSource, register
+from edgestream.job.sources.base import DatasetSource, register
 
 if TYPE_CHECKING:
-    from job.config import JobConfig
+    from edgestream.job.config import JobConfig
 
 
 @register("synthetic")

@@ -30,11 +30,11 @@ from kafka.errors import KafkaError
 from rich.console import Console
 from rich.table import Table
 
-from deploy.kafka.broker import LocalCluster
-from job.topics import channel_topic
-from monitoring.scrape import scrape
-from pipeline.kafka_io import admin_client
-from pipeline.run import RunContext, run_job
+from edgestream.deploy.kafka.broker import LocalCluster
+from edgestream.job.topics import channel_topic
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.kafka_io import admin_client
+from edgestream.pipeline.run import RunContext, run_job
 from tests.chaos.evidence import accounting_table, device_accounting
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 

@@ -26,9 +26,9 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from monitoring.scrape import scrape
-from pipeline.run import RunContext, run_job
-from pipeline.testbed_run import open_testbed
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.pipeline.testbed_run import open_testbed
 from tests.chaos.evidence import accounting_table, device_accounting
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 

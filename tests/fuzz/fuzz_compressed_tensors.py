@@ -27,9 +27,9 @@ import math
 
 import torch
 
-from compression import registry, wire
-from compression.errors import PayloadDecodeError
-from compression.pipeline import decode_tensors, encode_tensors
+from edgestream.compression import registry, wire
+from edgestream.compression.errors import PayloadDecodeError
+from edgestream.compression.pipeline import decode_tensors, encode_tensors
 from tests.fuzz.targets import FuzzFinding
 
 MAX_LEN = 8192

@@ -21,9 +21,9 @@ import functools
 import typing
 from pathlib import Path
 
-from cli.errors import CONFIG_ERRORS
-from job import config
-from job.config import JobConfig, dump_config, load_config
+from edgestream.cli.errors import CONFIG_ERRORS
+from edgestream.job import config
+from edgestream.job.config import JobConfig, dump_config, load_config
 from tests.fuzz.targets import REPO, FuzzFinding, scratch_dir
 
 MAX_LEN = 4096

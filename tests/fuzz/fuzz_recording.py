@@ -29,7 +29,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from streams.recording import (
+from edgestream.streams.recording import (
     FILE_SUFFIX,
     MANIFEST_NAME,
     RecordedMessage,

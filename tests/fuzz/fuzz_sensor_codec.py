@@ -29,10 +29,10 @@ from __future__ import annotations
 import crc32c
 import numpy as np
 
-from streams import codec
-from streams.codec import DecodeLimits, Decoder, decode, encode
-from streams.errors import OutOfRange, RecordDecodeError
-from streams.records import RecordBatch
+from edgestream.streams import codec
+from edgestream.streams.codec import DecodeLimits, Decoder, decode, encode
+from edgestream.streams.errors import OutOfRange, RecordDecodeError
+from edgestream.streams.records import RecordBatch
 from tests.fuzz.targets import FuzzFinding
 
 MAX_LEN = 16384

@@ -29,11 +29,16 @@ import struct
 
 import torch
 
-from compression import ErrorFeedback, GradientCodec, registry
+from edgestream.compression import ErrorFeedback, GradientCodec, registry
+from edgestream.trainers.messages import MESSAGE_KINDS, UpdateMessage
+from edgestream.trainers.validation import TensorSpec, validate_update
+from edgestream.trainers.wire import (
+    MessageEncodeError,
+    MessageRejected,
+    decode_update,
+    encode_update,
+)
 from tests.fuzz.targets import FuzzFinding
-from trainers.messages import MESSAGE_KINDS, UpdateMessage
-from trainers.validation import TensorSpec, validate_update
-from trainers.wire import MessageEncodeError, MessageRejected, decode_update, encode_update
 
 MAX_LEN = 8192
 ALLOWED = (MessageRejected,)

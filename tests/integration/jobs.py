@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from job.config import JobConfig, load_config
+from edgestream.job.config import JobConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def workers_of(result) -> dict[str, dict]:
 
 def steps_of(ctx, worker: str) -> float:
     """The worker's ``edgestream_steps_total`` now (0 if it cannot be scraped)."""
-    from monitoring.scrape import scrape
+    from edgestream.monitoring.scrape import scrape
 
     w = ctx.worker(worker)
     s = scrape(w.metrics_url) if w.metrics_url else None
@@ -79,7 +79,7 @@ def show(result, training: bool = True) -> None:
     captured output of a failing test."""
     from rich.console import Console
 
-    from pipeline.run import summary_table, training_table
+    from edgestream.pipeline.run import summary_table, training_table
 
     console = Console(width=200)
     console.print(summary_table(result, training))
@@ -101,8 +101,8 @@ def read_topic(bootstrap: str, topic: str, timeout_ms: int = 5000) -> list:
 
 def send_gradients(bootstrap: str, job: str, values, key: bytes = b"w0") -> None:
     """Produce raw ``values`` (encoded update messages, good or bad) to ``gradients.<job>``."""
-    from job.topics import channel_topic
-    from pipeline.kafka_io import producer
+    from edgestream.job.topics import channel_topic
+    from edgestream.pipeline.kafka_io import producer
 
     prod = producer(bootstrap)
     try:
@@ -115,7 +115,7 @@ def send_gradients(bootstrap: str, job: str, values, key: bytes = b"w0") -> None
 
 def dead_letter_reasons(bootstrap: str, job: str) -> list[str]:
     """The reason header of every record of ``gradients.<job>.dlq``, in log order."""
-    from streams import topics
+    from edgestream.streams import topics
 
     return [dict(r.headers)[topics.DLQ_HEADER_REASON].decode()
             for r in read_topic(bootstrap, topics.gradients_dlq_topic(job))]
@@ -123,7 +123,7 @@ def dead_letter_reasons(bootstrap: str, job: str) -> list[str]:
 
 def published_by_sender(bootstrap: str, topic: str, kind: str) -> dict[str, int]:
     """How many messages of ``kind`` each sender (the record key) published on ``topic``."""
-    from trainers.wire import HEADER_KIND
+    from edgestream.trainers.wire import HEADER_KIND
 
     counts: dict[str, int] = {}
     for record in read_topic(bootstrap, topic):
@@ -150,8 +150,8 @@ def gossip_job(unique: str, state_dir, *overrides: str) -> JobConfig:
 def newest_checkpoint(state_dir, worker: str):
     """The newest checkpoint ``worker`` wrote (``trainers.checkpoint.Checkpoint``), None if
     there is none or it vanished while being read (pruned)."""
-    from trainers.checkpoint import CheckpointStore, load_checkpoint
-    from trainers.errors import CheckpointError
+    from edgestream.trainers.checkpoint import CheckpointStore, load_checkpoint
+    from edgestream.trainers.errors import CheckpointError
 
     store = CheckpointStore(state_dir / "workers" / worker / "checkpoints")
     for path in store.candidates():
@@ -168,7 +168,7 @@ def start_cli(args, log_path: Path, *, cwd=REPO, env: dict | None = None, wrappe
     argv if any) in a session of its own, stdout and stderr appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:  # the process holds its own copy
-        return subprocess.Popen([*wrapper, sys.executable, "-m", "pipeline", *args], env=env, cwd=cwd,
+        return subprocess.Popen([*wrapper, sys.executable, "-m", "edgestream", *args], env=env, cwd=cwd,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 

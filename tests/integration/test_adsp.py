@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from job.topics import channel_topic
-from pipeline.run import RunContext, run_job
+from edgestream.job.topics import channel_topic
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.trainers import LocalTrainer, build_model
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.wire import encode_update
 from tests.integration.jobs import (
     dead_letter_reasons,
     published_by_sender,
@@ -30,9 +33,6 @@ from tests.integration.jobs import (
     wait_until,
     workers_of,
 )
-from trainers import LocalTrainer, build_model
-from trainers.messages import UpdateMessage
-from trainers.wire import encode_update
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +120,7 @@ def test_adsp_killed_worker_and_killed_server_resume_from_their_checkpoints(kafk
     seen: dict = {}
 
     def server_version(ctx: RunContext) -> float:
-        from monitoring.scrape import scrape
+        from edgestream.monitoring.scrape import scrape
 
         s = scrape(ctx.worker("server").metrics_url) if ctx.worker("server").metrics_url else None
         return s.get("edgestream_model_version", -1.0, worker="server") if s is not None else -1.0
@@ -134,7 +134,7 @@ def test_adsp_killed_worker_and_killed_server_resume_from_their_checkpoints(kafk
         wait_until(lambda: server_version(ctx) >= start + 3, 30, "the server to apply commits without w1")
         seen["applied_without_w1"] = not ctx.restarts  # before w1's restart (3 s backoff)
         wait_until(lambda: ctx.restarts == ["w1"] and ctx.worker("w1").ready, 90, "the supervisor to restart w1")
-        from monitoring.scrape import scrape
+        from edgestream.monitoring.scrape import scrape
 
         wait_until(lambda: (s := scrape(ctx.worker("w1").metrics_url)) is not None
                    and s.get("edgestream_commits_total", worker="w1") >= 2, 60, "the restarted w1 to commit")
@@ -186,7 +186,7 @@ def test_examples_refuse_bad_strategy_parameters_with_one_line(kafka_bootstrap, 
     env.pop("EDGESTREAM_DEBUG", None)
     # The three runs at once (each spends its seconds starting up), each with its own state dir.
     procs = {strategy: subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "run", "--job", str(REPO / "examples" / f"{strategy}.toml"),
+        [sys.executable, "-m", "edgestream", "run", "--job", str(REPO / "examples" / f"{strategy}.toml"),
          "--bootstrap", kafka_bootstrap, "--set", f"train.strategy_params={params}",
          "--set", f"run.state_dir={tmp_path / strategy}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env,

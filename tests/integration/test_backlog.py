@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from monitoring.scrape import scrape
-from pipeline.run import RunContext, balance_status, run_job
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.run import RunContext, balance_status, run_job
 from tests.integration.jobs import quiet, show, train_job, wait_until
 
 pytestmark = pytest.mark.integration

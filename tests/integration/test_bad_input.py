@@ -16,12 +16,12 @@ import pytest
 import torch
 from kafka import KafkaConsumer
 
-from job.sources import job_fleet_data
-from pipeline.run import RunContext, run_job
-from streams import codec, topics
-from streams.records import RecordBatch
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.streams import codec, topics
+from edgestream.streams.records import RecordBatch
+from edgestream.trainers.checkpoint import MAGIC, REASON_SUFFIX, REJECTED_DIR, load_checkpoint
 from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until, workers_of
-from trainers.checkpoint import MAGIC, REASON_SUFFIX, REJECTED_DIR, load_checkpoint
 
 pytestmark = pytest.mark.integration
 

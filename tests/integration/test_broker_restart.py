@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from monitoring.scrape import scrape
-from pipeline.kafka_io import ensure_topics, topic_names
-from streams.topics import SENSOR_DLQ
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.kafka_io import ensure_topics, topic_names
+from edgestream.streams.topics import SENSOR_DLQ
 from tests.integration.jobs import REPO, start_cli, stop_session, wait_until
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 def cli(*args: str, cwd: Path = REPO, timeout_s: float = 180.0) -> subprocess.CompletedProcess:
     """``edgestream ARGS`` to its end (this checkout, this interpreter)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from job.sources import job_fleet_data
-from job.topics import channel_topic
-from pipeline.run import run_job
+from edgestream.job.sources import job_fleet_data
+from edgestream.job.topics import channel_topic
+from edgestream.pipeline.run import run_job
+from edgestream.trainers import build_model
+from edgestream.trainers.aggregation import update_norm
+from edgestream.trainers.wire import HEADER_KIND, decode_update
 from tests.integration.jobs import quiet, read_topic, show, train_job, workers_of
-from trainers import build_model
-from trainers.aggregation import update_norm
-from trainers.wire import HEADER_KIND, decode_update
 
 pytestmark = pytest.mark.integration
 

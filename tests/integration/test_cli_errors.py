@@ -16,9 +16,9 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from deploy.kafka.broker import free_port
-from monitoring.scrape import scrape
-from streams.recording import RecordedMessage, RecordingWriter
+from edgestream.deploy.kafka.broker import free_port
+from edgestream.monitoring.scrape import scrape
+from edgestream.streams.recording import RecordedMessage, RecordingWriter
 from tests.integration.jobs import wait_until
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def cli_env() -> dict[str, str]:
 def cli(cwd: Path, *args: str, timeout_s: float = 180.0) -> tuple[subprocess.CompletedProcess, float]:
     """Run ``edgestream ARGS`` as a subprocess in ``cwd``; the result and its wall time."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=cli_env(),
+    proc = subprocess.run([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=cli_env(),
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     return proc, time.monotonic() - started
 
@@ -48,7 +48,7 @@ def cli(cwd: Path, *args: str, timeout_s: float = 180.0) -> tuple[subprocess.Com
 def cli_all(runs: list[tuple[Path, tuple[str, ...]]], timeout_s: float = 180.0) -> list[subprocess.CompletedProcess]:
     """Run several ``edgestream ARGS`` at once, each as ``cli`` runs it (its own ``cwd``):
     their results in order. For commands that spend their time starting up."""
-    procs = [subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=cli_env(),
+    procs = [subprocess.Popen([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=cli_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
              for cwd, args in runs]
     try:
@@ -217,7 +217,7 @@ def job_flags(unique: str, state: Path, workers: int, *extra: str) -> list[str]:
 
 def start(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
     err = open(tmp_path / f"{name}.err", "w")  # noqa: SIM115 - the process owns it
-    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=tmp_path, env=cli_env(),
+    return subprocess.Popen([sys.executable, "-m", "edgestream", *args], cwd=tmp_path, env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
                             start_new_session=True)
 

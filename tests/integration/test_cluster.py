@@ -15,8 +15,8 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError
 from kafka.structs import TopicPartition
 
-from deploy.kafka.broker import LocalCluster, is_broker_pid
-from pipeline.kafka_io import admin_client, ensure_topics, producer
+from edgestream.deploy.kafka.broker import LocalCluster, is_broker_pid
+from edgestream.pipeline.kafka_io import admin_client, ensure_topics, producer
 from tests.integration.jobs import wait_until
 
 pytestmark = pytest.mark.integration
@@ -164,7 +164,7 @@ def test_a_killed_leader_loses_no_acknowledged_write_and_duplicates_none(cluster
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgestream", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -14,10 +14,13 @@ import time
 import numpy as np
 import pytest
 
-from job.sources import job_fleet_data
-from pipeline.run import RunContext, run_job
-from streams import codec, topics
-from streams.records import RecordBatch
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.streams import codec, topics
+from edgestream.streams.records import RecordBatch
+from edgestream.trainers.guard import REASONS as STEP_REASONS
+from edgestream.trainers.observed import REASON as OUTSIDE
+from edgestream.trainers.observed import ObservedRange
 from tests.integration.jobs import (
     newest_checkpoint,
     quiet,
@@ -28,9 +31,6 @@ from tests.integration.jobs import (
     workers_of,
 )
 from tests.integration.test_bad_input import dead_letters
-from trainers.guard import REASONS as STEP_REASONS
-from trainers.observed import REASON as OUTSIDE
-from trainers.observed import ObservedRange
 
 pytestmark = pytest.mark.integration
 

@@ -37,11 +37,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from job.config import load_config
-from job.topics import sensor_topics_for
-from monitoring.dashboards import all_dashboards, expand, training
-from monitoring.metrics import serve_process
-from monitoring.prometheus import (
+from edgestream.job.config import load_config
+from edgestream.job.topics import sensor_topics_for
+from edgestream.monitoring.dashboards import all_dashboards, expand, training
+from edgestream.monitoring.metrics import serve_process
+from edgestream.monitoring.prometheus import (
     RULES_FILE,
     LocalPrometheus,
     PrometheusError,
@@ -49,16 +49,16 @@ from monitoring.prometheus import (
     run_targets,
     write_file_sd,
 )
-from monitoring.render import KEY_PANELS, render_fleet
-from monitoring.scrape import scrape
-from pipeline.app import sensor_group
-from pipeline.kafka_io import ensure_topics, start_groups_at_end
-from pipeline.run import run_job, start_worker_process, stop_process
-from pipeline.simulate import simulate
-from streams import topics
-from streams.garbage import KINDS
-from trainers.consensus import sketch_spread
-from trainers.strategies import roles
+from edgestream.monitoring.render import KEY_PANELS, render_fleet
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.app import sensor_group
+from edgestream.pipeline.kafka_io import ensure_topics, start_groups_at_end
+from edgestream.pipeline.run import run_job, start_worker_process, stop_process
+from edgestream.pipeline.simulate import simulate
+from edgestream.streams import topics
+from edgestream.streams.garbage import KINDS
+from edgestream.trainers.consensus import sketch_spread
+from edgestream.trainers.strategies import roles
 
 pytestmark = pytest.mark.integration
 

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import ddp_peer
-from job.config import JobConfig, load_config
-from job.sources import job_fleet_data
-from job.topics import sensor_topics_for
-from pipeline.kafka_io import ensure_topics, producer
-from pipeline.run import stop_process
-from streams import codec, topics
-from streams.garbage import EXPECTED_REASON, KINDS, make_garbage
-from streams.simulator import build_simulators
+from edgestream.benchmarks import ddp_peer
+from edgestream.job.config import JobConfig, load_config
+from edgestream.job.sources import job_fleet_data
+from edgestream.job.topics import sensor_topics_for
+from edgestream.pipeline.kafka_io import ensure_topics, producer
+from edgestream.pipeline.run import stop_process
+from edgestream.streams import codec, topics
+from edgestream.streams.garbage import EXPECTED_REASON, KINDS, make_garbage
+from edgestream.streams.simulator import build_simulators
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ def test_three_ranks_step_together_and_skip_bad_records(kafka_bootstrap, unique,
 LAUNCHER = r"""
 import json, sys, time
 from pathlib import Path
-from benchmarks import ddp_peer
+from edgestream.benchmarks import ddp_peer
 
 procs = ddp_peer.launch(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), batch=32,
                         origin=time.time(), duration_s=120, target_accuracy=0.99)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.testbed.links import parse_link
-from monitoring.scrape import scrape
-from pipeline.run import RunContext, run_job
-from pipeline.testbed_run import open_testbed
+from edgestream.deploy.testbed.links import parse_link
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.pipeline.testbed_run import open_testbed
 from tests.integration.jobs import quiet, show, train_job, wait_until, workers_of
 
 pytestmark = pytest.mark.integration

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer
 
-from job.sources import job_fleet_data
-from pipeline.run import RunContext, run_job
-from streams import codec, topics
-from streams.records import RecordBatch
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.streams import codec, topics
+from edgestream.streams.records import RecordBatch
 from tests.integration.jobs import newest_checkpoint, quiet, show, steps_of, train_job, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,10 @@ import itertools
 import pytest
 import torch
 
-from job.sources import job_fleet_data
-from pipeline.run import RunContext, run_job
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.trainers import LocalTrainer, build_model
+from edgestream.trainers.strategies.gossip import initial_noise
 from tests.integration.jobs import (
     gossip_job,
     newest_checkpoint,
@@ -27,8 +29,6 @@ from tests.integration.jobs import (
     wait_until,
     workers_of,
 )
-from trainers import LocalTrainer, build_model
-from trainers.strategies.gossip import initial_noise
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def own_models(state_dir, workers) -> dict[str, dict[str, torch.Tensor]]:
 
 def gauge_peers(ctx: RunContext, worker: str, name: str) -> dict[str, float]:
     """A per-peer gauge of ``worker`` now (``peer`` -> value; empty if it cannot be scraped)."""
-    from monitoring.scrape import scrape
+    from edgestream.monitoring.scrape import scrape
 
     w = ctx.worker(worker)
     s = scrape(w.metrics_url) if w.metrics_url else None
@@ -84,7 +84,7 @@ def gauge_peers(ctx: RunContext, worker: str, name: str) -> dict[str, float]:
 
 
 def live_workers(ctx: RunContext, worker: str) -> float:
-    from monitoring.scrape import scrape
+    from edgestream.monitoring.scrape import scrape
 
     w = ctx.worker(worker)
     s = scrape(w.metrics_url) if w.metrics_url and w.ready else None

@@ -12,12 +12,17 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer
 from rich.console import Console
 
-from job.config import load_config
-from pipeline.app import sensor_group
-from pipeline.kafka_io import end_offsets
-from pipeline.run import run_job
-from streams.garbage import EXPECTED_REASON, KINDS
-from streams.topics import DLQ_HEADER_OFFSET, DLQ_HEADER_REASON, DLQ_HEADER_TOPIC, SENSOR_DLQ
+from edgestream.job.config import load_config
+from edgestream.pipeline.app import sensor_group
+from edgestream.pipeline.kafka_io import end_offsets
+from edgestream.pipeline.run import run_job
+from edgestream.streams.garbage import EXPECTED_REASON, KINDS
+from edgestream.streams.topics import (
+    DLQ_HEADER_OFFSET,
+    DLQ_HEADER_REASON,
+    DLQ_HEADER_TOPIC,
+    SENSOR_DLQ,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from job.topics import channel_topic, sensor_topics_for, training_topics
-from pipeline.app import sensor_group
-from pipeline.kafka_io import ensure_topics, producer, set_group_offsets
-from pipeline.run import records_in_kafka
-from pipeline.worker import join_decision
-from streams import codec, topics
-from streams.codec import RecordBatch
+from edgestream.job.topics import channel_topic, sensor_topics_for, training_topics
+from edgestream.pipeline.app import sensor_group
+from edgestream.pipeline.kafka_io import ensure_topics, producer, set_group_offsets
+from edgestream.pipeline.run import records_in_kafka
+from edgestream.pipeline.worker import join_decision
+from edgestream.streams import codec, topics
+from edgestream.streams.codec import RecordBatch
 from tests.integration.jobs import train_job
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.run import run_job
+from edgestream.pipeline.run import run_job
 from tests.integration.jobs import quiet, show, train_job, workers_of
 
 pytestmark = pytest.mark.integration

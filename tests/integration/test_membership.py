@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.run import RunContext, run_job
+from edgestream.pipeline.run import RunContext, run_job
 from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until, workers_of
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ MEMBERSHIP = (
 
 def gauge(ctx: RunContext, worker: str, name: str, **labels: str) -> float:
     """A gauge of ``worker``'s /metrics now (-1 if it cannot be scraped)."""
-    from monitoring.scrape import scrape
+    from edgestream.monitoring.scrape import scrape
 
     w = ctx.worker(worker)
     s = scrape(w.metrics_url) if w.metrics_url else None

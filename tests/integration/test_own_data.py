@@ -9,9 +9,9 @@ import io
 import pytest
 from rich.console import Console
 
-from job.config import load_config
-from job.importer import ImportSpec, import_table
-from pipeline.run import run_job
+from edgestream.job.config import load_config
+from edgestream.job.importer import ImportSpec, import_table
+from edgestream.pipeline.run import run_job
 from tests.integration.jobs import show
 
 pytestmark = pytest.mark.integration
@@ -84,8 +84,8 @@ def test_a_messy_csv_is_refused_or_imported_as_a_job_that_runs(kafka_bootstrap, 
 
     import numpy as np
 
-    from cli.main import main
-    from pipeline.exits import EXIT_CONFIG
+    from edgestream.cli.main import main
+    from edgestream.pipeline.exits import EXIT_CONFIG
 
     clean = write_breast_cancer_csv(tmp_path / "clean.csv").read_text().splitlines()
     big = float(np.finfo(np.float32).max)  # the largest float32, as Python prints it

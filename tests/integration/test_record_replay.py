@@ -11,15 +11,20 @@ import pytest
 from kafka import KafkaProducer
 from rich.console import Console
 
-from cli.main import main as cli_main
-from job.config import load_config
-from pipeline.kafka_io import ensure_topics
-from pipeline.record import record
-from pipeline.replay import replay
-from pipeline.replay_workers import replay_through_workers
-from pipeline.run import run_job
-from streams.garbage import KINDS
-from streams.recording import RecordedMessage, RecordingCorrupt, RecordingReader, RecordingWriter
+from edgestream.cli.main import main as cli_main
+from edgestream.job.config import load_config
+from edgestream.pipeline.kafka_io import ensure_topics
+from edgestream.pipeline.record import record
+from edgestream.pipeline.replay import replay
+from edgestream.pipeline.replay_workers import replay_through_workers
+from edgestream.pipeline.run import run_job
+from edgestream.streams.garbage import KINDS
+from edgestream.streams.recording import (
+    RecordedMessage,
+    RecordingCorrupt,
+    RecordingReader,
+    RecordingWriter,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from cli.broker import _write_client_settings
-from cli.main import main
-from deploy.kafka.broker import ADMIN_USER, BrokerSecurity, LocalCluster, broker_count
-from deploy.kafka.tls import make_pki
-from pipeline.kafka_io import ensure_topics, producer, read_range
-from streams import topics
+from edgestream.cli.broker import _write_client_settings
+from edgestream.cli.main import main
+from edgestream.deploy.kafka.broker import ADMIN_USER, BrokerSecurity, LocalCluster, broker_count
+from edgestream.deploy.kafka.tls import make_pki
+from edgestream.pipeline.kafka_io import ensure_topics, producer, read_range
+from edgestream.streams import topics
 from tests.integration import test_security
 from tests.integration.jobs import wait_until
 from tests.integration.test_cluster import partition_state

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from kafka.errors import KafkaError
 
-from deploy.kafka.broker import ADMIN_USER, BrokerSecurity, LocalBroker
-from deploy.kafka.tls import make_pki
-from job.config import load_config
-from pipeline import acl, security
-from pipeline.kafka_io import consumer, producer
-from pipeline.run import run_job
-from pipeline.simulate import simulate
+from edgestream.deploy.kafka.broker import ADMIN_USER, BrokerSecurity, LocalBroker
+from edgestream.deploy.kafka.tls import make_pki
+from edgestream.job.config import load_config
+from edgestream.pipeline import acl, security
+from edgestream.pipeline.kafka_io import consumer, producer
+from edgestream.pipeline.run import run_job
+from edgestream.pipeline.simulate import simulate
 from tests.integration.jobs import REPO, quiet, start_worker_cli, wait_until
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ def as_user():
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgestream", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env={**os.environ, "EDGESTREAM_KAFKA_PASSWORD": ""})
 
 

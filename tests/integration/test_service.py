@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from pipeline.kafka_io import end_offsets
-from pipeline.run import RunContext, run_job
-from streams import topics
+from edgestream.pipeline.kafka_io import end_offsets
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.streams import topics
+from edgestream.trainers.checkpoint import MODEL_VERSION_KEY
 from tests.integration.jobs import (
     newest_checkpoint,
     probe,
@@ -20,7 +21,6 @@ from tests.integration.jobs import (
     worker_endpoint,
     workers_of,
 )
-from trainers.checkpoint import MODEL_VERSION_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def test_sigterm_checkpoints_leaves_and_the_restart_resumes_ready(kafka_bootstra
     seen: dict = {}
 
     def stop_and_restart(ctx: RunContext) -> None:
-        from monitoring.scrape import scrape
+        from edgestream.monitoring.scrape import scrape
 
         w1 = ctx.worker("w1")
         info = wait_until(lambda: worker_endpoint(state_dir, "w1", w1.proc.pid), 60, "w1's endpoint file")

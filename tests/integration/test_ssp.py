@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.run import run_job
+from edgestream.pipeline.run import run_job
+from edgestream.trainers.strategies.ssp import staleness_bound
 from tests.integration.jobs import quiet, show, train_job, workers_of
-from trainers.strategies.ssp import staleness_bound
 
 pytestmark = pytest.mark.integration
 

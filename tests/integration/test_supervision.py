@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from job.config import load_config
-from pipeline.run import ProcessFailed, RunContext, run_job
+from edgestream.job.config import load_config
+from edgestream.pipeline.run import ProcessFailed, RunContext, run_job
 from tests.integration.jobs import quiet, steps_of, wait_until
 
 pytestmark = pytest.mark.integration

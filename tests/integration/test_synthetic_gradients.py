@@ -19,10 +19,12 @@ import struct
 import pytest
 import torch
 
-from job.topics import channel_topic
-from monitoring.scrape import scrape
-from pipeline.kafka_io import producer
-from pipeline.run import RunContext, run_job
+from edgestream.job.topics import channel_topic
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.kafka_io import producer
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.wire import encode_update
 from tests.integration.jobs import (
     dead_letter_reasons,
     quiet,
@@ -32,8 +34,6 @@ from tests.integration.jobs import (
     wait_until,
     workers_of,
 )
-from trainers.messages import UpdateMessage
-from trainers.wire import encode_update
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from job.config import dump_config
+from edgestream.job.config import dump_config
 from tests.integration.jobs import (
     REPO,
     http_status,
@@ -249,7 +249,7 @@ def free_port() -> int:
 
 
 def steps_of(service: Service, worker: str) -> float:
-    from monitoring.scrape import scrape
+    from edgestream.monitoring.scrape import scrape
 
     s = scrape(service.url("/metrics"))
     return s.get("edgestream_steps_total", worker=worker) if s is not None else 0.0
@@ -383,7 +383,7 @@ def corrupt_checkpoints(directory: Path) -> dict[str, str]:
     words of the reason the store gives for it."""
     import hashlib
 
-    from trainers.checkpoint import MAGIC, checkpoint_name
+    from edgestream.trainers.checkpoint import MAGIC, checkpoint_name
 
     not_torch = b"not a torch payload"
     files = {

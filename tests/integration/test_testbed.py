@@ -19,10 +19,17 @@ import uuid
 
 import pytest
 
-from deploy.testbed import LinkSpec, Testbed, TestbedError, down_by_id, leftovers, parse_link
-from deploy.testbed.proxy import is_proxy_pid
-from deploy.testbed.system import NeedsRoot, need_root, netns_list, root_links
-from deploy.testbed.testbed import free_subnet
+from edgestream.deploy.testbed import (
+    LinkSpec,
+    Testbed,
+    TestbedError,
+    down_by_id,
+    leftovers,
+    parse_link,
+)
+from edgestream.deploy.testbed.proxy import is_proxy_pid
+from edgestream.deploy.testbed.system import NeedsRoot, need_root, netns_list, root_links
+from edgestream.deploy.testbed.testbed import free_subnet
 
 SINK = """
 import socket, sys
@@ -240,7 +247,7 @@ def test_crashed_testbed_is_found_and_removed(testbed_id, subnet, tmp_path):
 
 def test_cli_without_privileges_says_root_is_needed(testbed_id):
     assert shutil.which("setpriv"), "needs setpriv (util-linux) to drop privileges"
-    out = subprocess.run(["setpriv", "--bounding-set", "-net_admin,-sys_admin", sys.executable, "-m", "pipeline",
+    out = subprocess.run(["setpriv", "--bounding-set", "-net_admin,-sys_admin", sys.executable, "-m", "edgestream",
                           "testbed", "status"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "needs root" in out.stderr and "run as root or with sudo" in out.stderr

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy.testbed.plan import HOST_IF
-from deploy.testbed.testbed import read_qdisc
-from monitoring.prometheus import file_sd_path
-from pipeline.run import run_job
-from pipeline.testbed_run import open_testbed
+from edgestream.deploy.testbed.plan import HOST_IF
+from edgestream.deploy.testbed.testbed import read_qdisc
+from edgestream.monitoring.prometheus import file_sd_path
+from edgestream.pipeline.run import run_job
+from edgestream.pipeline.testbed_run import open_testbed
 from tests.integration.jobs import quiet, show, train_job
 
 pytestmark = pytest.mark.integration

@@ -7,13 +7,13 @@ import pytest
 import torch
 from kafka import KafkaConsumer
 
-from pipeline.kafka_io import end_offsets
-from pipeline.run import RunContext, run_job
-from streams import topics
+from edgestream.pipeline.kafka_io import end_offsets
+from edgestream.pipeline.run import RunContext, run_job
+from edgestream.streams import topics
+from edgestream.trainers import LocalTrainer, build_model
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.wire import encode_update
 from tests.integration.jobs import quiet, send_gradients, show, train_job, wait_until, workers_of
-from trainers import LocalTrainer, build_model
-from trainers.messages import UpdateMessage
-from trainers.wire import encode_update
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def test_killed_worker_resumes_from_checkpoint_and_loses_nothing(kafka_bootstrap
     seen = {}
 
     def crash(ctx: RunContext) -> None:
-        from monitoring.scrape import scrape
+        from edgestream.monitoring.scrape import scrape
 
         w1 = ctx.worker("w1")
         # Killed before its first periodic checkpoint (every 10 steps): the restart must

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from job.config import JobConfig
+from edgestream.job.config import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -55,9 +55,20 @@ def _literal_prefix(arg: ast.expr) -> str | None:
     return None
 
 
+#: The one import package: ``edgestream.pipeline`` is the repository's ``pipeline/``.
+NAMESPACE = "edgestream."
+
+
 def imported_modules(source: str, module: str, is_package: bool = False) -> Iterator[tuple[int, str]]:
     """``(line, module)`` for every import in ``source``: statements anywhere, and
-    ``importlib.import_module`` / ``__import__`` calls with a literal name."""
+    ``importlib.import_module`` / ``__import__`` calls with a literal name; a name under the
+    ``edgestream`` namespace is given as the repository's (``edgestream.pipeline.x`` ->
+    ``pipeline.x``)."""
+    for line, name in _imported_names(source, module, is_package):
+        yield line, name.removeprefix(NAMESPACE)
+
+
+def _imported_names(source: str, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -125,6 +136,8 @@ def test_deploy_does_not_import_pipeline():
         ("import kafka\n", "streams.x", False, "kafka"),
         ("import aiokafka.structs as s\n", "streams.x", False, "aiokafka.structs"),
         ("from pipeline import config\n", "trainers.x", False, "pipeline.config"),
+        ("from edgestream.pipeline import config\n", "trainers.x", False, "pipeline.config"),
+        ("import edgestream.monitoring.metrics as m\n", "trainers.x", False, "monitoring.metrics"),
         ("from pipeline.buffering import StreamBuffer\n", "trainers.x", False, "pipeline.buffering.StreamBuffer"),
         ("def f():\n    from monitoring.metrics import Metrics\n", "compression.x", False, "monitoring.metrics.Metrics"),
         ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import faust\n", "streams.x", False, "faust"),
@@ -154,8 +167,8 @@ def test_relative_imports_resolve_inside_their_package_and_look_alike_names_pass
 
 
 # --- the CLI on the top floor ----------------------------------------------------------------
-#: The one module below the top floor that may import ``cli``: ``python -m pipeline`` runs it.
-CLI_ENTRY = "pipeline/__main__.py"
+#: The one module outside ``cli`` that may import it: ``python -m edgestream`` runs it.
+CLI_ENTRY = "edgestream/__main__.py"
 
 
 def top_level_packages() -> tuple[str, ...]:
@@ -163,12 +176,32 @@ def top_level_packages() -> tuple[str, ...]:
     return tuple(sorted(p.name for p in REPO.iterdir() if (p / "__init__.py").exists() and p.name != "tests"))
 
 
-def test_cli_is_the_top_floor_imported_only_by_python_m_pipeline():
+def test_cli_is_the_top_floor_imported_only_by_python_m_edgestream():
     below = tuple(p for p in top_level_packages() if p != "cli")
-    assert {"pipeline", "monitoring", "benchmarks"} <= set(below)
+    assert {"pipeline", "monitoring", "benchmarks", "edgestream"} <= set(below)
     bad = [v for v in violations(below, ("cli",)) if not v.startswith(CLI_ENTRY + ":")]
-    assert not bad, "only the top floor (cli/) and pipeline/__main__.py may import cli:\n" + "\n".join(bad)
-    assert violations(("pipeline",), ("cli",)), f"{CLI_ENTRY} should delegate to cli.main"
+    assert not bad, "only the top floor (cli/) and edgestream/__main__.py may import cli:\n" + "\n".join(bad)
+    assert violations(("edgestream",), ("cli",)), f"{CLI_ENTRY} should delegate to cli.main"
+
+
+def test_every_import_of_the_house_is_spelled_under_the_edgestream_namespace():
+    """``from edgestream.pipeline import x``, never ``from pipeline import x``: installed, only
+    ``edgestream`` exists (and a bare ``compression`` would be Python 3.14's own package)."""
+    ours = set(top_level_packages()) - {"edgestream"}
+    bare = []
+    for package in [*top_level_packages(), "tests"]:
+        for path in python_files(package):
+            for line, name in _imported_names(path.read_text(encoding="utf-8"), module_name(path),
+                                              path.name == "__init__.py"):
+                if name.split(".")[0] in ours and not _spelled_relative(path, line):
+                    bare.append(f"{path.relative_to(REPO)}:{line}: {name}")
+    assert not bare, "imports outside the edgestream namespace:\n" + "\n".join(bare)
+
+
+def _spelled_relative(path: Path, line: int) -> bool:
+    """The import on ``line`` is written relative (``from .base import X``)."""
+    text = path.read_text(encoding="utf-8").splitlines()[line - 1].strip()
+    return text.startswith("from .")
 
 
 def test_monitoring_imports_neither_pipeline_nor_cli():
@@ -182,6 +215,7 @@ def test_monitoring_imports_neither_pipeline_nor_cli():
 #: The house from the ground up: a package may import its own floor's package or any package on
 #: a lower floor, never one above (``pipeline/__main__.py`` -> ``cli`` is the one exception).
 FLOORS: tuple[tuple[str, ...], ...] = (
+    ("edgestream",),  # the namespace's __init__ (its version); its __main__ is CLI_ENTRY
     ("streams", "compression"),
     ("trainers",),
     ("deploy",),

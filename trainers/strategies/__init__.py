@@ -1,7 +1,17 @@
 """Sync strategies, one module each; importing this package registers them all."""
 
-from trainers.strategies import adsp, asp, bsp, dlion, gossip, localsgd, scadles, ssp, staged  # noqa: F401  (registry entries: one line per strategy)
-from trainers.strategies.base import (
+from edgestream.trainers.strategies import (  # noqa: F401  (registry entries: one line per strategy)
+    adsp,
+    asp,
+    bsp,
+    dlion,
+    gossip,
+    localsgd,
+    scadles,
+    ssp,
+    staged,
+)
+from edgestream.trainers.strategies.base import (
     Observations,
     Outgoing,
     StrategyContext,

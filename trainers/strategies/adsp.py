@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from trainers.commit_rate import CommitRateSearch, CommitScheduler, commit_interval
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import (
+from edgestream.trainers.commit_rate import CommitRateSearch, CommitScheduler, commit_interval
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.strategies.base import (
     Observations,
     StrategyContext,
     SyncStrategy,
@@ -46,7 +46,7 @@ from trainers.strategies.base import (
     register,
     snapshot_message,
 )
-from trainers.strategies.windowed import WindowedServer
+from edgestream.trainers.strategies.windowed import WindowedServer
 
 #: ``meta.op`` of the control message that carries the commit target.
 COMMIT_RATE_OP = "commit_rate"

@@ -25,13 +25,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from trainers.aggregation import scale_tensors
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.staleness import StalenessTracker
-from trainers.strategies.base import StrategyContext, SyncStrategy, register, snapshot_message
-from trainers.strategies.windowed import WindowedServer
+from edgestream.trainers.aggregation import scale_tensors
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.staleness import StalenessTracker
+from edgestream.trainers.strategies.base import (
+    StrategyContext,
+    SyncStrategy,
+    register,
+    snapshot_message,
+)
+from edgestream.trainers.strategies.windowed import WindowedServer
 
 StalenessLR = Literal["none", "inverse"]
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from trainers.errors import StrategyError, UnknownStrategyError
-from trainers.local import LocalTrainer, StepResult
-from trainers.messages import Channel, MessageKind, Outgoing, UpdateMessage
-from trainers.observations import Observations
-from trainers.staleness import StalenessTracker
-from trainers.validation import TensorSpec
+from edgestream.trainers.errors import StrategyError, UnknownStrategyError
+from edgestream.trainers.local import LocalTrainer, StepResult
+from edgestream.trainers.messages import Channel, MessageKind, Outgoing, UpdateMessage
+from edgestream.trainers.observations import Observations
+from edgestream.trainers.staleness import StalenessTracker
+from edgestream.trainers.validation import TensorSpec
 
 Role = Literal["worker", "server"]
 

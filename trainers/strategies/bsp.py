@@ -44,11 +44,16 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import RobustAggregation, linear_lr_scale, weighted_mean
-from trainers.errors import AggregationError, StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import StrategyContext, SyncStrategy, register, snapshot_message
+from edgestream.trainers.aggregation import RobustAggregation, linear_lr_scale, weighted_mean
+from edgestream.trainers.errors import AggregationError, StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.strategies.base import (
+    StrategyContext,
+    SyncStrategy,
+    register,
+    snapshot_message,
+)
 
 
 @register("bsp")

@@ -70,12 +70,17 @@ from typing import Any
 
 import torch
 
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.seen import StepSet
-from trainers.strategies.base import Observations, StrategyContext, SyncStrategy, register
-from trainers.strategies.gossip import balanced_batch_size
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.seen import StepSet
+from edgestream.trainers.strategies.base import (
+    Observations,
+    StrategyContext,
+    SyncStrategy,
+    register,
+)
+from edgestream.trainers.strategies.gossip import balanced_batch_size
 
 Tensors = dict[str, torch.Tensor]
 

@@ -102,14 +102,19 @@ from typing import Any, ClassVar
 
 import torch
 
-from trainers.aggregation import sample_weights
-from trainers.consensus import ModelSketch
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.staleness import StalenessTracker
-from trainers.strategies.base import Observations, StrategyContext, SyncStrategy, register
-from trainers.topology import TOPOLOGIES, Graph, build_graph
+from edgestream.trainers.aggregation import sample_weights
+from edgestream.trainers.consensus import ModelSketch
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.staleness import StalenessTracker
+from edgestream.trainers.strategies.base import (
+    Observations,
+    StrategyContext,
+    SyncStrategy,
+    register,
+)
+from edgestream.trainers.topology import TOPOLOGIES, Graph, build_graph
 
 Tensors = dict[str, torch.Tensor]
 

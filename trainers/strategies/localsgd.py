@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import Observations, StrategyContext, register
-from trainers.strategies.bsp import BSPStrategy
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.strategies.base import Observations, StrategyContext, register
+from edgestream.trainers.strategies.bsp import BSPStrategy
 
 MOMENTUM_POLICIES = ("local", "reset")
 

@@ -29,12 +29,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from compression.controllers.scadles import ScadlesSignal, majority_compress
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import StrategyContext, register
-from trainers.strategies.bsp import BSPStrategy
+from edgestream.compression.controllers.scadles import ScadlesSignal, majority_compress
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.strategies.base import StrategyContext, register
+from edgestream.trainers.strategies.bsp import BSPStrategy
 
 
 @register("scadles")

@@ -33,11 +33,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.asp import ASPServer, ASPWorker, StalenessLR
-from trainers.strategies.base import Observations, StrategyContext, SyncStrategy, register
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.strategies.asp import ASPServer, ASPWorker, StalenessLR
+from edgestream.trainers.strategies.base import (
+    Observations,
+    StrategyContext,
+    SyncStrategy,
+    register,
+)
 
 DEFAULT_STALENESS = 3
 

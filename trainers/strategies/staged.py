@@ -64,15 +64,20 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from trainers.errors import StrategyError
-from trainers.local import StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.seen import StepSet
-from trainers.stages import StageForward, StageTrainer
-from trainers.strategies.base import Observations, StrategyContext, SyncStrategy, register
-from trainers.synthesizer import Synthesizer
-from trainers.validation import TensorSpec
-from trainers.wire import MessageRejected
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.seen import StepSet
+from edgestream.trainers.stages import StageForward, StageTrainer
+from edgestream.trainers.strategies.base import (
+    Observations,
+    StrategyContext,
+    SyncStrategy,
+    register,
+)
+from edgestream.trainers.synthesizer import Synthesizer
+from edgestream.trainers.validation import TensorSpec
+from edgestream.trainers.wire import MessageRejected
 
 __all__ = ["CDNIStrategy", "DNIStrategy", "PipelineBPStrategy", "StagedStrategy"]
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from trainers.aggregation import RobustAggregation, UpdateWindow, WindowSlot
-from trainers.errors import AggregationError, StrategyError
-from trainers.messages import UpdateMessage
+from edgestream.trainers.aggregation import RobustAggregation, UpdateWindow, WindowSlot
+from edgestream.trainers.errors import AggregationError, StrategyError
+from edgestream.trainers.messages import UpdateMessage
 
 
 @dataclass

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import BENCHMARKS, Benchmark
-from cli.main import main
-from pipeline.exits import EXIT_CONFIG
+from edgestream.benchmarks import BENCHMARKS, Benchmark
+from edgestream.cli.main import main
+from edgestream.pipeline.exits import EXIT_CONFIG
 
 BENCHMARKS_DIR = Path(__file__).resolve().parents[3] / "benchmarks"
 
@@ -28,7 +28,7 @@ def test_every_registered_benchmark_module_imports_and_has_a_main(name):
 
 
 def test_every_benchmark_file_is_registered_and_no_module_shadows_a_package():
-    files = {f"benchmarks.{p.stem}" for p in BENCHMARKS_DIR.glob("*.py") if p.stem != "__init__"}
+    files = {f"edgestream.benchmarks.{p.stem}" for p in BENCHMARKS_DIR.glob("*.py") if p.stem != "__init__"}
 
     assert files == {b.module for b in BENCHMARKS.values()}
     top_level = {p.name for p in BENCHMARKS_DIR.parent.iterdir() if (p / "__init__.py").exists()}
@@ -47,7 +47,7 @@ def test_an_unknown_benchmark_exits_2_with_one_line(capsys):
 
 
 def test_without_the_benchmarks_package_bench_refuses_with_one_line(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "benchmarks", None)  # as an installed copy without the repository
+    monkeypatch.setitem(sys.modules, "edgestream.benchmarks", None)  # as an installed copy without the repository
 
     code = main(["bench", "ingest"])
 

@@ -7,12 +7,13 @@ import signal
 
 import pytest
 
-import pipeline.kafka_io
-import pipeline.run
-from cli import run as run_command
-from cli.main import main
-from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME, EXIT_UNBALANCED
-from pipeline.run import NOTHING_READ, RunResult, summary_table
+import edgestream.pipeline.kafka_io  # noqa: F401
+import edgestream.pipeline.run  # noqa: F401
+from edgestream import pipeline
+from edgestream.cli import run as run_command
+from edgestream.cli.main import main
+from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME, EXIT_UNBALANCED
+from edgestream.pipeline.run import NOTHING_READ, RunResult, summary_table
 
 
 def row(*, produced: int, trained: int) -> dict:

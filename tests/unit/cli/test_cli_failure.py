@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from cli import errors, options, simulate, worker
-from cli.main import main
-from job.config import ConfigError
-from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME
-from pipeline.kafka_io import KafkaUnreachable, TopicLayoutError, TopicSetupError
-from pipeline.run import ProcessFailed
-from pipeline.worker import ProcessCrashed
-from streams.errors import TopicNameError
+from edgestream.cli import errors, options, simulate, worker
+from edgestream.cli.main import main
+from edgestream.job.config import ConfigError
+from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNTIME
+from edgestream.pipeline.kafka_io import KafkaUnreachable, TopicLayoutError, TopicSetupError
+from edgestream.pipeline.run import ProcessFailed
+from edgestream.pipeline.worker import ProcessCrashed
+from edgestream.streams.errors import TopicNameError
 
 
 def args_of(command: str, **extra) -> argparse.Namespace:
@@ -43,7 +43,7 @@ def test_failure_maps_each_kind_of_error_to_its_exit_status(exc, code, start):
 
 
 def test_no_usable_checkpoint_is_its_own_exit_status_with_the_whole_reason_on_one_line(tmp_path):
-    from trainers.errors import NoUsableCheckpoint
+    from edgestream.trainers.errors import NoUsableCheckpoint
 
     directory = tmp_path / "checkpoints"
     exc = NoUsableCheckpoint(directory, [(directory / "checkpoint-000000002.bin", "payload digest\nmismatch"),
@@ -60,8 +60,8 @@ def test_no_usable_checkpoint_is_its_own_exit_status_with_the_whole_reason_on_on
 
 
 def test_training_name_errors_are_configuration_errors():
-    from compression.errors import CompressorConfigError
-    from trainers.errors import ModelConfigError, UnknownStrategyError
+    from edgestream.compression.errors import CompressorConfigError
+    from edgestream.trainers.errors import ModelConfigError, UnknownStrategyError
 
     for exc in (ModelConfigError("unknown model"), UnknownStrategyError("x", ["bsp"]),
                 CompressorConfigError("unknown compressor")):

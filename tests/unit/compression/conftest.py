@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from compression import registry
-from compression.base import Compressor
+from edgestream.compression import registry
+from edgestream.compression.base import Compressor
 from tests.unit.compression.helpers import make_gradient
 
 

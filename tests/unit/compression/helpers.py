@@ -6,7 +6,7 @@ import struct
 
 import torch
 
-from compression import wire
+from edgestream.compression import wire
 
 
 def make_gradient(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> torch.Tensor:

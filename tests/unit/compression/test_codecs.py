@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from compression import registry, wire
-from compression.base import LayerContext
-from compression.errors import CompressorConfigError, PayloadDecodeError
-from compression.qsgd import code_bits, pack_codes, unpack_codes
-from compression.sparse import select_topk
+from edgestream.compression import registry, wire
+from edgestream.compression.base import LayerContext
+from edgestream.compression.errors import CompressorConfigError, PayloadDecodeError
+from edgestream.compression.qsgd import code_bits, pack_codes, unpack_codes
+from edgestream.compression.sparse import select_topk
 from tests.unit.compression.helpers import make_gradient
 
 

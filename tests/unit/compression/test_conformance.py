@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from compression import registry, wire
-from compression.base import LayerContext
-from compression.errors import CompressionError, PayloadDecodeError
-from compression.memory import ErrorFeedback
-from compression.pipeline import GradientCodec, decode_tensors
+from edgestream.compression import registry, wire
+from edgestream.compression.base import LayerContext
+from edgestream.compression.errors import CompressionError, PayloadDecodeError
+from edgestream.compression.memory import ErrorFeedback
+from edgestream.compression.pipeline import GradientCodec, decode_tensors
 from tests.unit.compression.helpers import INF_BYTES, NAN_BYTES, make_gradient, patch, shape_offset
 
 NAMES = registry.names()

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from compression import registry
-from compression.controllers import (
+from edgestream.compression import registry
+from edgestream.compression.controllers import (
     AccordionSwitch,
     BandwidthEstimator,
     ByteBudgetController,
@@ -18,9 +18,9 @@ from compression.controllers import (
     scadles_signal,
     topk_norm,
 )
-from compression.errors import CompressorConfigError
-from compression.memory import ErrorFeedback
-from compression.pipeline import GradientCodec
+from edgestream.compression.errors import CompressorConfigError
+from edgestream.compression.memory import ErrorFeedback
+from edgestream.compression.pipeline import GradientCodec
 
 # ---- ScaDLES ----------------------------------------------------------------------
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compression import registry
-from compression.errors import CompressionError
-from compression.memory import ErrorFeedback, NoMemory
-from compression.pipeline import GradientCodec, decode_tensors
+from edgestream.compression import registry
+from edgestream.compression.errors import CompressionError
+from edgestream.compression.memory import ErrorFeedback, NoMemory
+from edgestream.compression.pipeline import GradientCodec, decode_tensors
 
 
 def test_error_feedback_owes_exactly_what_was_not_sent():

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from compression import registry, wire
-from compression.errors import PayloadDecodeError
-from compression.nonzero import NonzeroCompressor
-from compression.pipeline import decode_tensors
-from compression.sparse import num_blocks
+from edgestream.compression import registry, wire
+from edgestream.compression.errors import PayloadDecodeError
+from edgestream.compression.nonzero import NonzeroCompressor
+from edgestream.compression.pipeline import decode_tensors
+from edgestream.compression.sparse import num_blocks
 
 CODEC = registry.create("nonzero")
 

@@ -5,11 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compression import registry
-from compression.base import LayerContext
-from compression.errors import CompressorConfigError, PayloadDecodeError
-from compression.memory import ErrorFeedback, NoMemory
-from compression.pipeline import CompressionConfig, GradientCodec, decode_tensors, encode_tensors
+from edgestream.compression import registry
+from edgestream.compression.base import LayerContext
+from edgestream.compression.errors import CompressorConfigError, PayloadDecodeError
+from edgestream.compression.memory import ErrorFeedback, NoMemory
+from edgestream.compression.pipeline import (
+    CompressionConfig,
+    GradientCodec,
+    decode_tensors,
+    encode_tensors,
+)
 
 SHAPES = {"conv.weight": (16, 3, 3, 3), "fc.weight": (64, 48), "fc.bias": (64,)}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compression import registry
-from compression.controllers.policy import AccordionPolicy, BudgetPolicy, create_policy
-from compression.errors import CompressorConfigError
+from edgestream.compression import registry
+from edgestream.compression.controllers.policy import AccordionPolicy, BudgetPolicy, create_policy
+from edgestream.compression.errors import CompressorConfigError
 
 
 def grads(scale: float) -> dict[str, torch.Tensor]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from compression import registry
-from compression.dense import DenseCompressor
-from compression.errors import CompressorConfigError, PayloadDecodeError
+from edgestream.compression import registry
+from edgestream.compression.dense import DenseCompressor
+from edgestream.compression.errors import CompressorConfigError, PayloadDecodeError
 
 
 def test_names_are_sorted_and_create_returns_fresh_instances():

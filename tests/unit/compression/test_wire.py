@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from compression import wire
-from compression.errors import CompressionError, PayloadDecodeError
-from compression.pipeline import decode_tensors, encode_tensors
+from edgestream.compression import wire
+from edgestream.compression.errors import CompressionError, PayloadDecodeError
+from edgestream.compression.pipeline import decode_tensors, encode_tensors
 from tests.unit.compression.helpers import make_gradient, patch, shape_offset
 
 

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from deploy.kafka.broker import (
+from edgestream.deploy.kafka.broker import (
     ADDRESS_FILE,
     BrokerError,
     LocalBroker,

@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from deploy.kafka.broker import BrokerInfo, LocalBroker, LocalCluster, NodeInfo, replication_for
-from pipeline import kafka_io
+from edgestream.cli.main import main
+from edgestream.deploy.kafka.broker import (
+    BrokerInfo,
+    LocalBroker,
+    LocalCluster,
+    NodeInfo,
+    replication_for,
+)
+from edgestream.pipeline import kafka_io
 from tests.unit.pipeline.test_probe_and_topics import FakeAdmin
 
 
@@ -144,7 +150,7 @@ def test_an_old_unreplicated_topic_is_kept_with_a_warning(monkeypatch, caplog):
     admin = FakeAdmin({"sensors.d0": (1, "delete")}, brokers=3)
     monkeypatch.setattr(kafka_io, "admin_client", lambda bootstrap: admin)
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.kafka_io"):
+    with caplog.at_level(logging.WARNING, logger="edgestream.pipeline.kafka_io"):
         created = kafka_io.ensure_topics("x:1", {"sensors.d0": "sensors"})
 
     assert created == [] and admin.specs == {}

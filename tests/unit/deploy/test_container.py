@@ -204,7 +204,7 @@ def test_no_pip_cache_is_left(stages):
 
 def test_project_copy_excludes_tests_and_exists(stages):
     patterns = ignore_patterns()
-    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     copied: set[str] = set()
     for stage in stages:
         for ins in stage.all("COPY") + stage.all("ADD"):
@@ -218,9 +218,8 @@ def test_project_copy_excludes_tests_and_exists(stages):
                 assert (REPO / src).exists(), f"COPY {src}: no such path in the repository"
                 assert not excluded(src, patterns), f"COPY {src}: left out of the context by .dockerignore"
                 copied.add(src)
-    for pattern in packages:
-        top = pattern.rstrip("*")
-        assert top in copied, f"package {pattern} of pyproject.toml is not copied: the install would miss it"
+    for package, top in package_dirs.items():
+        assert top in copied, f"package {package} ({top}/) of pyproject.toml is not copied: the install would miss it"
     assert "pyproject.toml" in copied and "requirements/runtime.txt" in copied
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trainers import strategies
+from edgestream.trainers import strategies
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "deploy/helm/edgestream"
@@ -469,8 +469,8 @@ def test_each_process_reads_its_password_from_the_projected_secret(documents, re
     """As the kubelet would: the Secrets' data projected into a directory standing for
     KAFKA_DIR; each container's environment then loads as a valid job whose client
     security reads its own role's password from there."""
-    from job.config import load_config
-    from pipeline.security import ClientSecurity
+    from edgestream.job.config import load_config
+    from edgestream.pipeline.security import ClientSecurity
 
     (config_map,) = docs_of(documents, render, "ConfigMap")
     job = tmp_path / "job.toml"
@@ -513,7 +513,7 @@ def test_no_password_is_ever_rendered(tools):
 def test_default_render_leaves_kafka_security_to_the_job_file(documents, tmp_path):
     """PLAINTEXT (the default) sets no kafka.* security key: a job file that asks for TLS
     itself keeps it."""
-    from job.config import load_config
+    from edgestream.job.config import load_config
 
     sts = one(documents, "default", "StatefulSet", "edgestream-worker")
     env = {k: v for k, v in env_of(pod_spec(sts)["containers"][0]).items() if k.startswith("EDGESTREAM__")}
@@ -527,7 +527,7 @@ def test_default_render_leaves_kafka_security_to_the_job_file(documents, tmp_pat
 def test_the_job_file_loads_with_the_pods_environment(documents, render, tmp_path):
     """The ConfigMap's job, with the EDGESTREAM__ variables a pod gets, is a valid job whose
     effective settings are the deployment's."""
-    from job.config import load_config
+    from edgestream.job.config import load_config
 
     (config_map,) = docs_of(documents, render, "ConfigMap")
     job = tmp_path / "job.toml"
@@ -551,8 +551,8 @@ def _topic_names(text: str) -> set[str]:
 
 
 def test_kafka_topics_are_the_ones_edgestream_creates(documents, tools, tmp_path):
-    from job.topics import training_topics
-    from streams import topics
+    from edgestream.job.topics import training_topics
+    from edgestream.streams import topics
 
     def expected(job: str, devices: list[str], inboxes: list[str] = ()) -> dict[str, str]:
         wanted = {topics.sensor_topic(d): "sensors" for d in devices}

@@ -6,13 +6,13 @@ import re
 import subprocess
 import sys
 
-from deploy import helm_strategies
-from deploy.helm_strategies import CHART, GENERATED, REPO
+from edgestream.deploy import helm_strategies
+from edgestream.deploy.helm_strategies import CHART, GENERATED, REPO
 
 
 def test_the_generated_file_equals_a_fresh_generation_from_the_registry():
     """Regenerated in a fresh interpreter: other tests register strategies of their own in this one."""
-    done = subprocess.run([sys.executable, "-m", "deploy.helm_strategies", "--check"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "edgestream.deploy.helm_strategies", "--check"], capture_output=True,
                           text=True, cwd=REPO, timeout=120, check=False)
 
     assert done.returncode == 0, done.stderr

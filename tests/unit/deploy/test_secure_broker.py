@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from deploy.kafka import broker as kafka_broker
-from deploy.kafka.broker import (
+from edgestream.cli.main import main
+from edgestream.deploy.kafka import broker as kafka_broker
+from edgestream.deploy.kafka.broker import (
     ADMIN_USER,
     CLUSTER_FAILURE_DETECTION,
     BrokerError,
@@ -20,8 +20,8 @@ from deploy.kafka.broker import (
     LocalCluster,
     NodeInfo,
 )
-from deploy.kafka.tls import certificate_hosts, make_pki, uncovered
-from job.config import load_config
+from edgestream.deploy.kafka.tls import certificate_hosts, make_pki, uncovered
+from edgestream.job.config import load_config
 
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from job.config import ServiceSection, load_config
-from pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT
+from edgestream.job.config import ServiceSection, load_config
+from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT
 from tests.unit.deploy.unitfile import (
     INSTALLED_EDGESTREAM,
     UNIT_DIR,
@@ -348,7 +348,7 @@ def test_dropin_settings_load_as_a_secure_job(name, variant, tmp_path):
     """With %d expanded to a credentials directory as systemd makes it, the unit's and the
     drop-in's environment is a valid SASL_SSL job whose client reads the password from the
     credential file; the password itself is in no setting and not in the client's repr."""
-    from pipeline.security import ClientSecurity
+    from edgestream.pipeline.security import ClientSecurity
 
     text = (UNIT_DIR / DROPINS[name]).read_text()
     if variant != "as shipped":
@@ -388,7 +388,7 @@ def default_env(unit) -> dict[str, str]:
     ("edgestream-server.service", "server"),
 ])
 def test_exec_start_is_a_valid_edgestream_command(name, command):
-    from cli.main import build_parser
+    from edgestream.cli.main import build_parser
 
     unit = parse_unit(UNIT_DIR / name)
     (line,) = unit.values("Service", "ExecStart")

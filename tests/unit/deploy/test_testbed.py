@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from deploy.testbed.links import LinkSpec, parse_link, tbf_params
-from deploy.testbed.plan import (
+from edgestream.deploy.testbed.links import LinkSpec, parse_link, tbf_params
+from edgestream.deploy.testbed.plan import (
     IFNAMSIZ,
     LINK_RE,
     NETNS_RE,
@@ -21,8 +21,8 @@ from deploy.testbed.plan import (
     shaping_commands,
     up_commands,
 )
-from deploy.testbed.proxy import toxics
-from job.config import ConfigError, load_config
+from edgestream.deploy.testbed.proxy import toxics
+from edgestream.job.config import ConfigError, load_config
 
 
 # --- link specs -----------------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_testbed_section_from_toml_flags_and_env(tmp_path):
 
 
 def test_testbed_section_survives_the_json_handed_to_workers(tmp_path):
-    from job.config import dump_config
+    from edgestream.job.config import dump_config
 
     cfg = load_config(overrides=["workers.count=2", "testbed.enabled=true", "testbed.links.w1=1mbit"], env={})
     path = tmp_path / "job.json"
@@ -214,7 +214,7 @@ def test_testbed_section_survives_the_json_handed_to_workers(tmp_path):
 
 
 def test_for_job_hosts_and_links():
-    from deploy.testbed import Testbed
+    from edgestream.deploy.testbed import Testbed
 
     cfg = load_config(overrides=["workers.count=2", "testbed.brokers=3", "testbed.default_link=10mbit",
                                  "testbed.links.w1=1mbit 80ms", "testbed.links.b2=100mbit",

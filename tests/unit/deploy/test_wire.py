@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.kafka import wire
-from deploy.kafka.broker import broker_count
-from pipeline import security
+from edgestream.deploy.kafka import wire
+from edgestream.deploy.kafka.broker import broker_count
+from edgestream.pipeline import security
 
 
 @pytest.fixture

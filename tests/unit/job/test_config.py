@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from job.config import ConfigError, load_config
+from edgestream.job.config import ConfigError, load_config
 
 
 def write(tmp_path, text):

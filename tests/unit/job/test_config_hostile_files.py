@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from job.config import MAX_CPU, MAX_DEVICES, ConfigError, load_config, parse_cpu_list
+from edgestream.job.config import MAX_CPU, MAX_DEVICES, ConfigError, load_config, parse_cpu_list
 
 
 def write(tmp_path, name: str, content: bytes):

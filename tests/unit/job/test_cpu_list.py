@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from job.config import ConfigError, load_config, parse_cpu_list
+from edgestream.job.config import ConfigError, load_config, parse_cpu_list
 
 
 @pytest.mark.parametrize(("text", "cpus"), [

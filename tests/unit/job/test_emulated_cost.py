@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from job.config import ConfigError, emulated_wait_s, load_config
+from edgestream.job.config import ConfigError, emulated_wait_s, load_config
 
 
 def test_defaults_keep_the_slowdown_rule():

@@ -8,7 +8,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from job.importer import (
+from edgestream.job.importer import (
     HELDOUT_FILE,
     IMPORT_INFO,
     TRAIN_FILE,
@@ -17,8 +17,8 @@ from job.importer import (
     import_table,
     job_file_text,
 )
-from streams import codec
-from streams.recording import RecordingReader
+from edgestream.streams import codec
+from edgestream.streams.recording import RecordingReader
 
 
 def write_table(path, rows: int = 200, seed: int = 0):
@@ -154,9 +154,9 @@ def test_job_file_trains_on_the_recording(tmp_path):
 
 
 def test_cli_import_writes_a_job_file_that_loads_as_a_recording_job(tmp_path, capsys, monkeypatch):
-    from cli.main import main
-    from job.config import load_config
-    from job.sources import job_fleet_data
+    from edgestream.cli.main import main
+    from edgestream.job.config import load_config
+    from edgestream.job.sources import job_fleet_data
 
     src, _ = write_table(tmp_path / "t.csv")
     monkeypatch.chdir(tmp_path)
@@ -183,7 +183,7 @@ def test_cli_import_writes_a_job_file_that_loads_as_a_recording_job(tmp_path, ca
     (["--duration", "5", "--heldout-fraction", "1"], "--heldout-fraction must lie in (0, 1)"),
 ])
 def test_cli_import_refuses_bad_numbers_with_one_line(tmp_path, capsys, argv, message):
-    from cli.main import main
+    from edgestream.cli.main import main
 
     src, _ = write_table(tmp_path / "t.csv")
 

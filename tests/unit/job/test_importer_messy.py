@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from cli.main import main
-from job.importer import IMPORT_INFO, TRAIN_FILE, TableImportError, _check_stats
-from pipeline.exits import EXIT_CONFIG
+from edgestream.cli.main import main
+from edgestream.job.importer import IMPORT_INFO, TRAIN_FILE, TableImportError, _check_stats
+from edgestream.pipeline.exits import EXIT_CONFIG
 
 
 def table_lines(rows: int = 24) -> list[str]:
@@ -192,8 +192,8 @@ def test_a_non_finite_statistic_is_refused_naming_the_column():
 def test_a_declared_range_from_data_at_the_float32_limit_stays_finite_without_a_warning():
     import warnings
 
-    from job.config import load_config
-    from job.sources import declared_value_range
+    from edgestream.job.config import load_config
+    from edgestream.job.sources import declared_value_range
 
     big = float(np.finfo(np.float32).max)
     cfg = load_config(overrides=["data.value_range=auto", "data.value_margin=0.5"], env={})

@@ -8,12 +8,12 @@ import threading
 import numpy as np
 import pytest
 
-from job.config import ConfigError, load_config
-from job.importer import HELDOUT_FILE, IMPORT_INFO, TRAIN_FILE, ImportSpec, import_table
-from job.sources import job_fleet_data
-from job.sources.recording import RecordingSourceError, read_recording_info
-from pipeline.simulate import _send_order, stream_devices
-from streams.recording import RecordedMessage, RecordingWriter
+from edgestream.job.config import ConfigError, load_config
+from edgestream.job.importer import HELDOUT_FILE, IMPORT_INFO, TRAIN_FILE, ImportSpec, import_table
+from edgestream.job.sources import job_fleet_data
+from edgestream.job.sources.recording import RecordingSourceError, read_recording_info
+from edgestream.pipeline.simulate import _send_order, stream_devices
+from edgestream.streams.recording import RecordedMessage, RecordingWriter
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_missing_data_file_is_one_line_naming_it_and_the_fix(recording, tmp_path
 def test_the_printed_fix_for_a_damaged_recording_runs_as_written_and_makes_it_again(recording, tmp_path, capsys):
     import shlex
 
-    from cli.main import main
+    from edgestream.cli.main import main
 
     rec = copy_recording(recording[0], tmp_path / "r")
     (rec / HELDOUT_FILE).unlink()
@@ -267,8 +267,9 @@ def test_send_order_gives_exact_per_device_counts_for_any_prefix(recording):
 def test_stream_devices_stops_a_recording_at_the_deadline_with_exact_counts(recording, monkeypatch, tmp_path):
     """The replayer (faked here: one message every 10 ms) is stopped by the deadline; the
     report counts exactly the prefix it sent, per device."""
-    import pipeline.replay
-    from pipeline.replay import ReplayProgress, ReplayReport
+    import edgestream.pipeline.replay  # noqa: F401
+    from edgestream import pipeline
+    from edgestream.pipeline.replay import ReplayProgress, ReplayReport
 
     rec, report = recording
     order = _send_order(rec, ["s00", "s01", "s02"])

@@ -8,12 +8,18 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from job import sources
-from job.config import ConfigError, DataSection, JobConfig, load_config
-from job.sources import DataSource, declared_value_range, job_fleet_data, register, unregister
-from pipeline.simulate import check_stream_options
-from streams.datasets import Dataset
-from streams.simulator import FleetData
+from edgestream.job import sources
+from edgestream.job.config import ConfigError, DataSection, JobConfig, load_config
+from edgestream.job.sources import (
+    DataSource,
+    declared_value_range,
+    job_fleet_data,
+    register,
+    unregister,
+)
+from edgestream.pipeline.simulate import check_stream_options
+from edgestream.streams.datasets import Dataset
+from edgestream.streams.simulator import FleetData
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from job.config import load_config
-from job.topics import job_topics, sensor_topics_for, training_topics
-from pipeline.worker import SERVER_NAME, check_training_config, process_topics
+from edgestream.job.config import load_config
+from edgestream.job.topics import job_topics, sensor_topics_for, training_topics
+from edgestream.pipeline.worker import SERVER_NAME, check_training_config, process_topics
 
 
 def job(*extra: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from monitoring.metrics import Metrics, serve
+from edgestream.monitoring.metrics import Metrics, serve
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from monitoring.dashboards import (
+from edgestream.monitoring.dashboards import (
     DASHBOARD_DIR,
     DATASOURCE_UID,
     METRIC_NAME_RE,
@@ -19,8 +19,8 @@ from monitoring.dashboards import (
     to_grafana,
     write_all,
 )
-from monitoring.metrics import Metrics
-from monitoring.prometheus import REPO_ROOT, RULES_FILE
+from edgestream.monitoring.metrics import Metrics
+from edgestream.monitoring.prometheus import REPO_ROOT, RULES_FILE
 
 KNOWN = Metrics().exposition_names()
 
@@ -101,7 +101,7 @@ TRAINING_ROWS = {
 
 
 def test_the_rows_sit_below_every_other_panel_of_the_training_dashboard():
-    from monitoring.dashboards import training
+    from edgestream.monitoring.dashboards import training
 
     dash = training()
     doc = to_grafana(dash)

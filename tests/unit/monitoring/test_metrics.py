@@ -7,8 +7,14 @@ from collections import namedtuple
 
 import pytest
 
-from monitoring.metrics import LOSS_FIT_PARAMS, OBSERVATIONS, Metrics, consumer_lag, name_of
-from monitoring.scrape import scrape
+from edgestream.monitoring.metrics import (
+    LOSS_FIT_PARAMS,
+    OBSERVATIONS,
+    Metrics,
+    consumer_lag,
+    name_of,
+)
+from edgestream.monitoring.scrape import scrape
 
 # ``state``: the five states of a device's record ledger (read, trained, dropped, dead_lettered, pending).
 # ``member``: another worker as seen by ``worker`` (membership from heartbeats).
@@ -74,7 +80,7 @@ def test_consumer_lag_never_negative():
 
 
 def test_the_monitoring_doc_lists_every_metric():
-    from monitoring.prometheus import REPO_ROOT
+    from edgestream.monitoring.prometheus import REPO_ROOT
 
     doc = (REPO_ROOT / "docs" / "monitoring.md").read_text()
     missing = [name_of(m) for m in Metrics().metric_objects() if f"`{name_of(m)}`" not in doc]
@@ -227,7 +233,7 @@ def test_observations_of_the_strategy_dataclass_are_exported(served):
     """``dataclasses.asdict(Observations(...))``, as the runtime hands it over."""
     import dataclasses
 
-    from trainers.strategies.base import Observations
+    from edgestream.trainers.strategies.base import Observations
 
     metrics, url = served
     obs = Observations(idle_fraction=0.1, iteration_time_s=0.2, iteration_time_cv=0.3,
@@ -284,7 +290,7 @@ def test_dlion_observations_are_exported(served):
     """``dataclasses.asdict(Observations(...))`` with DLion's fields, as the runtime hands it over."""
     import dataclasses
 
-    from trainers.strategies.base import Observations
+    from edgestream.trainers.strategies.base import Observations
 
     metrics, url = served
     obs = Observations(link_bandwidth={"w1": 1.5e6, "w2": 2.5e5}, link_ratio={"w1": 0.1, "w2": 0.01},

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from prometheus_client import generate_latest
 
-import monitoring.metrics as metrics_module
-from monitoring.metrics import OBSERVATIONS, Metrics
-from trainers.observations import (
+import edgestream.monitoring.metrics as metrics_module
+from edgestream.monitoring.metrics import OBSERVATIONS, Metrics
+from edgestream.trainers.observations import (
     ObservationMetric,
     Observations,
     metric_of,

@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from monitoring.prometheus import file_sd_path, prometheus_config, target_of, write_file_sd
+from edgestream.monitoring.prometheus import (
+    file_sd_path,
+    prometheus_config,
+    target_of,
+    write_file_sd,
+)
 
 
 def test_file_sd_is_one_group_per_target_with_job_label(tmp_path):
@@ -45,7 +50,7 @@ def test_config_names_sd_glob_interval_and_rules():
 
 
 def test_run_targets_name_jobs_by_process_kind():
-    from monitoring.prometheus import run_targets
+    from edgestream.monitoring.prometheus import run_targets
 
     targets = run_targets({"w1": "http://127.0.0.1:2/metrics", "server": "http://127.0.0.1:3/metrics",
                            "w0": "http://127.0.0.1:1/metrics", "w2": ""},

@@ -7,7 +7,12 @@ import subprocess
 
 import pytest
 
-from monitoring.prometheus import DEPLOY_DIR, RULES_FILE, prometheus_config, write_file_sd
+from edgestream.monitoring.prometheus import (
+    DEPLOY_DIR,
+    RULES_FILE,
+    prometheus_config,
+    write_file_sd,
+)
 
 
 def promtool(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -13,14 +13,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from job.config import load_config
-from job.sources import job_fleet_data
-from monitoring.metrics import Metrics, serve
-from monitoring.scrape import scrape
-from pipeline.training import TrainingRuntime
-from streams.batching import Batch
-from streams.records import RecordBatch
-from trainers.wire import HEADER_KIND
+from edgestream.job.config import load_config
+from edgestream.job.sources import job_fleet_data
+from edgestream.monitoring.metrics import Metrics, serve
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.training import TrainingRuntime
+from edgestream.streams.batching import Batch
+from edgestream.streams.records import RecordBatch
+from edgestream.trainers.wire import HEADER_KIND
 
 BATCH = 16
 
@@ -115,7 +115,7 @@ def test_asp_gradients_sent_from_steps_are_one_commit_each(make_runtime):
 def test_gossip_observations_are_exported_per_peer_and_per_sketch_index(make_runtime):
     """A gossip worker's own numbers reach /metrics: its mixing row (itself included), its
     iteration statistics, and the sketch of its own model, index by index."""
-    from trainers.consensus import ModelSketch
+    from edgestream.trainers.consensus import ModelSketch
 
     runtime, url, sent, data = make_runtime("gossip", f"batch_size={BATCH}")
 

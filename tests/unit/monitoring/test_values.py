@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from job.config import load_config
-from monitoring.scrape import scrape
-from pipeline.ingest import IngestCore
-from streams import codec
-from streams.garbage import EXPECTED_REASON, KINDS, make_garbage
-from streams.records import RecordBatch
+from edgestream.job.config import load_config
+from edgestream.monitoring.scrape import scrape
+from edgestream.pipeline.ingest import IngestCore
+from edgestream.streams import codec
+from edgestream.streams.garbage import EXPECTED_REASON, KINDS, make_garbage
+from edgestream.streams.records import RecordBatch
 
 SHAPE = (4,)
 
@@ -128,7 +128,7 @@ def test_training_helpers_record_exact_values(served):
 
 
 def test_init_device_exposes_every_drop_and_dead_letter_reason_at_zero(served):
-    from streams.errors import RecordDecodeError
+    from edgestream.streams.errors import RecordDecodeError
 
     metrics, url = served
     metrics.init_device("dev00")

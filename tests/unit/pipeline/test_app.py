@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from aiokafka import TopicPartition
 
-from job.config import ConfigError, load_config
-from monitoring.metrics import Metrics
-from pipeline.app import (
+from edgestream.job.config import ConfigError, load_config
+from edgestream.monitoring.metrics import Metrics
+from edgestream.pipeline.app import (
     CountingSink,
     DirectSensorSource,
     IngestDriver,
@@ -21,11 +21,11 @@ from pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
-from pipeline.ingest import IngestActions, IngestCore
-from streams import codec
-from streams.garbage import make_garbage
-from streams.offsets import OffsetTracker
-from streams.records import RecordBatch
+from edgestream.pipeline.ingest import IngestActions, IngestCore
+from edgestream.streams import codec
+from edgestream.streams.garbage import make_garbage
+from edgestream.streams.offsets import OffsetTracker
+from edgestream.streams.records import RecordBatch
 
 DEVICE = "dev00"
 TOPIC = f"sensors.{DEVICE}"

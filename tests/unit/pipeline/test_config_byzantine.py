@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from job.config import BYZANTINE_ATTACKS, ConfigError, load_config
-from job.sources import job_fleet_data
-from pipeline.training import build_driver
-from pipeline.worker import SERVER_NAME, check_training_config, warn_byzantine
-from trainers.byzantine import ATTACKS, ByzantineStrategy
+from edgestream.job.config import BYZANTINE_ATTACKS, ConfigError, load_config
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.training import build_driver
+from edgestream.pipeline.worker import SERVER_NAME, check_training_config, warn_byzantine
+from edgestream.trainers.byzantine import ATTACKS, ByzantineStrategy
 
 
 def job(*overrides: str):
@@ -95,14 +95,14 @@ def test_the_attacker_corrupts_what_it_sends_and_counts_it():
 
 
 def test_a_job_with_byzantine_workers_is_warned_about_and_the_config_check_stays_silent(caplog):
-    with caplog.at_level(logging.WARNING, logger="pipeline.worker"):
+    with caplog.at_level(logging.WARNING, logger="edgestream.pipeline.worker"):
         check_training_config(job("workers.byzantine=w2", "workers.attack=noise"))  # a check, no side effect
         assert not [r for r in caplog.records if "workers.byzantine" in r.getMessage()]
         warn_byzantine(job("workers.byzantine=w2", "workers.attack=noise"))
     (record,) = [r for r in caplog.records if "workers.byzantine" in r.getMessage()]
     assert "sent by w2 is corrupted on purpose with noise" in record.getMessage()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pipeline.worker"):
+    with caplog.at_level(logging.WARNING, logger="edgestream.pipeline.worker"):
         warn_byzantine(job())
     assert not [r for r in caplog.records if "workers.byzantine" in r.getMessage()]
 
@@ -110,7 +110,7 @@ def test_a_job_with_byzantine_workers_is_warned_about_and_the_config_check_stays
 def test_the_training_summary_marks_the_byzantine_worker_and_the_updates_the_bound_left_out():
     from rich.console import Console
 
-    from pipeline.run import RunResult, training_table
+    from edgestream.pipeline.run import RunResult, training_table
 
     def row(byzantine=None, counters=None):
         return {"steps": 10, "trained_records": 160, "version": 10, "accuracy": 0.9, "staleness": {},
@@ -129,8 +129,8 @@ def test_the_training_summary_marks_the_byzantine_worker_and_the_updates_the_bou
 
 
 def test_the_live_view_adds_the_updates_the_norm_bound_left_out():
-    from monitoring.scrape import Sample, Scrape
-    from pipeline.run import _rejected_live
+    from edgestream.monitoring.scrape import Sample, Scrape
+    from edgestream.pipeline.run import _rejected_live
 
     scrape = Scrape([Sample("edgestream_updates_rejected_total", (("worker", "server"), ("reason", "bad")), 2.0),
                      Sample("edgestream_norm_rejected_updates_total", (("worker", "server"), ("peer", "w2")), 5.0)])

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from job.config import ConfigError, load_config
-from job.sources import job_fleet_data
-from pipeline.simjob import run_config_from_job
-from pipeline.training import build_driver
-from trainers.stages import StageTrainer
+from edgestream.job.config import ConfigError, load_config
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.simjob import run_config_from_job
+from edgestream.pipeline.training import build_driver
+from edgestream.trainers.stages import StageTrainer
 
 SPLIT = ["train.model=conv8", "train.stages=block1,fc1", "workers.count=3"]
 

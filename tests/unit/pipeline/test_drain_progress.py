@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.drain import OVER_MAX, STALLED, WAIT, DrainProgress, waiting_for
+from edgestream.pipeline.drain import OVER_MAX, STALLED, WAIT, DrainProgress, waiting_for
 
 
 class FakeClock:

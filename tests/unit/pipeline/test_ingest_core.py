@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from job.config import load_config
-from monitoring.metrics import Metrics
-from monitoring.scrape import Scrape
-from pipeline.ingest import IngestCore
-from streams import codec
-from streams.garbage import EXPECTED_REASON, KINDS, make_garbage
-from streams.records import RecordBatch
+from edgestream.job.config import load_config
+from edgestream.monitoring.metrics import Metrics
+from edgestream.monitoring.scrape import Scrape
+from edgestream.pipeline.ingest import IngestCore
+from edgestream.streams import codec
+from edgestream.streams.garbage import EXPECTED_REASON, KINDS, make_garbage
+from edgestream.streams.records import RecordBatch
 
 
 def message(device: str, start: int, n: int, shape=(4,)) -> bytes:

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from job.config import ConfigError, load_config
-from monitoring.metrics import Metrics
-from monitoring.scrape import Scrape
-from pipeline.ingest import IngestCore
-from streams import codec
-from streams.records import RecordBatch
+from edgestream.job.config import ConfigError, load_config
+from edgestream.monitoring.metrics import Metrics
+from edgestream.monitoring.scrape import Scrape
+from edgestream.pipeline.ingest import IngestCore
+from edgestream.streams import codec
+from edgestream.streams.records import RecordBatch
 
 BROKER_NOW = 1_795_000_000.0  # the fake broker clock: what Kafka stamps every message with
 YEAR = 365 * 86400.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from pipeline import memory
+from edgestream.pipeline import memory
 
 
 def test_allocator_thresholds_apply_exactly_on_glibc_and_twice_is_fine():

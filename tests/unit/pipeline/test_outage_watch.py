@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from pipeline.outage import OutageWatch, reachable
+from edgestream.pipeline.outage import OutageWatch, reachable
 
 
 def test_a_long_outage_is_said_once_and_its_end_once():

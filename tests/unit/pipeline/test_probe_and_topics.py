@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 from kafka.errors import TopicAlreadyExistsError, TopicAuthorizationFailedError
 
-from deploy.kafka.broker import free_port, host_port, is_broker_pid, metadata_ok, probe
-from pipeline import kafka_io
-from pipeline.kafka_io import TopicLayoutError, TopicSetupError
+from edgestream.deploy.kafka.broker import free_port, host_port, is_broker_pid, metadata_ok, probe
+from edgestream.pipeline import kafka_io
+from edgestream.pipeline.kafka_io import TopicLayoutError, TopicSetupError
 
 
 def metadata_reply(correlation_id: int, brokers: int) -> bytes:

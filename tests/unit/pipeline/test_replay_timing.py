@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from job.importer import ImportSpec, TableImportError, import_table, load_table
-from pipeline.record import RecordError, resolve_topics
-from pipeline.replay import (
+from edgestream.job.importer import ImportSpec, TableImportError, import_table, load_table
+from edgestream.pipeline.record import RecordError, resolve_topics
+from edgestream.pipeline.replay import (
     Pacer,
     ReplayError,
     ReplaySchedule,
@@ -19,11 +19,11 @@ from pipeline.replay import (
     rewrite_device,
     topic_kind,
 )
-from streams import codec
-from streams.errors import RecordDecodeError
-from streams.garbage import KINDS, make_garbage
-from streams.recording import RecordingReader, parse_speed
-from streams.records import RecordBatch
+from edgestream.streams import codec
+from edgestream.streams.errors import RecordDecodeError
+from edgestream.streams.garbage import KINDS, make_garbage
+from edgestream.streams.recording import RecordingReader, parse_speed
+from edgestream.streams.records import RecordBatch
 
 
 class FakeClock:
@@ -318,10 +318,10 @@ def test_parquet_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_replayer_counts_records_of_sensor_messages_only():
-    from pipeline.replay import sensor_record_count
-    from streams import codec as sensor_codec
-    from streams.garbage import make_garbage
-    from streams.records import RecordBatch
+    from edgestream.pipeline.replay import sensor_record_count
+    from edgestream.streams import codec as sensor_codec
+    from edgestream.streams.garbage import make_garbage
+    from edgestream.streams.records import RecordBatch
 
     batch = RecordBatch(device="d1", seq=np.arange(5, dtype=np.uint64), event_time=np.zeros(5),
                         features=np.zeros((5, 2), dtype=np.float32))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pipeline.run as run_module
-from job.config import load_config
-from pipeline.run import RunContext
+import edgestream.pipeline.run as run_module
+from edgestream.job.config import load_config
+from edgestream.pipeline.run import RunContext
 
 
 class _Clock:

@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from job.config import load_config
-from pipeline.run import (
+from edgestream.job.config import load_config
+from edgestream.pipeline.run import (
     NOTHING_READ,
     RunResult,
     backlog_of,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from job.config import load_config
-from pipeline.run import NOTHING_READ, RunContext, WorkerProc, _collect, prepare_state
-from pipeline.simulate import SimulationReport
+from edgestream.job.config import load_config
+from edgestream.pipeline.run import NOTHING_READ, RunContext, WorkerProc, _collect, prepare_state
+from edgestream.pipeline.simulate import SimulationReport
 
 
 class ExitedProc:

@@ -10,9 +10,9 @@ import struct
 
 import pytest
 
-from deploy.kafka.tls import make_pki
-from job.config import ConfigError, load_config
-from pipeline import acl, security
+from edgestream.deploy.kafka.tls import make_pki
+from edgestream.job.config import ConfigError, load_config
+from edgestream.pipeline import acl, security
 
 
 def kafka_cfg(tmp_path, **keys):
@@ -157,8 +157,8 @@ def test_scram_client_proves_the_right_password_and_reports_a_refusal():
 
 
 def test_run_gives_its_workers_the_workers_principal_and_refuses_an_unreadable_password_file(tmp_path):
-    from job.config import ConfigError, load_config
-    from pipeline.run import process_config
+    from edgestream.job.config import ConfigError, load_config
+    from edgestream.pipeline.run import process_config
 
     secure = ["kafka.security_protocol=SASL_SSL", "kafka.ssl_cafile=/ca.pem", "kafka.sasl_username=admin",
               "kafka.sasl_password_file=/admin.password", "job.name=j1"]

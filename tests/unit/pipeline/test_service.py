@@ -14,10 +14,10 @@ import urllib.request
 
 import pytest
 
-from job.config import ConfigError, load_config
-from monitoring.health import Health
-from monitoring.metrics import Metrics, serve
-from pipeline.service import (
+from edgestream.job.config import ConfigError, load_config
+from edgestream.monitoring.health import Health
+from edgestream.monitoring.metrics import Metrics, serve
+from edgestream.pipeline.service import (
     EXIT_GRACE_EXPIRED,
     JsonFormatter,
     LogContext,
@@ -247,9 +247,9 @@ def test_stop_signal_notifies_systemd(notify_socket):
 def test_json_log_lines_name_job_process_and_step():
     context = LogContext()
     context.job, context.process, context.step = "demo", "w1", lambda: 42
-    record = logging.LogRecord("pipeline.training", logging.WARNING, __file__, 1, "w1: %s", ("live",), None)
+    record = logging.LogRecord("edgestream.pipeline.training", logging.WARNING, __file__, 1, "w1: %s", ("live",), None)
     line = json.loads(JsonFormatter(context).format(record))
-    assert line["msg"] == "w1: live" and line["level"] == "warning" and line["logger"] == "pipeline.training"
+    assert line["msg"] == "w1: live" and line["level"] == "warning" and line["logger"] == "edgestream.pipeline.training"
     assert (line["job"], line["process"], line["step"]) == ("demo", "w1", 42)
     assert line["ts"].endswith("Z") and "T" in line["ts"]
     try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from job.config import JobConfig
-from job.sources import job_fleet_data
-from pipeline.simjob import run_config_from_job, streams_from_job
+from edgestream.job.config import JobConfig
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.simjob import run_config_from_job, streams_from_job
 
 
 def test_streams_and_run_config_come_from_a_job_config():

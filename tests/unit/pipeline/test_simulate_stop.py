@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kafka.errors import KafkaTimeoutError
 
-from pipeline.simulate import _close, _flush
+from edgestream.pipeline.simulate import _close, _flush
 
 
 class FakeSender:

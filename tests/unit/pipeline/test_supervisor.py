@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import pipeline.run as run_module
-from job.config import load_config
-from pipeline.run import ProcessFailed, RunContext
+import edgestream.pipeline.run as run_module
+from edgestream.job.config import load_config
+from edgestream.pipeline.run import ProcessFailed, RunContext
 
 
 class FakeClock:

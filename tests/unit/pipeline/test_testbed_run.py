@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from job.config import load_config
-from monitoring.prometheus import run_targets
-from pipeline.run import start_worker_process
-from pipeline.testbed_run import (
+from edgestream.job.config import load_config
+from edgestream.monitoring.prometheus import run_targets
+from edgestream.pipeline.run import start_worker_process
+from edgestream.pipeline.testbed_run import (
     DEVICES_HOST,
     bootstrap_of,
     broker_hosts,
@@ -23,7 +23,7 @@ from pipeline.testbed_run import (
     process_placement,
     uses_testbed,
 )
-from pipeline.worker import SERVER_NAME
+from edgestream.pipeline.worker import SERVER_NAME
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "testbed.toml"
 
@@ -87,13 +87,13 @@ def test_the_worker_command_is_the_loopback_one_with_the_prefix_before_and_the_o
         def __init__(self, argv, **kwargs):
             seen.append(list(argv))
 
-    monkeypatch.setattr("pipeline.run.subprocess.Popen", Recorder)
+    monkeypatch.setattr("edgestream.pipeline.run.subprocess.Popen", Recorder)
     job = tmp_path / "job.json"
     start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log")
     prefix, extra = process_placement(FakeTestbed(), "w1")
     start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log", prefix=prefix, extra_args=extra)
     plain, placed = seen
-    assert plain == [sys.executable, "-m", "pipeline", "worker", "--worker", "w1", "--job", str(job),
+    assert plain == [sys.executable, "-m", "edgestream", "worker", "--worker", "w1", "--job", str(job),
                      "--bootstrap", "10.77.0.2:9092", "--metrics-port", "0"]
     assert placed == [*prefix, *plain, *extra]
 
@@ -123,10 +123,10 @@ def test_a_job_without_a_testbed_section_runs_on_loopback(tmp_path):
 
 
 def test_without_root_the_run_stops_before_anything_exists_and_says_what_to_do(tmp_path, monkeypatch):
-    from cli.errors import failure
-    from pipeline.testbed_run import TestbedUnavailable, open_testbed
+    from edgestream.cli.errors import failure
+    from edgestream.pipeline.testbed_run import TestbedUnavailable, open_testbed
 
-    monkeypatch.setattr("pipeline.testbed_run.os.geteuid", lambda: 1000)
+    monkeypatch.setattr("edgestream.pipeline.testbed_run.os.geteuid", lambda: 1000)
     cfg = load_config(EXAMPLE, [f"run.state_dir={tmp_path}"], env={})
     with pytest.raises(TestbedUnavailable) as failed, open_testbed(cfg):
         pass
@@ -135,7 +135,7 @@ def test_without_root_the_run_stops_before_anything_exists_and_says_what_to_do(t
 
 
 def test_a_testbed_job_refuses_an_outside_cluster(capsys):
-    from cli.main import main
+    from edgestream.cli.main import main
 
     code = main(["run", "--job", str(EXAMPLE), "--bootstrap", "127.0.0.1:9"])
     assert code == 2
@@ -153,8 +153,8 @@ def test_a_ready_worker_that_cannot_be_scraped_is_left_running(tmp_path, monkeyp
     answer. The supervisor judges a ready process by its exit alone: no death, no restart."""
     import json
 
-    import pipeline.run as run_module
-    from pipeline.run import READY_TIMEOUT_S, RunContext
+    import edgestream.pipeline.run as run_module
+    from edgestream.pipeline.run import READY_TIMEOUT_S, RunContext
 
     class Proc:
         pid = 4242

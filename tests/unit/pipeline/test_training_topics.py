@@ -8,11 +8,16 @@ import asyncio
 
 import pytest
 
-from job.config import load_config
-from job.topics import channel_topic, read_topics, topic_channel, training_topics
-from pipeline.worker import SERVER_NAME, check_training_config, process_topics, update_topics
-from streams import topics
-from streams.errors import TopicNameError
+from edgestream.job.config import load_config
+from edgestream.job.topics import channel_topic, read_topics, topic_channel, training_topics
+from edgestream.pipeline.worker import (
+    SERVER_NAME,
+    check_training_config,
+    process_topics,
+    update_topics,
+)
+from edgestream.streams import topics
+from edgestream.streams.errors import TopicNameError
 
 
 def job(tmp_path, strategy: str = "gossip", *extra: str):
@@ -94,9 +99,9 @@ def test_the_config_check_returns_the_channels_the_strategy_reads(tmp_path, stra
 
 
 def test_a_runtime_ensures_each_recipients_inbox_once_and_retries_a_failure(tmp_path):
-    from job.sources import job_fleet_data
-    from monitoring.metrics import Metrics
-    from pipeline.training import TrainingRuntime
+    from edgestream.job.sources import job_fleet_data
+    from edgestream.monitoring.metrics import Metrics
+    from edgestream.pipeline.training import TrainingRuntime
 
     cfg = job(tmp_path)
     runtime = TrainingRuntime(cfg, "w0", job_fleet_data(cfg), Metrics(), tmp_path / "state" / "w0")
@@ -129,9 +134,9 @@ def test_a_runtime_ensures_each_recipients_inbox_once_and_retries_a_failure(tmp_
 
 
 def test_a_runtime_of_a_shared_channel_strategy_has_no_topic_of_its_own(tmp_path):
-    from job.sources import job_fleet_data
-    from monitoring.metrics import Metrics
-    from pipeline.training import TrainingRuntime
+    from edgestream.job.sources import job_fleet_data
+    from edgestream.monitoring.metrics import Metrics
+    from edgestream.pipeline.training import TrainingRuntime
 
     cfg = job(tmp_path, "bsp")
     runtime = TrainingRuntime(cfg, "w0", job_fleet_data(cfg), Metrics(), tmp_path / "state" / "w0")

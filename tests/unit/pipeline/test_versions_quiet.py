@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from monitoring.scrape import Sample, Scrape
-from pipeline.run import BlockedWatch, VersionsQuiet
+from edgestream.monitoring.scrape import Sample, Scrape
+from edgestream.pipeline.run import BlockedWatch, VersionsQuiet
 
 
 def scrapes(**versions: float) -> dict[str, Scrape]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.batching import AdaptiveBatcher, Batch, BatchQueue, split_batch
-from streams.buffering import StreamBuffer
+from edgestream.streams.batching import AdaptiveBatcher, Batch, BatchQueue, split_batch
+from edgestream.streams.buffering import StreamBuffer
 from tests.unit.streams.test_buffering import chunk
 
 

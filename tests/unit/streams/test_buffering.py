@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streams.buffering import StreamBuffer, concat
-from streams.records import RecordBatch
+from edgestream.streams.buffering import StreamBuffer, concat
+from edgestream.streams.records import RecordBatch
 
 
 def chunk(start: int, n: int, device="d") -> RecordBatch:

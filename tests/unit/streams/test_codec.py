@@ -7,10 +7,10 @@ import struct
 import numpy as np
 import pytest
 
-from streams import codec
-from streams.errors import RecordDecodeError
-from streams.garbage import ALL_KINDS, EXPECTED_REASON, KINDS, RANGE_KINDS, make_garbage
-from streams.records import RecordBatch, SensorRecord
+from edgestream.streams import codec
+from edgestream.streams.errors import RecordDecodeError
+from edgestream.streams.garbage import ALL_KINDS, EXPECTED_REASON, KINDS, RANGE_KINDS, make_garbage
+from edgestream.streams.records import RecordBatch, SensorRecord
 
 
 def make_batch(count=5, shape=(3, 4), labels=True, device="dev01", seed=0) -> RecordBatch:
@@ -529,7 +529,7 @@ def test_bitflip_garbage_is_always_a_checksum_failure_even_after_good_messages(s
 
 
 def test_rewrite_device_reseals_v2_keeps_v1_and_keeps_damage():
-    from pipeline.replay import rewrite_device
+    from edgestream.pipeline.replay import rewrite_device
 
     batch = make_batch()
     v2 = codec.encode(batch)

@@ -7,7 +7,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import NearestCentroid
 
-from streams.datasets import (
+from edgestream.streams.datasets import (
     Dataset,
     load_digits_dataset,
     load_source,

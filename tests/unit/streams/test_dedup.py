@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from streams.dedup import SeqWindow
+from edgestream.streams.dedup import SeqWindow
 
 
 def seqs(*numbers: int) -> np.ndarray:

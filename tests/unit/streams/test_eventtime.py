@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streams.eventtime import EventTimeCheck
+from edgestream.streams.eventtime import EventTimeCheck
 
 NOW = 1_795_000_000.0  # 2026-11-18
 YEAR = 365 * 86400.0

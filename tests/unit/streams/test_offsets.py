@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streams.offsets import OffsetTracker
+from edgestream.streams.offsets import OffsetTracker
 
 KEY = "sensors.dev00:0"
 

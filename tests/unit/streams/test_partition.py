@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streams.datasets import Dataset
-from streams.partition import (
+from edgestream.streams.datasets import Dataset
+from edgestream.streams.partition import (
     DeviceSampler,
     label_histogram,
     partition,

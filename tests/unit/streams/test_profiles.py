@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streams.profiles import (
+from edgestream.streams.profiles import (
     SCADLES_RATES,
     Bursty,
     Constant,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.rates import RateEstimator
+from edgestream.streams.rates import RateEstimator
 
 
 @pytest.mark.parametrize("rate", [5.0, 92.0, 1000.0])

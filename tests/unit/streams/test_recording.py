@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from streams import recording as rec
-from streams.recording import (
+from edgestream.streams import recording as rec
+from edgestream.streams.recording import (
     ManifestError,
     RecordedMessage,
     RecordingCorrupt,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from streams.recording import (
+from edgestream.streams.recording import (
     ManifestError,
     RecordedMessage,
     RecordingReader,

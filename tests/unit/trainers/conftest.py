@@ -11,9 +11,9 @@ import pytest
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+from edgestream.trainers.local import LocalTrainer, limit_torch_threads
+from edgestream.trainers.models import build_model
 from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, build_node
-from trainers.local import LocalTrainer, limit_torch_threads
-from trainers.models import build_model
 
 
 @pytest.fixture(autouse=True, scope="session")

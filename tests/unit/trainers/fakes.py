@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from trainers import assembly
-from trainers.driver import Handled, Outbound, Stepped, TrainingDriver
-from trainers.guard import StepRejection
-from trainers.local import LocalTrainer
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.plan import TrainingPlan
-from trainers.strategies import SyncStrategy
-from trainers.validation import TensorSpec
-from trainers.wire import MessageRejected, decode_update, encode_update
+from edgestream.trainers import assembly
+from edgestream.trainers.driver import Handled, Outbound, Stepped, TrainingDriver
+from edgestream.trainers.guard import StepRejection
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.plan import TrainingPlan
+from edgestream.trainers.strategies import SyncStrategy
+from edgestream.trainers.validation import TensorSpec
+from edgestream.trainers.wire import MessageRejected, decode_update, encode_update
 
 #: The job name of every record on the test bus (the wire format checks it on receipt).
 JOB = "test"

@@ -10,13 +10,13 @@ import statistics
 import pytest
 import torch
 
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.strategies import StrategyContext, create
+from edgestream.trainers.strategies.adsp import COMMIT_RATE_OP
+from edgestream.trainers.strategies.base import snapshot_message
 from tests.unit.trainers.fakes import FakeClock, drive_ticks
-from trainers.errors import StrategyError
-from trainers.evaluation import evaluate
-from trainers.messages import UpdateMessage
-from trainers.strategies import StrategyContext, create
-from trainers.strategies.adsp import COMMIT_RATE_OP
-from trainers.strategies.base import snapshot_message
 
 WORKERS = ("w0", "w1", "w2")
 COMPUTE_TICKS = {"w0": 1, "w1": 2, "w2": 4}  # seconds per local step: H = 2.33

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainers.aggregation import sample_weights, weighted_mean
-from trainers.errors import AggregationError
+from edgestream.trainers.aggregation import sample_weights, weighted_mean
+from edgestream.trainers.errors import AggregationError
 
 
 def _grads(value: float) -> dict[str, torch.Tensor]:

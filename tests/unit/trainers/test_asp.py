@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 import torch
 
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.strategies.base import snapshot_message
 from tests.unit.trainers.fakes import FakeClock, drive_async, pump, train_once
-from trainers.errors import StrategyError
-from trainers.evaluation import evaluate
-from trainers.messages import UpdateMessage
-from trainers.strategies.base import snapshot_message
 
 WORKERS = ("w0", "w1", "w2")
 COMPUTE_TICKS = [1, 2, 4]  # heterogeneity H = (1 + 1/2 + 1/4) / (3 * 1/4) = 2.33

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from job.config import load_config
-from job.plan import training_plan
-from job.sources import job_fleet_data
-from pipeline.simjob import mode_from_job, run_config_from_job, streams_from_job
-from pipeline.training import build_driver
-from trainers import simclock, strategies
-from trainers.strategies import stage_split_names
+from edgestream.job.config import load_config
+from edgestream.job.plan import training_plan
+from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline.simjob import mode_from_job, run_config_from_job, streams_from_job
+from edgestream.pipeline.training import build_driver
+from edgestream.trainers import simclock, strategies
+from edgestream.trainers.strategies import stage_split_names
 
 #: A two-stage MLP (Flatten, Linear, ReLU | Linear): one device and worker per stage.
 STAGED = ["train.model=mlp", "train.stages=2", "devices.count=2", "workers.count=2"]

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from edgestream.trainers.aggregation import weighted_mean
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.strategies.base import snapshot_message
 from tests.unit.trainers.fakes import drive_bsp, pump, train_once
-from trainers.aggregation import weighted_mean
-from trainers.errors import StrategyError
-from trainers.evaluation import evaluate
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.strategies.base import snapshot_message
 
 NAMES = ("w0", "w1", "w2")
 

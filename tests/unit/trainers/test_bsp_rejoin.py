@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.models import build_model
 from tests.unit.trainers.fakes import announce, poll, pump, train_once
-from trainers.local import LocalTrainer
-from trainers.models import build_model
 
 NAMES = ("w0", "w1", "w2")
 
@@ -143,7 +143,7 @@ def test_an_asp_worker_that_rejoins_without_its_step_counter_goes_on_after_the_s
 def test_an_asp_snapshot_for_another_worker_does_not_move_the_step_counter(make_node, digits):
     w0 = make_node("w0", "asp", data=digits.shards(1)[0])
     trainer = LocalTrainer(build_model("mlp", (64,), 10, 0), lr=0.1)
-    from trainers.strategies.base import snapshot_message
+    from edgestream.trainers.strategies.base import snapshot_message
 
     msg = snapshot_message(trainer, "server", meta={"worker": "w1", "last_step": 40})
     w0.strategy.on_message(msg)

@@ -7,15 +7,15 @@ import os
 import pytest
 import torch
 
-from tests.unit.trainers.fakes import drive_bsp
-from trainers.checkpoint import (
+from edgestream.trainers.checkpoint import (
     MAGIC,
     load_checkpoint,
     restore_training_checkpoint,
     save_checkpoint,
     save_training_checkpoint,
 )
-from trainers.errors import CheckpointCorrupt, CheckpointError, CheckpointNotFound
+from edgestream.trainers.errors import CheckpointCorrupt, CheckpointError, CheckpointNotFound
+from tests.unit.trainers.fakes import drive_bsp
 
 
 def _assert_same_tree(left, right) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.checkpoint import (
+from edgestream.trainers.checkpoint import (
     FORMAT_VERSION,
     LEGACY_NAME,
     MAGIC,
@@ -31,17 +31,17 @@ from trainers.checkpoint import (
     save_checkpoint,
     save_training_checkpoint,
 )
-from trainers.errors import (
+from edgestream.trainers.errors import (
     CheckpointCorrupt,
     CheckpointNotFound,
     CheckpointRefused,
     CheckpointUnsound,
     NoUsableCheckpoint,
 )
-from trainers.local import LocalTrainer, StepResult
-from trainers.messages import UpdateMessage
-from trainers.models import build_model
-from trainers.strategies import StrategyContext, SyncStrategy, create
+from edgestream.trainers.local import LocalTrainer, StepResult
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.models import build_model
+from edgestream.trainers.strategies import StrategyContext, SyncStrategy, create
 
 Worker = tuple[LocalTrainer, SyncStrategy]
 
@@ -305,7 +305,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(
     newest.write_bytes(damage(newest.read_bytes()))
     target = _worker(seed=7)
 
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="edgestream.trainers.checkpoint"):
         result = CheckpointStore(tmp_path).restore(*target)
 
     assert result.path == tmp_path / checkpoint_name(1)
@@ -327,7 +327,7 @@ def test_an_unsound_newest_checkpoint_falls_back_to_the_previous(
     bad = _write_unchecked(tmp_path / checkpoint_name(2), source)
     target = _worker(seed=7)
 
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="edgestream.trainers.checkpoint"):
         result = CheckpointStore(tmp_path, max_abs=max_abs).restore(*target)
 
     assert result.path == tmp_path / checkpoint_name(1)

@@ -7,14 +7,14 @@ import math
 
 import pytest
 
-from tests.unit.trainers.fakes import FakeClock
-from trainers.commit_rate import (
+from edgestream.trainers.commit_rate import (
     CommitRateSearch,
     CommitScheduler,
     LossCurve,
     commit_interval,
     fit_loss_curve,
 )
+from tests.unit.trainers.fakes import FakeClock
 
 # -- the interval and the scheduler ---------------------------------------------------------
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainers.consensus import ModelSketch, consensus_distance, sketch_spread
+from edgestream.trainers.consensus import ModelSketch, consensus_distance, sketch_spread
 
 
 def _models(count: int, spread: float, seed: int = 0) -> list[dict[str, torch.Tensor]]:

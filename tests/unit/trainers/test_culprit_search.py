@@ -9,12 +9,12 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from trainers.driver import DriverConfig, TrainingDriver
-from trainers.guard import CulpritSearch, StepRejection
-from trainers.local import LocalTrainer, StepResult
-from trainers.messages import Outgoing
-from trainers.models import build_model
-from trainers.strategies import StrategyContext, SyncStrategy
+from edgestream.trainers.driver import DriverConfig, TrainingDriver
+from edgestream.trainers.guard import CulpritSearch, StepRejection
+from edgestream.trainers.local import LocalTrainer, StepResult
+from edgestream.trainers.messages import Outgoing
+from edgestream.trainers.models import build_model
+from edgestream.trainers.strategies import StrategyContext, SyncStrategy
 
 BAD = StepRejection("non_finite_loss", "training loss is inf")
 

@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, build_node, drive
-from trainers.errors import StrategyError
-from trainers.evaluation import evaluate
-from trainers.local import LocalTrainer
-from trainers.messages import UpdateMessage
-from trainers.models import build_model
-from trainers.strategies import StrategyContext, create
-from trainers.strategies.dlion import (
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.models import build_model
+from edgestream.trainers.strategies import StrategyContext, create
+from edgestream.trainers.strategies.dlion import (
     DENSE_ENTRY_BYTES,
     CapacityBalancer,
     DLionStrategy,
@@ -30,6 +29,7 @@ from trainers.strategies.dlion import (
     StepSet,
     entries_for_budget,
 )
+from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, build_node, drive
 
 FEATURES, CLASSES = 4, 2
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.driver import DriverConfig, TrainingDriver
-from trainers.local import LocalTrainer, StepResult
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.models import build_model
-from trainers.strategies import StrategyContext, SyncStrategy
+from edgestream.trainers.driver import DriverConfig, TrainingDriver
+from edgestream.trainers.local import LocalTrainer, StepResult
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.models import build_model
+from edgestream.trainers.strategies import StrategyContext, SyncStrategy
 
 JOB = "test"
 

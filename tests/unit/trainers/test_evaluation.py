@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainers.errors import BatchError
-from trainers.evaluation import evaluate
+from edgestream.trainers.errors import BatchError
+from edgestream.trainers.evaluation import evaluate
 
 
 class _FixedClass(nn.Module):
@@ -54,7 +54,7 @@ def test_mismatched_arrays_raise_batch_error(make_trainer):
 
 
 def test_time_to_target_is_the_first_of_three_consecutive_hits():
-    from trainers.evaluation import time_to_target
+    from edgestream.trainers.evaluation import time_to_target
 
     timeline = [(1, 0.5), (2, 0.91), (3, 0.89), (4, 0.9), (5, 0.95), (6, 0.92), (7, 0.8)]
     assert time_to_target(timeline, 0.9) == 4

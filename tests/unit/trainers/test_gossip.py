@@ -15,16 +15,20 @@ import numpy as np
 import pytest
 import torch
 
+from edgestream.trainers.driver import DriverConfig, TrainingDriver
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.models import build_model
+from edgestream.trainers.strategies import StrategyContext, create
+from edgestream.trainers.strategies.gossip import (
+    EdgeGossipStrategy,
+    GossipStrategy,
+    balanced_batch_size,
+)
+from edgestream.trainers.topology import build_graph
 from tests.unit.trainers.fakes import BatchStream, FakeBus, Node, announce, build_node, drive
 from tests.unit.trainers.test_checkpoint import _assert_same_tree
-from trainers.driver import DriverConfig, TrainingDriver
-from trainers.errors import StrategyError
-from trainers.local import LocalTrainer
-from trainers.messages import UpdateMessage
-from trainers.models import build_model
-from trainers.strategies import StrategyContext, create
-from trainers.strategies.gossip import EdgeGossipStrategy, GossipStrategy, balanced_batch_size
-from trainers.topology import build_graph
 
 FEATURES, CLASSES = 4, 2
 TOLERANCE = 1e-5

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainers import LocalTrainer, build_model
-from trainers.errors import BatchError
-from trainers.guard import REASONS, StepGuard, gradient_norm
-from trainers.local import StepResult
+from edgestream.trainers import LocalTrainer, build_model
+from edgestream.trainers.errors import BatchError
+from edgestream.trainers.guard import REASONS, StepGuard, gradient_norm
+from edgestream.trainers.local import StepResult
 
 
 def result(scale: float = 1.0, loss: float = 0.5, **overrides) -> StepResult:

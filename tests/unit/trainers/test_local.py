@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.errors import AggregationError, BatchError
-from trainers.local import limit_torch_threads
+from edgestream.trainers.errors import AggregationError, BatchError
+from edgestream.trainers.local import limit_torch_threads
 
 
 @pytest.fixture

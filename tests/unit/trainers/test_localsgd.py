@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.messages import Outgoing
 from tests.unit.trainers.fakes import drive_bsp, pump, train_once
-from trainers.errors import StrategyError
-from trainers.evaluation import evaluate
-from trainers.messages import Outgoing
 
 NAMES = ("w0", "w1", "w2")
 H = 4

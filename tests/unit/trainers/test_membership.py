@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from edgestream.trainers.membership import HEARTBEAT, LEAVE, Liveness, is_stale
 from tests.unit.trainers.fakes import FakeClock
-from trainers.membership import HEARTBEAT, LEAVE, Liveness, is_stale
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from trainers.errors import UpdateRejected
-from trainers.messages import UpdateMessage
-from trainers.validation import MAX_META_DEPTH, validate_update
-from trainers.wire import MessageRejected, decode_update, encode_update
+from edgestream.trainers.errors import UpdateRejected
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.validation import MAX_META_DEPTH, validate_update
+from edgestream.trainers.wire import MessageRejected, decode_update, encode_update
 
 SHAPES = {"w": (2,)}
 

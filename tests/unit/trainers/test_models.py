@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainers.errors import ModelConfigError
-from trainers.local import LocalTrainer
-from trainers.models import build_model, model_names
+from edgestream.trainers.errors import ModelConfigError
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.models import build_model, model_names
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from monitoring.metrics import OBSERVATIONS
+from edgestream.monitoring.metrics import OBSERVATIONS
+from edgestream.trainers.strategies.base import Observations
 from tests.unit.trainers.fakes import FakeClock, drive_bsp, drive_ticks, poll, pump, train_once
-from trainers.strategies.base import Observations
 
 WORKERS = ("w0", "w1", "w2")
 

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from edgestream.trainers.driver import DriverConfig, TrainingDriver
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.models import build_model
+from edgestream.trainers.observed import REASON, ObservedRange
+from edgestream.trainers.strategies import StrategyContext
 from tests.unit.trainers.test_culprit_search import ApplyAtOnce, devices
-from trainers.driver import DriverConfig, TrainingDriver
-from trainers.local import LocalTrainer
-from trainers.models import build_model
-from trainers.observed import REASON, ObservedRange
-from trainers.strategies import StrategyContext
 
 
 def normal(n: int, features: int = 4, seed: int = 0, scale: float = 1.0) -> np.ndarray:

@@ -6,12 +6,11 @@ import json
 
 import pytest
 
-from tests.unit.trainers.test_checkpoint import _assert_same_tree
-from trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
-from trainers.errors import StrategyError, UnknownStrategyError
-from trainers.messages import CHANNELS
-from trainers.stages import stage_trainer
-from trainers.strategies import (
+from edgestream.trainers.checkpoint import restore_training_checkpoint, save_training_checkpoint
+from edgestream.trainers.errors import StrategyError, UnknownStrategyError
+from edgestream.trainers.messages import CHANNELS
+from edgestream.trainers.stages import stage_trainer
+from edgestream.trainers.strategies import (
     StrategyContext,
     SyncStrategy,
     base,
@@ -23,9 +22,10 @@ from trainers.strategies import (
     strategy_class,
     subscribing,
 )
-from trainers.strategies.asp import ASPServer, ASPWorker
-from trainers.strategies.bsp import BSPStrategy
-from trainers.strategies.staged import DNIStrategy
+from edgestream.trainers.strategies.asp import ASPServer, ASPWorker
+from edgestream.trainers.strategies.bsp import BSPStrategy
+from edgestream.trainers.strategies.staged import DNIStrategy
+from tests.unit.trainers.test_checkpoint import _assert_same_tree
 
 ALL_ROLES = [(name, role) for name in names() for role in roles(name)]
 

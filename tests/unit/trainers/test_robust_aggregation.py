@@ -10,6 +10,19 @@ import numpy as np
 import pytest
 import torch
 
+from edgestream.trainers.aggregation import (
+    RobustAggregation,
+    UpdateWindow,
+    coordinate_median,
+    krum_select,
+    trimmed_mean,
+    update_norm,
+    weighted_mean,
+)
+from edgestream.trainers.byzantine import ATTACKS, byzantine, corrupt
+from edgestream.trainers.errors import AggregationError, StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.messages import UpdateMessage
 from tests.unit.trainers.fakes import (
     BatchStream,
     FakeBus,
@@ -19,19 +32,6 @@ from tests.unit.trainers.fakes import (
     drive_bsp,
     pump,
 )
-from trainers.aggregation import (
-    RobustAggregation,
-    UpdateWindow,
-    coordinate_median,
-    krum_select,
-    trimmed_mean,
-    update_norm,
-    weighted_mean,
-)
-from trainers.byzantine import ATTACKS, byzantine, corrupt
-from trainers.errors import AggregationError, StrategyError
-from trainers.evaluation import evaluate
-from trainers.messages import UpdateMessage
 
 FIVE = ("w0", "w1", "w2", "w3", "w4")
 
@@ -564,8 +564,8 @@ def _delta(sender: str, step: int, value: float, base_version: int = 0) -> Updat
 
 @pytest.fixture
 def adsp_server():
-    from trainers.local import LocalTrainer
-    from trainers.strategies import StrategyContext, create
+    from edgestream.trainers.local import LocalTrainer
+    from edgestream.trainers.strategies import StrategyContext, create
 
     def factory(**params):
         model = torch.nn.Module()
@@ -628,7 +628,7 @@ def test_an_adsp_server_restored_mid_window_gives_the_same_continuation(adsp_ser
 def test_norm_bound_counts_reach_the_observations_per_sender():
     from collections import Counter
 
-    from trainers.strategies.base import Observations, norm_bound_observations
+    from edgestream.trainers.strategies.base import Observations, norm_bound_observations
 
     counters = Counter({"updates_clipped": 3, "updates_clipped:w0": 2, "updates_clipped:w2": 1,
                         "updates_rejected:w1": 4, "steps": 9})

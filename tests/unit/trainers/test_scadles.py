@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from compression.controllers.scadles import ScadlesSignal, majority_compress
+from edgestream.compression.controllers.scadles import ScadlesSignal, majority_compress
+from edgestream.trainers.aggregation import linear_lr_scale, sample_weights, weighted_mean
+from edgestream.trainers.errors import AggregationError, StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.injection import DataInjector, Pool, shared_pool
+from edgestream.trainers.strategies import StrategyContext, create
 from tests.unit.trainers.fakes import drive_bsp, pump
-from trainers.aggregation import linear_lr_scale, sample_weights, weighted_mean
-from trainers.errors import AggregationError, StrategyError
-from trainers.evaluation import evaluate
-from trainers.injection import DataInjector, Pool, shared_pool
-from trainers.strategies import StrategyContext, create
 
 NAMES = ("w0", "w1", "w2")
 

@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from streams.records import RecordBatch
-from trainers import strategies
-from trainers.simclock import (
+from edgestream.streams.records import RecordBatch
+from edgestream.trainers import strategies
+from edgestream.trainers.simclock import (
     HETEROGENEOUS_SLOWDOWNS,
     CostModel,
     DeviceBacklog,
@@ -30,8 +30,8 @@ from trainers.simclock import (
     run,
     scadles_rates,
 )
-from trainers.strategies.asp import ASPServer, ASPWorker
-from trainers.strategies.bsp import BSPStrategy
+from edgestream.trainers.strategies.asp import ASPServer, ASPWorker
+from edgestream.trainers.strategies.bsp import BSPStrategy
 
 FAST = RunConfig(model="mlp", lr=0.5, target_accuracy=None, time_budget_s=20.0)
 """No target: runs last the whole budget (20 simulated seconds)."""

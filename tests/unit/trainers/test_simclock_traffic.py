@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from trainers.consensus import consensus_distance
-from trainers.messages import Outgoing, UpdateMessage
-from trainers.simclock import (
+from edgestream.trainers.consensus import consensus_distance
+from edgestream.trainers.messages import Outgoing, UpdateMessage
+from edgestream.trainers.simclock import (
     POINT_TO_POINT_CHANNELS,
     CostModel,
     Mode,
@@ -22,8 +22,8 @@ from trainers.simclock import (
     StreamSet,
     run,
 )
-from trainers.strategies import base
-from trainers.strategies.base import StrategyContext, SyncStrategy
+from edgestream.trainers.strategies import base
+from edgestream.trainers.strategies.base import StrategyContext, SyncStrategy
 
 FAST = RunConfig(model="mlp", lr=0.5, target_accuracy=None, time_budget_s=8.0)
 CHEAP = CostModel(compute_base_s=0.01, compute_per_record_s=0.001, latency_s=0.001)

@@ -9,9 +9,9 @@ from typing import ClassVar
 
 import pytest
 
-from trainers import strategies
-from trainers.simclock import CostModel, Mode, RunConfig, StreamSet, run
-from trainers.strategies.bsp import BSPStrategy
+from edgestream.trainers import strategies
+from edgestream.trainers.simclock import CostModel, Mode, RunConfig, StreamSet, run
+from edgestream.trainers.strategies.bsp import BSPStrategy
 
 CONFIG = RunConfig(model="mlp", lr=0.5, target_accuracy=None, time_budget_s=6.0)
 CHEAP = CostModel(compute_base_s=0.01, compute_per_record_s=0.001, latency_s=0.001)

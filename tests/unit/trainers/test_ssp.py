@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.strategies.ssp import staleness_bound
 from tests.unit.trainers.fakes import FakeBus, FakeClock, Node, announce, poll, pump, train_once
-from trainers.errors import StrategyError
-from trainers.evaluation import evaluate
-from trainers.strategies.ssp import staleness_bound
 
 WORKERS = ("w0", "w1", "w2")
 

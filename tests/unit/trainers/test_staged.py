@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 import torch
 
+from edgestream.trainers.driver import DriverConfig, Handled, TrainingDriver
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.models import build_model
+from edgestream.trainers.stages import StageTrainer, compose, stage_trainer
+from edgestream.trainers.strategies import StrategyContext, create
+from edgestream.trainers.strategies.staged import StagedStrategy
+from edgestream.trainers.wire import decode_update, encode_update
 from tests.unit.trainers.fakes import JOB, BatchStream, FakeBus, Node, drive, pump, run_queued
 from tests.unit.trainers.test_checkpoint import _assert_same_tree
-from trainers.driver import DriverConfig, Handled, TrainingDriver
-from trainers.errors import StrategyError
-from trainers.evaluation import evaluate
-from trainers.local import LocalTrainer
-from trainers.messages import UpdateMessage
-from trainers.models import build_model
-from trainers.stages import StageTrainer, compose, stage_trainer
-from trainers.strategies import StrategyContext, create
-from trainers.strategies.staged import StagedStrategy
-from trainers.wire import decode_update, encode_update
 
 FEATURES, CLASSES = 8, 3
 WORKERS = ("w0", "w1", "w2")

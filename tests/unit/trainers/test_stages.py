@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.errors import BatchError, ModelConfigError, StrategyError
-from trainers.local import LocalTrainer
-from trainers.models import build_model
-from trainers.stages import (
+from edgestream.trainers.errors import BatchError, ModelConfigError, StrategyError
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.models import build_model
+from edgestream.trainers.stages import (
     StageTrainer,
     boundary_names,
     boundary_shapes,

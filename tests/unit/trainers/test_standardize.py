@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainers import LocalTrainer
-from trainers.errors import BatchError, ModelConfigError
-from trainers.models import build_model
+from edgestream.trainers import LocalTrainer
+from edgestream.trainers.errors import BatchError, ModelConfigError
+from edgestream.trainers.models import build_model
 
 
 def scaled_data(n: int = 256, seed: int = 0) -> np.ndarray:

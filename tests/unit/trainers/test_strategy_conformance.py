@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 import torch
 
+from edgestream.trainers.checkpoint import CheckpointStore
+from edgestream.trainers.evaluation import evaluate
+from edgestream.trainers.local import LocalTrainer
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.models import build_model
+from edgestream.trainers.stages import compose, stage_trainer
+from edgestream.trainers.strategies import StrategyContext, create, names, roles, stage_split_names
+from edgestream.trainers.wire import encode_update
 from tests.unit.trainers.fakes import JOB, BatchStream, FakeBus, Node, build_node, drive
-from trainers.checkpoint import CheckpointStore
-from trainers.evaluation import evaluate
-from trainers.local import LocalTrainer
-from trainers.messages import UpdateMessage
-from trainers.models import build_model
-from trainers.stages import compose, stage_trainer
-from trainers.strategies import StrategyContext, create, names, roles, stage_split_names
-from trainers.wire import encode_update
 
 NAMES = names()
 
@@ -457,7 +457,7 @@ def _strategy_sources(name: str) -> list[Path]:
         strategy = create(name, StrategyContext(worker_id=WORKERS[0], trainer=_trainer(0, name), role=role,
                                                 members=WORKERS))
         for cls in type(strategy).__mro__:
-            if cls.__module__.split(".")[0] == "trainers":
+            if cls.__module__.startswith("edgestream.trainers."):
                 files.add(Path(inspect.getfile(cls)))
     return sorted(files)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainers.strategies import SyncStrategy, names, roles, strategy_class
+from edgestream.trainers.strategies import SyncStrategy, names, roles, strategy_class
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "training.md"
 REQUIRED = "every strategy (required)"

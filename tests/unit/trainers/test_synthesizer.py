@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from trainers.synthesizer import Synthesizer
+from edgestream.trainers.synthesizer import Synthesizer
 
 N = 32
 CLASSES = 4

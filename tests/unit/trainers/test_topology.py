@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from trainers.errors import StrategyError
-from trainers.topology import (
+from edgestream.trainers.errors import StrategyError
+from edgestream.trainers.topology import (
     TOPOLOGIES,
     build_graph,
     is_connected,

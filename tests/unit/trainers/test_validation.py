@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from trainers.errors import UpdateRejected
-from trainers.messages import UpdateMessage
-from trainers.strategies.base import snapshot_message
-from trainers.validation import TensorSpec, validate_update
+from edgestream.trainers.errors import UpdateRejected
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.strategies.base import snapshot_message
+from edgestream.trainers.validation import TensorSpec, validate_update
 
 
 @pytest.fixture

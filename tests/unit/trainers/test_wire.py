@@ -9,10 +9,10 @@ import struct
 import pytest
 import torch
 
-from compression import ErrorFeedback, GradientCodec, encode_tensors, registry
-from trainers.messages import UpdateMessage
-from trainers.validation import TensorSpec
-from trainers.wire import (
+from edgestream.compression import ErrorFeedback, GradientCodec, encode_tensors, registry
+from edgestream.trainers.messages import UpdateMessage
+from edgestream.trainers.validation import TensorSpec
+from edgestream.trainers.wire import (
     MAX_HEADER_BYTES,
     PREFIX_SIZE,
     MessageEncodeError,
