@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _report_exit(args, 130, "interrupted")
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`edgestream bench --list | head`): not a failure
+        # of the command. Further writes go nowhere, so the exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         code, line, reason = failure(exc, args)
         log.debug("%s failed", _label(args), exc_info=exc)
