@@ -33,7 +33,7 @@ batch size, blocked seconds, links' ratios and bandwidth estimates, bytes, trans
 
 Degraded link: one more dlion run (IID, ``--degrade-duration`` s): at ``--degrade-at`` s
 host ``--degrade-host`` (w2, 20 Mbit/s) goes to 1 Mbit/s (``Testbed.fault(.., "degrade",
-..)`` from the ``on_streaming`` hook, as tests/integration/test_dlion.py); every
+..)`` from the ``on_streaming`` hook, as tests/chaos/test_dlion_testbed.py); every
 ``--sample-every`` s (0.5) each worker's /metrics is scraped for
 ``edgestream_link_ratio{worker,peer}``, its bandwidth estimate and its steps. Per link to
 and from that host: the ratio before and after and after how many of the host's

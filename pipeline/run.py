@@ -37,6 +37,7 @@ from edgestream.pipeline.drain import WAIT, DrainProgress, waiting_for
 from edgestream.pipeline.errors import RunError
 from edgestream.pipeline.exits import EXIT_NO_CHECKPOINT
 from edgestream.pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
+from edgestream.pipeline.launcher import LaunchedProcess, launcher, preloaded
 from edgestream.pipeline.outage import BrokerWatch
 from edgestream.pipeline.simulate import SimulationReport, check_stream_options, stream_devices
 from edgestream.pipeline.worker import (
@@ -127,22 +128,29 @@ class RunResult:
 def start_worker_process(
     cfg_path: Path, worker: str, bootstrap: str, metrics_port: int, log_path: Path, join: bool = False,
     prefix: Sequence[str] = (), extra_args: Sequence[str] = (),
-) -> subprocess.Popen:
+) -> subprocess.Popen | LaunchedProcess:
     """Start ``edgestream worker`` (or ``server``) in its own process group; ``join``: ``--join``.
 
     ``prefix`` runs the command under another one (the testbed's ``ip netns exec NS``, which
     execs it: the process group and exit code stay the worker's); ``extra_args`` go after
-    its arguments (the testbed's ``--set workers.metrics_host=<host address>``)."""
+    its arguments (the testbed's ``--set workers.metrics_host=<host address>``).
+
+    Without a prefix the process is forked from the preloaded launcher
+    (``pipeline/launcher.py``: no import time; ``EDGESTREAM_LAUNCH=exec`` turns it off);
+    the handle answers like a ``subprocess.Popen``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker, *(["--join"] if join else [])]
+    argv = [*role_args, "--job", str(cfg_path), "--bootstrap", bootstrap, "--metrics-port", str(metrics_port),
+            *extra_args]
+    if not prefix and preloaded():
+        return launcher().start(argv, log_path)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent.parent)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
-    role_args = ["server"] if worker == SERVER_NAME else ["worker", "--worker", worker, *(["--join"] if join else [])]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [*prefix, sys.executable, "-m", "edgestream", *role_args, "--job", str(cfg_path),
-             "--bootstrap", bootstrap, "--metrics-port", str(metrics_port), *extra_args],
+            [*prefix, sys.executable, "-m", "edgestream", *argv],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
         )

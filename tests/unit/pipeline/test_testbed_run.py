@@ -12,6 +12,7 @@ import pytest
 
 from edgestream.job.config import load_config
 from edgestream.monitoring.prometheus import run_targets
+from edgestream.pipeline.launcher import LAUNCH_ENV
 from edgestream.pipeline.run import start_worker_process
 from edgestream.pipeline.testbed_run import (
     DEVICES_HOST,
@@ -87,15 +88,25 @@ def test_the_worker_command_is_the_loopback_one_with_the_prefix_before_and_the_o
         def __init__(self, argv, **kwargs):
             seen.append(list(argv))
 
+    class Launcher:
+        def start(self, argv, log_path):
+            seen.append(["<forked>", *argv])
+
     monkeypatch.setattr("edgestream.pipeline.run.subprocess.Popen", Recorder)
+    monkeypatch.setattr("edgestream.pipeline.run.launcher", Launcher)
     job = tmp_path / "job.json"
+    monkeypatch.setenv(LAUNCH_ENV, "exec")
     start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log")
     prefix, extra = process_placement(FakeTestbed(), "w1")
+    # With a prefix the command is exec'd under it whether or not forking is on.
+    monkeypatch.delenv(LAUNCH_ENV)
     start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log", prefix=prefix, extra_args=extra)
-    plain, placed = seen
-    assert plain == [sys.executable, "-m", "edgestream", "worker", "--worker", "w1", "--job", str(job),
-                     "--bootstrap", "10.77.0.2:9092", "--metrics-port", "0"]
+    start_worker_process(job, "w1", "10.77.0.2:9092", 0, tmp_path / "w1.log")
+    plain, placed, forked = seen
+    command = ["worker", "--worker", "w1", "--job", str(job), "--bootstrap", "10.77.0.2:9092", "--metrics-port", "0"]
+    assert plain == [sys.executable, "-m", "edgestream", *command]
     assert placed == [*prefix, *plain, *extra]
+    assert forked == ["<forked>", *command]  # the same command, forked from the preloaded launcher
 
 
 def test_the_targets_file_lists_each_process_at_its_host_address():

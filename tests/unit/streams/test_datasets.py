@@ -27,6 +27,16 @@ def make_dataset(n: int = 12, num_classes: int = 3) -> Dataset:
     return Dataset(features=features, labels=labels, num_classes=num_classes, name="toy")
 
 
+def test_digits_read_from_the_bundled_file_equal_scikit_learns_loader(digits: Dataset) -> None:
+    # The file is read directly (no scikit-learn import in a worker); the values must be
+    # exactly what load_digits gives, scaled to [0, 1].
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    assert np.array_equal(digits.features, (bunch.data.astype(np.float32) / np.float32(16.0)).reshape(-1, 64))
+    assert np.array_equal(digits.labels, bunch.target)
+
+
 def test_digits_have_expected_shape_dtype_and_range(digits: Dataset) -> None:
     assert digits.features.shape == (1797, 64)
     assert digits.feature_shape == (64,)

@@ -8,6 +8,10 @@ from each worker) must drop within a bounded number of ``w2``'s iterations, whil
 between the two others stays whole. Then ``w1`` is killed (SIGKILL); the supervisor
 restarts it from its checkpoint; it asks a peer for its model, adopts it, and trains again.
 The run must learn and account for every record.
+
+Part of ``make chaos``, not ``make test``: the shaped links and the 4 s membership timeout
+are sensitive to whatever else runs on the machine (beside another test file, the workers'
+heartbeats timed out and the run never reached its first sample in 3 of 6 full runs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,165 @@
+"""Starting worker and server processes without paying their imports each time.
+
+A training process spends its first seconds importing torch, faust and the training code
+(about 4 s of one core here, more than its first hundred steps). A run starts several and
+restarts them after a crash, on a machine whose cores the broker and the other workers
+share. ``PreloadedLauncher`` imports that code once, in a fork server (``multiprocessing``'s
+``forkserver`` start method with a preload list), and forks each process from it: the
+process is a fresh child with its own pid, session and log, exactly as if it had been
+exec'd, only without the import time (and sharing the imported pages copy-on-write).
+
+What the process runs is the command line it would have been exec'd with:
+``edgestream.cli.main.main(argv)`` in a new session, stdout and stderr appended to its log,
+stdin on ``/dev/null``, the environment given. Its exit code is the command's (``-N`` when
+signal N ended it), as with ``subprocess.Popen``; the handle answers ``poll``, ``wait``,
+``pid`` and ``returncode`` the same way.
+
+``EDGESTREAM_LAUNCH=exec`` turns it off (every process is exec'd, as a process under a
+command prefix such as the testbed's ``ip netns exec`` always is).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import multiprocessing.process
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Environment variable: ``exec`` starts every process with a new interpreter.
+LAUNCH_ENV = "EDGESTREAM_LAUNCH"
+#: What the fork server imports once: what a worker or server imports before its first step.
+PRELOAD = (
+    "torch",
+    "torch._dynamo",  # imported by the first torch.optim optimizer: about 3 s of one core
+    "faust",
+    "aiokafka",
+    "kafka",
+    "edgestream.cli.main",
+    "edgestream.cli.worker",
+    "edgestream.pipeline.worker",
+    "edgestream.pipeline.training",
+    "edgestream.pipeline.app",
+    "edgestream.trainers.assembly",
+)
+#: Seconds a forked process has to become its own session leader before ``start`` fails.
+SESSION_TIMEOUT_S = 10.0
+
+
+#: What a forked process runs: ``module:function``, called with the argument list.
+COMMAND = "edgestream.cli.main:main"
+
+
+def _run_command(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> None:
+    """The forked process: a new session, its log on stdout and stderr, the given environment,
+    then the command. It ends as the exec'd ``worker``/``server`` command does
+    (``cli.main._end_process``): logging shut down, streams flushed, no interpreter teardown."""
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["edgestream", *argv]
+    module, _, function = entry.partition(":")
+    main = getattr(importlib.import_module(module), function)
+    code = 1
+    try:
+        code = main(argv)
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    sys.exit(code)
+
+
+class LaunchedProcess:
+    """A forked command: the part of ``subprocess.Popen``'s interface a run uses."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str]) -> None:
+        self._process = process
+        self.args = args
+        self.pid: int = process.pid  # type: ignore[assignment]
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return self.returncode  # type: ignore[return-value]
+
+
+class PreloadedLauncher:
+    """Forks commands from the fork server, which imports ``preload`` when it starts (on first
+    use). There is one fork server per process (``multiprocessing``'s): the first launcher
+    to start it sets what it imports."""
+
+    def __init__(self, preload: Sequence[str] = PRELOAD, entry: str = COMMAND) -> None:
+        self._context = multiprocessing.get_context("forkserver")
+        self._preload = list(preload)
+        self._entry = entry
+        self._lock = threading.Lock()
+
+    def start(self, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> LaunchedProcess:
+        argv = [str(a) for a in argv]
+        env = dict(os.environ if env is None else env)
+        with self._lock:
+            self._context.set_forkserver_preload(self._preload)
+            process = self._context.Process(target=_run_command, args=(self._entry, argv, env, str(log_path)),
+                                            name=f"edgestream {' '.join(argv[:3])}")
+            process.start()
+        # The run outlives nothing it starts: it stops every process itself, so the
+        # interpreter's exit must not wait for them (multiprocessing joins its children).
+        multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
+        handle = LaunchedProcess(process, ["edgestream", *argv])
+        self._await_session(handle)
+        return handle
+
+    @staticmethod
+    def _await_session(handle: LaunchedProcess) -> None:
+        """Return once the process leads its own process group (``os.killpg(pid)`` reaches
+        it) or has already ended."""
+        deadline = time.monotonic() + SESSION_TIMEOUT_S
+        while handle.poll() is None:
+            try:
+                if os.getpgid(handle.pid) == handle.pid:
+                    return
+            except ProcessLookupError:
+                pass
+            if time.monotonic() > deadline:
+                os.kill(handle.pid, 9)
+                handle.wait(5)
+                raise RuntimeError(f"process {handle.pid} ({' '.join(handle.args)}) did not start its session "
+                                   f"within {SESSION_TIMEOUT_S:.0f} s")
+            time.sleep(0.005)  # poll interval of a deadline wait: a fork takes milliseconds
+
+
+_launcher: PreloadedLauncher | None = None
+
+
+def preloaded() -> bool:
+    """Whether commands are forked from the preloaded server (``EDGESTREAM_LAUNCH`` is not
+    ``exec``)."""
+    return os.environ.get(LAUNCH_ENV, "").strip().lower() != "exec"
+
+
+def launcher() -> PreloadedLauncher:
+    """The process's one launcher."""
+    global _launcher
+    if _launcher is None:
+        _launcher = PreloadedLauncher()
+    return _launcher
