@@ -106,20 +106,25 @@ def prefill(bootstrap: str, device: str, messages: int) -> int:
     ensure_topics(bootstrap, sensor_topics_for([device]))
     rng = np.random.default_rng(0)
     prod = producer(bootstrap, linger_ms=20, batch_size=1 << 20, acks=1, enable_idempotence=False)
-    payloads = []
-    for i in range(64):  # a pool of distinct messages, reused round-robin
-        payloads.append(codec.encode(RecordBatch(
+    # A pool of 64 feature/label blocks reused round-robin, each message with its own
+    # sequence numbers: a resent (device, seq) is a duplicate the worker drops
+    # (``data.duplicate_window``), so reusing whole messages would time the drop path.
+    pool = [(rng.random((RECORDS_PER_MESSAGE, 64), dtype=np.float32),
+             rng.integers(0, 10, RECORDS_PER_MESSAGE).astype(np.int32)) for _ in range(64)]
+    size = 0
+    for i in range(messages):
+        features, labels = pool[i % len(pool)]
+        payload = codec.encode(RecordBatch(
             device=device,
             seq=np.arange(i * RECORDS_PER_MESSAGE, (i + 1) * RECORDS_PER_MESSAGE, dtype=np.uint64),
             event_time=np.full(RECORDS_PER_MESSAGE, time.time()),
-            features=rng.random((RECORDS_PER_MESSAGE, 64), dtype=np.float32),
-            labels=rng.integers(0, 10, RECORDS_PER_MESSAGE).astype(np.int32),
-        )))
-    for i in range(messages):
-        prod.send(topics.sensor_topic(device), value=payloads[i % len(payloads)], key=device.encode())
+            features=features, labels=labels,
+        ))
+        size = len(payload)
+        prod.send(topics.sensor_topic(device), value=payload, key=device.encode())
     prod.flush()
     prod.close()
-    return len(payloads[0])
+    return size
 
 
 def run_edgestream(bootstrap: str, device: str, messages: int, work: Path, source: str) -> dict:
