@@ -39,6 +39,7 @@ def run_console() -> Console:
 def cmd_run(args: argparse.Namespace) -> int:
     from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
     from edgestream.pipeline.kafka_io import check_reachable
+    from edgestream.pipeline.launcher import warm_up
     from edgestream.pipeline.run import process_config, run_in_testbed, run_job
     from edgestream.pipeline.testbed_run import uses_testbed
     from edgestream.pipeline.worker import check_training_config, process_topics, worker_cpus
@@ -61,6 +62,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         process_topics(cfg, name)
         worker_cpus(cfg, name)
     check_training_config(cfg)
+    if not in_testbed:
+        warm_up()  # the workers' imports, in the fork server, beside the broker's start
     console = run_console()
     broker = None
     work: Path | None = None  # the data of the broker this run starts (removed at its end)

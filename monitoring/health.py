@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -122,7 +122,11 @@ def _handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPReques
             url = urlsplit(self.path)
             if url.path == "/metrics":
                 encoder, content_type = choose_encoder(self.headers.get("Accept"))
-                body, headers = encoder(registry), [("Content-Type", content_type)]
+                # ``?name[]=a&name[]=b``: only those series, as Prometheus's own exporter
+                # answers it (a poll for two counters does not render the whole page).
+                names = parse_qs(url.query).get("name[]")
+                shown = registry.restricted_registry(names) if names else registry
+                body, headers = encoder(shown), [("Content-Type", content_type)]
                 if gzip_accepted(self.headers.get("Accept-Encoding")):
                     body = gzip.compress(body)
                     headers.append(("Content-Encoding", "gzip"))

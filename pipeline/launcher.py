@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import multiprocessing.process
 import os
 import subprocess
@@ -48,6 +49,8 @@ PRELOAD = (
     "edgestream.pipeline.app",
     "edgestream.trainers.assembly",
 )
+#: Imported after the preload, always: freezes what it created (pipeline/forkserver_ready.py).
+FREEZE_MODULE = "edgestream.pipeline.forkserver_ready"
 #: Seconds a forked process has to become its own session leader before ``start`` fails.
 SESSION_TIMEOUT_S = 10.0
 
@@ -105,14 +108,23 @@ class LaunchedProcess:
 
 class PreloadedLauncher:
     """Forks commands from the fork server, which imports ``preload`` when it starts (on first
-    use). There is one fork server per process (``multiprocessing``'s): the first launcher
-    to start it sets what it imports."""
+    use), then ``FREEZE_MODULE``, which exempts what the imports created from garbage
+    collection. There is one fork server per process (``multiprocessing``'s): the first
+    launcher to start it sets what it imports."""
 
     def __init__(self, preload: Sequence[str] = PRELOAD, entry: str = COMMAND) -> None:
         self._context = multiprocessing.get_context("forkserver")
-        self._preload = list(preload)
+        self._preload = [*preload, FREEZE_MODULE]
         self._entry = entry
         self._lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Start the fork server now, without waiting: it imports the preload in its own
+        process while the caller goes on (checks, a broker start); the first ``start``
+        waits for what is left of it."""
+        with self._lock:
+            self._context.set_forkserver_preload(self._preload)
+            multiprocessing.forkserver.ensure_running()
 
     def start(self, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> LaunchedProcess:
         argv = [str(a) for a in argv]
@@ -163,3 +175,10 @@ def launcher() -> PreloadedLauncher:
     if _launcher is None:
         _launcher = PreloadedLauncher()
     return _launcher
+
+
+def warm_up() -> None:
+    """Start the process's fork server in the background, if commands are forked (a run
+    calls it first, so the preload's imports overlap its checks and its broker's start)."""
+    if preloaded():
+        launcher().warm()

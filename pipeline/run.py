@@ -37,7 +37,7 @@ from edgestream.pipeline.drain import WAIT, DrainProgress, waiting_for
 from edgestream.pipeline.errors import RunError
 from edgestream.pipeline.exits import EXIT_NO_CHECKPOINT
 from edgestream.pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
-from edgestream.pipeline.launcher import LaunchedProcess, launcher, preloaded
+from edgestream.pipeline.launcher import LaunchedProcess, launcher, preloaded, warm_up
 from edgestream.pipeline.outage import BrokerWatch
 from edgestream.pipeline.simulate import SimulationReport, check_stream_options, stream_devices
 from edgestream.pipeline.worker import (
@@ -341,6 +341,8 @@ def run_job(
     """
     console = console or Console()
     check_stream_options(cfg, garbage_per_device)
+    if testbed is None:
+        warm_up()  # the fork server imports the workers' code while topics are made
     state, cfg_path = prepare_state(cfg)
     devices = cfg.devices.device_ids()
     training = cfg.train.enabled

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgestream.deploy.kafka import wire
+from edgestream.deploy.kafka import class_archive, wire
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -120,6 +120,49 @@ def resolve_jars(cache_dir: Path | None = None, quiet: bool = True) -> Path:
     except OSError:  # another process won the race; theirs is complete too
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def ensure_class_archive(jar_dir: Path, timeout_s: float = 180.0) -> Path | None:
+    """The class archive of ``jar_dir`` for this JDK (``class_archive.py``), made now if
+    there is none: a broker is started on a scratch directory with the JVM told to archive
+    the classes it loaded, and stopped cleanly (the JVM writes the archive as it exits).
+    None if the archive is turned off or could not be made (the reason is kept in the
+    ``.failed`` marker, and brokers start without it)."""
+    if not class_archive.enabled():
+        return None
+    archive = class_archive.archive_path(jar_dir)
+    failed = class_archive.failed_path(archive)
+    if archive.exists():
+        return archive
+    if failed.exists():
+        return None
+    with class_archive.creation_lock(jar_dir):
+        if archive.exists():
+            return archive
+        if failed.exists():
+            return None
+        part = archive.with_name(f"{archive.name}.{os.getpid()}.part")
+        scratch = Path(tempfile.mkdtemp(prefix="kafka-classes-"))
+        node = LocalBroker(scratch / "node", jvm_options=[f"-XX:ArchiveClassesAtExit={part}"])
+        reason = ""
+        try:
+            node.start(timeout_s=timeout_s)
+            assert node.proc is not None
+            os.killpg(node.proc.pid, signal.SIGTERM)  # a clean exit: the JVM writes the archive
+            code = node.proc.wait(timeout=timeout_s)
+            node.proc = None
+            if code in (0, 128 + signal.SIGTERM) and part.exists():
+                os.replace(part, archive)
+                return archive
+            reason = f"the archiving broker exited with code {code} and wrote no archive"
+        except (BrokerError, subprocess.TimeoutExpired, OSError) as exc:
+            reason = f"making the archive failed: {exc}"
+        finally:
+            node.stop()
+            part.unlink(missing_ok=True)
+            shutil.rmtree(scratch, ignore_errors=True)
+        failed.write_text(reason + "\n")
+        return None
 
 
 def free_port() -> int:
@@ -476,8 +519,12 @@ class LocalBroker:
         quorum_voters: str | None = None,
         cluster_id: str | None = None,
         security: BrokerSecurity | None = None,
+        jvm_options: list[str] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
+        #: Extra JVM options of every java command of this node; ``None``: the class
+        #: archive's (``class_archive.py``), made on the first start if need be.
+        self.jvm_options = jvm_options
         self.security = security
         self.host = host
         self.bind_host = bind_host or host
@@ -578,7 +625,7 @@ class LocalBroker:
         assert self.jar_dir is not None
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         return [
-            *prefix, "java", f"-Xmx{heap}", "-Xms64m",
+            *prefix, "java", *(self.jvm_options or []), f"-Xmx{heap}", "-Xms64m",
             "-XX:+UseG1GC", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J2}",
             "-cp", f"{self.jar_dir}/*", main, *args,
@@ -595,6 +642,8 @@ class LocalBroker:
         returns without waiting (a cluster member cannot be ready before a quorum of
         its peers runs). ``start`` is ``launch`` + wait until ready."""
         self.jar_dir = resolve_jars()
+        if self.jvm_options is None:
+            self.jvm_options = class_archive.java_options(ensure_class_archive(self.jar_dir))
         if self.security is not None:
             self.security.check_covers([self.host])
         self.work_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from edgestream.deploy.kafka import class_archive
+from edgestream.deploy.kafka.broker import resolve_jars
 from edgestream.monitoring.scrape import scrape
 from edgestream.pipeline.kafka_io import ensure_topics, topic_names
 from edgestream.streams.topics import SENSOR_DLQ
@@ -86,6 +88,10 @@ def broker(tmp_path):
 
 def test_broker_start_after_sigkill_comes_back_on_its_address_and_fresh_empties_it(broker):
     address = broker.started()
+    # Its JVM maps the cache's class archive (deploy/kafka/class_archive.py; made on first use).
+    archive = class_archive.archive_path(resolve_jars())
+    assert archive.exists()
+    assert f"-XX:SharedArchiveFile={archive}".encode() in Path(f"/proc/{broker.pid()}/cmdline").read_bytes()
     topic = SENSOR_DLQ  # a dead-letter dump of a later run must not show this broker's old letters
     ensure_topics(address, {topic: "dlq"})
 

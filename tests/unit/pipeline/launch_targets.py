@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ def report(argv: list[str]) -> int:
     and exit with ``argv[0]``."""
     print(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
                       "var": os.environ.get("LAUNCH_TEST_VAR"), "argv": argv, "sys_argv": sys.argv,
-                      "stdin": sys.stdin.read()}), flush=True)
+                      "stdin": sys.stdin.read(), "frozen": gc.get_freeze_count()}), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     return int(argv[0])
 

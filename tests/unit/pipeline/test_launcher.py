@@ -35,6 +35,7 @@ def test_a_forked_command_has_its_own_session_log_environment_and_exit_code(tmp_
     assert seen["var"] == "given" and seen["argv"] == ["3", "--flag"]
     assert seen["sys_argv"] == ["edgestream", "3", "--flag"] == proc.args
     assert seen["stdin"] == ""  # /dev/null
+    assert seen["frozen"] > 0  # what the fork server imported is out of the collector's reach
     assert lines[2] == "to stderr"
 
 

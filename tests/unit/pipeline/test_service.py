@@ -117,6 +117,11 @@ def test_one_port_serves_metrics_healthz_and_readyz():
     assert b'edgestream_worker_up{worker="w0"} 1.0' in body
     status, headers, body = _get(f"{base}/metrics", {"Accept-Encoding": "gzip"})
     assert headers.get("Content-Encoding") == "gzip" and b"edgestream_worker_up" in gzip.decompress(body)
+    assert b"edgestream_records_in_total" in gzip.decompress(body)  # the whole page by default
+    # name[] restricts the page to those series, as Prometheus's own exporter does
+    status, _, body = _get(f"{base}/metrics?name[]=edgestream_worker_up")
+    assert status == 200 and b'edgestream_worker_up{worker="w0"} 1.0' in body
+    assert b"edgestream_records_in_total" not in body and body.count(b"# TYPE") == 1
 
     status, _, body = _get(f"{base}/other")
     assert status == 404 and b"/readyz" in body
