@@ -1,8 +1,8 @@
 """The registered benchmarks: each name `edgestream bench NAME` takes, the module it runs and
 what it measures.
 
-A benchmark is a module with a ``main``, run as ``__main__`` (``python -m benchmarks.NAME``
-runs it the same way); it prints a table and writes ``benchmarks/results/NAME.json``. Adding
+A benchmark is a module with a ``main`` that parses ``sys.argv``: `edgestream bench NAME`
+imports it and calls ``main`` (``python -m benchmarks.NAME`` runs it too); it prints a table and writes ``benchmarks/results/NAME.json``. Adding
 one is one module and one line in ``BENCHMARKS``. This package lives in the repository
 only: an installed ``edgestream`` without it refuses ``bench``.
 """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import runpy
+import importlib
 import sys
 from collections.abc import Callable
 
@@ -43,10 +43,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CommandError("name a benchmark (`edgestream bench --list` shows them)", EXIT_CONFIG)
     if args.name not in benchmarks:
         raise CommandError(f"no benchmark {args.name!r}; available: {', '.join(sorted(benchmarks))}", EXIT_CONFIG)
-    # As `python -m benchmarks.NAME ARGS...`: run as __main__, its own arguments in sys.argv.
-    sys.argv = [benchmarks[args.name].module, *args.args]
-    runpy.run_module(benchmarks[args.name].module, run_name="__main__", alter_sys=True)
-    return 0
+    # Its ``main`` parses sys.argv, as under `python -m`; the program name its --help and
+    # usage errors show is the command that ran it.
+    sys.argv = [f"edgestream bench {args.name}", *args.args]
+    code = importlib.import_module(benchmarks[args.name].module).main()
+    return code if isinstance(code, int) else 0
 
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:

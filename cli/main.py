@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for group in COMMANDS:
         group.register(sub, add_job_args)
-    for name, command in sub.choices.items():
+    unique = {id(command): (name, command) for name, command in reversed(sub.choices.items())}  # aliases once
+    for name, command in unique.values():
         if name != "bench":  # bench passes everything after its name to the benchmark
             # SUPPRESS: absent after the command, the top-level value stands.
             command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

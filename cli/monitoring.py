@@ -1,4 +1,4 @@
-"""`edgestream dashboards | prometheus | fleet-png`: monitoring subcommands."""
+"""`edgestream generate | prometheus | fleet-png`: monitoring subcommands."""
 
 from __future__ import annotations
 
@@ -13,10 +13,21 @@ from edgestream.cli.options import positive_float
 from edgestream.monitoring.prometheus import DEPLOY_DIR
 
 
-def cmd_dashboards(args: argparse.Namespace) -> int:
-    from edgestream.monitoring.dashboards import main
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Regenerate every file generated from the code: the Grafana dashboards and Prometheus
+    config (from the metrics) and the Helm chart's strategy lists (from the registry)."""
+    from edgestream.deploy import helm_strategies
+    from edgestream.monitoring.dashboards import write_all
 
-    return main(["--check"] if args.check else [])
+    changed = [*write_all(check=args.check), *helm_strategies.write(check=args.check)]
+    for path in changed:
+        print(f"{'stale' if args.check else 'wrote'} {helm_strategies.shown(path)}")
+    if args.check and changed:
+        print("run `edgestream generate` and commit the result")
+        return 1
+    if not changed:
+        print("the generated files (dashboards, Prometheus config, Helm strategy lists) are up to date")
+    return 0
 
 
 def cmd_prometheus(args: argparse.Namespace) -> int:
@@ -48,9 +59,11 @@ def cmd_fleet_png(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("dashboards", help="regenerate the Grafana dashboards and Prometheus config")
+    p = sub.add_parser("generate", aliases=["dashboards"],
+                       help="regenerate the files generated from the code: Grafana dashboards, Prometheus "
+                            "config, the Helm chart's strategy lists")
     p.add_argument("--check", action="store_true", help="only report stale generated files (exit 1)")
-    p.set_defaults(func=cmd_dashboards)
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("prometheus", help="run the local prometheus with deploy/prometheus/prometheus.yml")
     p.add_argument("--listen", default="127.0.0.1:9090", help="listen address (default: %(default)s)")

@@ -100,6 +100,13 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
                    help="use this Kafka cluster instead of the local broker")
 
 
+def add_stream_args(p: argparse.ArgumentParser, duration_help: str, garbage_help: str) -> None:
+    """``--duration`` (seconds of streaming, default ``run.duration_s``) and ``--garbage N``
+    (malformed messages per device), as ``run`` and ``simulate`` take them."""
+    p.add_argument("--duration", type=positive_float, help=duration_help)
+    p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N", help=garbage_help)
+
+
 def local_broker_bootstrap(state_dir: Path) -> str | None:
     from edgestream.deploy.kafka.broker import BrokerInfo, is_broker_pid
 

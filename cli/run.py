@@ -12,7 +12,11 @@ from pathlib import Path
 from rich.console import Console
 
 from edgestream.cli.errors import CommandError
-from edgestream.cli.options import cluster_bootstrap, job_config, non_negative_int, positive_float
+from edgestream.cli.options import (
+    add_stream_args,
+    cluster_bootstrap,
+    job_config,
+)
 from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_RUNTIME, EXIT_UNBALANCED
 
 
@@ -115,9 +119,7 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
     """Add the `run` subcommand."""
     p = sub.add_parser("run", help="broker + simulated devices + workers, with a live view")
     add_job_args(p)
-    p.add_argument("--duration", type=positive_float, help="seconds of streaming (default: run.duration_s)")
-    p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N",
-                   help="inject N malformed messages per device")
+    add_stream_args(p, "seconds of streaming (default: run.duration_s)", "inject N malformed messages per device")
     p.add_argument("--keep-testbed", action="store_true",
                    help="with [testbed]: leave the hosts and brokers up after the run (`edgestream testbed down`)")
     p.add_argument("--keep-broker", action="store_true",

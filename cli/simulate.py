@@ -14,11 +14,10 @@ from rich.console import Console
 from edgestream.cli.errors import CommandError
 from edgestream.cli.options import (
     add_service_args,
+    add_stream_args,
     job_config,
     need_bootstrap,
-    non_negative_int,
     port,
-    positive_float,
     use_log_format,
 )
 from edgestream.pipeline.exits import EXIT_CONFIG
@@ -89,9 +88,8 @@ def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.A
     """Add the `simulate` subcommand."""
     p = sub.add_parser("simulate", help="stream the job's devices into their topics (simulated, or its recording)")
     add_job_args(p)
-    p.add_argument("--duration", type=positive_float, help="seconds (default: run.duration_s)")
-    p.add_argument("--garbage", type=non_negative_int, default=0, metavar="N",
-                   help="also send N malformed messages per device (tests the dead-letter path)")
+    add_stream_args(p, "seconds (default: run.duration_s)",
+                    "also send N malformed messages per device (tests the dead-letter path)")
     p.add_argument("--report", type=Path, help="write what was produced as JSON here")
     p.add_argument("--forever", action="store_true",
                    help="stream until stopped (SIGTERM/SIGINT), as a service does; excludes --duration")

@@ -1,14 +1,12 @@
 """The Helm chart's lists of strategies with a parameter server or per-worker inboxes, from the registry.
 
-``python -m deploy.helm_strategies`` writes ``deploy/helm/edgestream/templates/_strategies.tpl``;
+``edgestream generate`` writes ``deploy/helm/edgestream/templates/_strategies.tpl`` (``write``);
 ``--check`` only compares (exit 1 when the file is stale). The chart never lists a strategy by
 hand: ``_helpers.tpl`` and ``kafkatopics.yaml`` include these two definitions.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from edgestream.trainers import strategies
@@ -16,7 +14,7 @@ from edgestream.trainers import strategies
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "edgestream"
 GENERATED = CHART / "templates" / "_strategies.tpl"
-COMMAND = "python -m deploy.helm_strategies"
+COMMAND = "edgestream generate"
 
 
 def server_strategies() -> list[str]:
@@ -41,27 +39,18 @@ def render() -> str:
     )
 
 
-def _shown(path: Path) -> str:
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if the file is stale")
-    args = parser.parse_args(argv)
+def write(check: bool = False) -> list[Path]:
+    """Write ``GENERATED`` if it differs from ``render()``; with ``check``, write nothing.
+    Returns the stale file (``[GENERATED]``) or nothing."""
     text = render()
     current = GENERATED.read_text() if GENERATED.exists() else None
-    if args.check:
-        if current != text:
-            print(f"{_shown(GENERATED)} is stale: run `{COMMAND}`", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
+    if current == text:
+        return []
+    if not check:
         GENERATED.write_text(text)
-    print(f"{_shown(GENERATED)}: server {' '.join(server_strategies())}; "
-          f"inbox {' '.join(inbox_strategies())}")
-    return 0
+    return [GENERATED]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)

@@ -1,6 +1,6 @@
 """Grafana dashboards as code: panels built from the metric objects of ``monitoring.metrics``.
 
-``python -m monitoring.dashboards`` (or ``edgestream dashboards``) writes
+``edgestream generate`` (also ``edgestream dashboards``) writes
 ``deploy/grafana/dashboards/*.json`` and ``deploy/prometheus/prometheus.yml``; a unit
 test asserts the committed files equal a fresh generation, and the dashboard
 integration test runs every panel query against a real Prometheus.
@@ -12,10 +12,8 @@ worker's lag probe). The integration test demands series for what its run emits.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -496,20 +494,3 @@ def write_all(check: bool = False) -> list[Path]:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
     return stale
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m monitoring.dashboards",
-                                     description="Regenerate the Grafana dashboards and Prometheus config.")
-    parser.add_argument("--check", action="store_true", help="only report files that differ (exit 1)")
-    args = parser.parse_args(argv)
-    changed = write_all(check=args.check)
-    for path in changed:
-        print(f"{'stale' if args.check else 'wrote'} {path.relative_to(REPO_ROOT)}")
-    if not changed:
-        print("dashboards and Prometheus config are up to date")
-    return 1 if (args.check and changed) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -777,6 +777,12 @@ class RunContext:
     #: The running ``deploy.testbed.Testbed`` of a run in the testbed (None: loopback): where
     #: each process starts, and what hooks cut and heal (``ctx.testbed.fault("w2", "partition")``).
     testbed: Any = None
+    #: Held by a supervision pass and by a membership change (``start_worker``, the start of
+    #: ``stop_worker``): a hook's thread changes the processes while the orchestrating
+    #: thread supervises them, and a pass must never see a worker stopped on purpose as
+    #: running again before its new process is in ``workers`` (it would take the old
+    #: process's exit for a death and start a second one).
+    _membership: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def inject(self, device: str, values: list[bytes], *, records: int = 0) -> None:
         """Produce ``values`` into ``device``'s topic (fault tests) and count them in the run's
@@ -835,18 +841,20 @@ class RunContext:
         the strategy readmits it). The supervisor watches it from then on."""
         if name == SERVER_NAME or name not in self.cfg.worker_names():
             raise RunError(f"{name!r} is not a worker of this job ({self.cfg.worker_names()})")
-        if any(w.name == name and w.proc.poll() is None for w in self.workers):
-            raise RunError(f"worker {name} is already running")
-        self.left = [n for n in self.left if n != name]
-        self.joined.append(name)
-        return self.start(name, join=join)
+        with self._membership:
+            if any(w.name == name and w.proc.poll() is None for w in self.workers):
+                raise RunError(f"worker {name} is already running")
+            self.left = [n for n in self.left if n != name]
+            self.joined.append(name)
+            return self.start(name, join=join)
 
     def stop_worker(self, name: str, timeout_s: float = 20.0) -> int | None:
         """SIGTERM worker ``name`` and wait for it to exit: it leaves the job (``op: leave``,
         final checkpoint) and the supervisor does not restart it. Its devices are not read
         any more; the summary counts their records as unread. Returns its exit code."""
-        w = self.worker(name)
-        self.left.append(name)  # before the signal: supervise() must not take it for a death
+        with self._membership:
+            w = self.worker(name)
+            self.left.append(name)  # before the signal: supervise() must not take it for a death
         return stop_process(w.proc, timeout_s)
 
     def running_workers(self) -> list[str]:
@@ -869,6 +877,10 @@ class RunContext:
         Once ready, a process is judged by its exit alone: one whose ``/metrics`` does not
         answer (its testbed host partitioned) is left running, never counted dead.
         """
+        with self._membership:
+            self._supervise()
+
+    def _supervise(self) -> None:
         now = self.clock()
         left = set(self.left)
         for w in list(self.workers):

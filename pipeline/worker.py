@@ -37,10 +37,10 @@ from edgestream.pipeline.kafka_io import (
 from edgestream.pipeline.outage import BrokerWatch
 from edgestream.pipeline.service import CONTEXT, ProcessService, StopSignals
 from edgestream.streams import topics
+from edgestream.trainers.strategies.base import SERVER_NAME
 
 log = logging.getLogger(__name__)
 
-SERVER_NAME = "server"
 #: How a worker/server process ended, in its state dir: ``{"code": int, "reason": str | None}``.
 EXIT_FILE = "exit.json"
 

@@ -75,6 +75,7 @@ from edgestream.trainers.evaluation import EvalResult, evaluate, time_to_target
 from edgestream.trainers.local import limit_torch_threads
 from edgestream.trainers.plan import TrainingPlan
 from edgestream.trainers.stages import compose
+from edgestream.trainers.strategies.base import SERVER_NAME
 
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",
@@ -837,9 +838,6 @@ def simulation_plan(mode: Mode, config: RunConfig, workers: Sequence[str]) -> Tr
         grad_norm_spike=config.grad_norm_spike,
     )
 
-
-#: The name of the server process (strategies with a server role), as in the live runtime.
-SERVER_NAME = "server"
 
 
 class _Simulation:

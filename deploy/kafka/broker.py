@@ -144,6 +144,7 @@ def ensure_class_archive(jar_dir: Path, timeout_s: float = 180.0) -> Path | None
         part = archive.with_name(f"{archive.name}.{os.getpid()}.part")
         scratch = Path(tempfile.mkdtemp(prefix="kafka-classes-"))
         node = LocalBroker(scratch / "node", jvm_options=[f"-XX:ArchiveClassesAtExit={part}"])
+        node.jar_dir = jar_dir  # the classpath the archive is for
         reason = ""
         try:
             node.start(timeout_s=timeout_s)
@@ -641,7 +642,7 @@ class LocalBroker:
         """Resolve jars, format storage (unless already formatted) and start the JVM;
         returns without waiting (a cluster member cannot be ready before a quorum of
         its peers runs). ``start`` is ``launch`` + wait until ready."""
-        self.jar_dir = resolve_jars()
+        self.jar_dir = self.jar_dir or resolve_jars()
         if self.jvm_options is None:
             self.jvm_options = class_archive.java_options(ensure_class_archive(self.jar_dir))
         if self.security is not None:

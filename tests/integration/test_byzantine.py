@@ -33,7 +33,7 @@ MAX_UPDATE_NORM = 5.0
 
 def byzantine_job(unique, state_dir, attack: str, *overrides: str):
     return train_job(unique, state_dir, f"workers.byzantine={ATTACKER}", f"workers.attack={attack}",
-                     "run.duration_s=20", *overrides)
+                     "run.duration_s=20", "train.target_accuracy=0.85", *overrides)  # 20 s at most
 
 
 def gradient_norms(bootstrap: str, cfg) -> dict[str, list[float]]:

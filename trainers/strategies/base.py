@@ -22,6 +22,9 @@ from edgestream.trainers.staleness import StalenessTracker
 from edgestream.trainers.validation import TensorSpec
 
 Role = Literal["worker", "server"]
+#: The name of a job's one server process (the strategies with a server role), in the live
+#: runtime and on the simulated clock alike.
+SERVER_NAME = "server"
 
 __all__ = [
     "Channel",
@@ -29,6 +32,7 @@ __all__ = [
     "Observations",
     "Outgoing",
     "Role",
+    "SERVER_NAME",
     "StrategyContext",
     "SyncStrategy",
     "UpdateMessage",

@@ -64,19 +64,27 @@ def test_list_names_every_registered_benchmark_with_its_description(capsys):
     assert all(BENCHMARKS[line.split()[0]].description in line for line in lines)
 
 
-def test_bench_runs_the_registered_module_as_main_with_its_arguments(tmp_path, monkeypatch):
+def test_bench_calls_the_registered_module_main_with_its_arguments_and_its_name(tmp_path, monkeypatch, capsys):
     seen = tmp_path / "seen.json"
     (tmp_path / "fake_bench.py").write_text(
-        "import json, sys\n"
-        "if __name__ == '__main__':\n"
-        f"    open({str(seen)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+        "import argparse, json, sys\n"
+        "def main():\n"
+        f"    open({str(seen)!r}, 'w').write(json.dumps(sys.argv))\n"
+        "    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--repeats', type=int)\n"
+        "    return parser.parse_known_args()[0].repeats\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(BENCHMARKS, "fake", Benchmark("fake", "fake_bench", "a test's benchmark"))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
 
-    assert main(["bench", "fake", "--repeats", "2", "--debug"]) == 0
+    assert main(["bench", "fake", "--repeats", "0", "--debug"]) == 0
 
-    assert json.loads(seen.read_text()) == ["--repeats", "2", "--debug"]
+    assert json.loads(seen.read_text()) == ["edgestream bench fake", "--repeats", "0", "--debug"]
+    # its usage names the command, not the module's file
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "fake", "--repeats", "x"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: edgestream bench fake [-h]")
 
 
 def test_the_readme_names_every_registered_benchmark():

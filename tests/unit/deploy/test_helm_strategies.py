@@ -6,16 +6,17 @@ import re
 import subprocess
 import sys
 
+from edgestream.cli.main import main
 from edgestream.deploy import helm_strategies
 from edgestream.deploy.helm_strategies import CHART, GENERATED, REPO
 
 
 def test_the_generated_file_equals_a_fresh_generation_from_the_registry():
     """Regenerated in a fresh interpreter: other tests register strategies of their own in this one."""
-    done = subprocess.run([sys.executable, "-m", "edgestream.deploy.helm_strategies", "--check"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "edgestream", "generate", "--check"], capture_output=True,
                           text=True, cwd=REPO, timeout=120, check=False)
 
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_lists_name_the_servers_and_inbox_readers_classes_and_functions_alike():
@@ -51,8 +52,12 @@ def test_a_stale_file_is_reported_with_the_command_that_fixes_it(tmp_path, monke
     stale.write_text(helm_strategies.render().replace("ssp", ""))
     monkeypatch.setattr(helm_strategies, "GENERATED", stale)
 
-    assert helm_strategies.main(["--check"]) == 1
-    assert "is stale: run `python -m deploy.helm_strategies`" in capsys.readouterr().err
+    assert main(["generate", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"stale {stale}" in out and "run `edgestream generate`" in out
+    assert stale.read_text() != helm_strategies.render()  # --check writes nothing
 
-    assert helm_strategies.main([]) == 0
+    assert main(["generate"]) == 0
+    assert f"wrote {stale}" in capsys.readouterr().out
     assert stale.read_text() == helm_strategies.render()
+    assert main(["generate", "--check"]) == 0

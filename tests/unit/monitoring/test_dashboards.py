@@ -27,7 +27,7 @@ KNOWN = Metrics().exposition_names()
 
 def test_committed_files_equal_a_fresh_generation():
     stale = write_all(check=True)
-    assert stale == [], f"run `edgestream dashboards` (python -m monitoring.dashboards): stale {stale}"
+    assert stale == [], f"run `edgestream generate`: stale {stale}"
     assert sorted(p.name for p in DASHBOARD_DIR.glob("*.json")) == sorted(
         p.name for p in render_files() if p.suffix == ".json"
     ), "a dashboard JSON is committed that the generator no longer produces"

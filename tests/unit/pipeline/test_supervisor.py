@@ -175,3 +175,41 @@ def test_a_process_that_never_gets_ready_fails_after_the_ready_timeout(harness, 
 
     with pytest.raises(ProcessFailed, match="did not join its topics within 90s"):
         ctx.supervise()
+
+
+def test_a_worker_restarted_by_a_hook_during_a_supervision_pass_is_not_taken_for_a_death(harness, monkeypatch):
+    """A hook's thread stops w1 on purpose and starts it again while the orchestrating thread
+    supervises. The pass must not see the stopped process as one that is running again (w1
+    no longer in ``left``) before its new process is in ``workers``: it would count the old
+    process's exit as a death and start a second w1 beside the hook's."""
+    import threading
+
+    ctx, clock, started = harness
+    in_start, release = threading.Event(), threading.Event()
+    starts = list(started)
+    fake_start = run_module.start_worker_process
+
+    def slow_start(*args, **kwargs):
+        in_start.set()
+        release.wait(timeout=30)  # held until the pass had its chance
+        return fake_start(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "stop_process", lambda proc, timeout_s=20.0: proc.exit(0) or 0)
+    assert ctx.stop_worker("w1") == 0
+    monkeypatch.setattr(run_module, "start_worker_process", slow_start)
+    hook = threading.Thread(target=ctx.start_worker, args=("w1",), kwargs={"join": False})
+    hook.start()
+    assert in_start.wait(timeout=30)
+    clock.now += 10.0
+    supervisor = threading.Thread(target=ctx.supervise)
+    supervisor.start()
+    supervisor.join(timeout=1.0)  # a pass that does not wait for the membership change ends here
+    release.set()
+    hook.join(timeout=30)
+    supervisor.join(timeout=30)
+    clock.now += 10.0  # past any restart backoff
+    ctx.supervise()
+
+    assert ctx.deaths == [] and ctx.restarts == []
+    assert [name for name, _ in started[len(starts):]] == ["w1"]  # the hook's start, and no other
+    assert ctx.joined == ["w1"] and ctx.left == []

@@ -69,7 +69,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* edgestream.serverStrategies and edgestream.inboxStrategies: generated from the strategy
-registry into _strategies.tpl (python -m deploy.helm_strategies). */}}
+registry into _strategies.tpl (edgestream generate). */}}
 
 {{/* The job file parsed (fails on invalid TOML). */}}
 {{- define "edgestream.jobData" -}}
