@@ -20,14 +20,16 @@ demo: venv
 	@$(RUN) python -m edgestream run --job examples/demo.toml --garbage 3
 
 # One file per process, in the order given: the long integration files first, then the
-# ~110 unit files, most of them short, which even out the two processes' ends (xdist's
+# ~110 unit files, most of them short, which even out the processes' ends (xdist's
 # default order, most tests first, left the long integration files, with one to five
-# tests each, as the tail of the run).
+# tests each, as the tail of the run). Three processes on two cores: the integration
+# tests wait on brokers and streams much of the time (the cores were about a fifth idle
+# with two).
 test: venv
 	@bash scripts/system-deps.sh
 	@bash scripts/deploy-tools.sh >/dev/null
 	@bash scripts/fuzz-deps.sh
-	@$(RUN) python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests/integration tests/unit
+	@$(RUN) python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=25 tests/integration tests/unit
 
 chaos: venv
 	@bash scripts/system-deps.sh

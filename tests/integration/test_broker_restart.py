@@ -41,6 +41,25 @@ def cli(*args: str, cwd: Path = REPO, timeout_s: float = 180.0) -> subprocess.Co
                           text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
 
+def cli_at_once(runs: list[tuple[list[str], Path]], timeout_s: float = 180.0) -> list[subprocess.CompletedProcess]:
+    """Several ``edgestream ARGS`` (each in its ``cwd``) at once, as ``cli`` runs one: their
+    results in order. For commands that spend most of their time waiting (a broker's start,
+    a run's fixed streaming time)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+             for args, cwd in runs]
+    try:
+        outputs = [proc.communicate(timeout=timeout_s) for proc in procs]
+        return [subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+                for proc, (out, err) in zip(procs, outputs, strict=True)]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def job_args(unique: str, state: Path, *overrides: str) -> list[str]:
     """A small training job: two devices, two BSP workers, an MLP."""
     sets = [f"job.name=r{unique}", f"run.state_dir={state}", f"devices.ids=a{unique},b{unique}",
@@ -162,20 +181,26 @@ def test_a_run_survives_a_broker_sigkill_and_a_plain_broker_start(broker, unique
     assert simulation["refused"] == {}  # the simulator kept the records for the restarted broker
 
 
-@pytest.mark.parametrize("keep", [False, True])
-def test_run_removes_the_data_of_the_broker_it_started_unless_kept(tmp_path, unique, keep):
-    state = tmp_path / "state"
-    # cwd: a directory without a running local broker (.edgestream/broker), so the run starts one
-    done = cli("run", *job_args(unique, state, "train.enabled=false", "run.duration_s=3"),
-               *(["--keep-broker"] if keep else []), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    left = sorted(p.name for p in state.glob("broker-*"))
-    if keep:
-        assert len(left) == 1 and (state / left[0] / "data").is_dir()
-        assert f"the run's broker data is kept in {state / left[0]}" in done.stdout.replace("\n", "")
-    else:
-        assert left == []
-    assert json.loads((state / "summary.json").read_text())["outcome"] == "balanced"
+def test_run_removes_the_data_of_the_broker_it_started_unless_kept(tmp_path, unique):
+    # Two runs at once, each in a directory without a running local broker
+    # (.edgestream/broker), so each starts its own: one plain, one with --keep-broker.
+    dirs = {keep: tmp_path / ("kept" if keep else "removed") for keep in (False, True)}
+    runs = [(["run", *job_args(unique, dirs[keep] / "state", "train.enabled=false", "run.duration_s=3"),
+              *(["--keep-broker"] if keep else [])], dirs[keep]) for keep in (False, True)]
+    for directory in dirs.values():
+        directory.mkdir()
+    removed, kept = cli_at_once(runs)
+    for done in (removed, kept):
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for keep, done in ((False, removed), (True, kept)):
+        state = dirs[keep] / "state"
+        left = sorted(p.name for p in state.glob("broker-*"))
+        if keep:
+            assert len(left) == 1 and (state / left[0] / "data").is_dir()
+            assert f"the run's broker data is kept in {state / left[0]}" in done.stdout.replace("\n", "")
+        else:
+            assert left == []
+        assert json.loads((state / "summary.json").read_text())["outcome"] == "balanced"
 
 
 def test_a_drain_at_its_cap_writes_the_summary_and_prints_the_tables(kafka_bootstrap, unique, tmp_path):
