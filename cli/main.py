@@ -31,7 +31,7 @@ from edgestream.cli import (
 )
 from edgestream.cli.errors import failure
 from edgestream.cli.options import add_job_args
-from edgestream.pipeline.exits import EXIT_CONFIG
+from edgestream.pipeline.exits import EXIT_CONFIG, flush_output
 
 log = logging.getLogger("edgestream")
 
@@ -129,9 +129,7 @@ def _end_process(args: argparse.Namespace, argv: list[str] | None, code: int) ->
     """
     if argv is not None or args.command not in ("worker", "server"):
         return
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_output()
     os._exit(code)
 
 

@@ -1,4 +1,8 @@
-"""The exit statuses every edgestream command and process uses (one list, below the CLI)."""
+"""The exit statuses every edgestream command and process uses (one list, below the CLI),
+and how a process writes out what it has before it ends."""
+
+import logging
+import sys
 
 #: A runtime error stopped the command (Kafka unreachable, a crash).
 EXIT_RUNTIME = 1
@@ -10,3 +14,11 @@ EXIT_NO_CHECKPOINT = 3
 #: ``edgestream run`` ended and its accounting does not add up (records lost or counted twice):
 #: a runtime outcome, not a configuration error; the tables and ``summary.json`` say where.
 EXIT_UNBALANCED = 4
+
+
+def flush_output() -> None:
+    """Shut logging down and flush stdout and stderr: what a process does before it ends
+    without interpreter teardown (an exec'd worker's ``os._exit``, a forked one's exit)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -21,7 +21,6 @@ command prefix such as the testbed's ``ip netns exec`` always is).
 from __future__ import annotations
 
 import importlib
-import logging
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.process
@@ -32,6 +31,8 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from edgestream.pipeline.exits import flush_output
 
 #: Environment variable: ``exec`` starts every process with a new interpreter.
 LAUNCH_ENV = "EDGESTREAM_LAUNCH"
@@ -62,7 +63,7 @@ COMMAND = "edgestream.cli.main:main"
 def _run_command(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> None:
     """The forked process: a new session, its log on stdout and stderr, the given environment,
     then the command. It ends as the exec'd ``worker``/``server`` command does
-    (``cli.main._end_process``): logging shut down, streams flushed, no interpreter teardown."""
+    (``exits.flush_output``, then multiprocessing's ``os._exit``: no interpreter teardown)."""
     os.setsid()
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()
@@ -79,9 +80,7 @@ def _run_command(entry: str, argv: list[str], env: dict[str, str], log_path: str
     try:
         code = main(argv)
     finally:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flush_output()
     sys.exit(code)
 
 

@@ -75,7 +75,7 @@ class WorkerProc:
     """One incarnation of a worker (or server) process of a run."""
 
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | LaunchedProcess
     devices: list[str]
     metrics_url: str | None = None
     log_path: Path | None = None
@@ -156,7 +156,7 @@ def start_worker_process(
         )
 
 
-def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 20.0) -> list[int | None]:
+def stop_processes(procs: Sequence[subprocess.Popen | LaunchedProcess], timeout_s: float = 20.0) -> list[int | None]:
     """SIGTERM every process group at once, then wait for each (SIGKILL after ``timeout_s``);
     the exit codes in order. At the end of a run every training process freezes at its
     signal, so one that stops a moment after another never reacts to the other's leave."""
@@ -170,7 +170,7 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 20.0) -> li
     return [stop_process(proc, max(0.0, deadline - time.monotonic()), signalled=True) for proc in procs]
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 20.0, signalled: bool = False) -> int | None:
+def stop_process(proc: subprocess.Popen | LaunchedProcess, timeout_s: float = 20.0, signalled: bool = False) -> int | None:
     """SIGTERM the process group (unless ``signalled``: it was sent already, and a second
     stop signal makes an edgestream process exit at once), SIGKILL it after ``timeout_s``;
     return the exit code."""

@@ -245,3 +245,22 @@ def start_worker_cli(job_file: Path, worker: str, state_dir: Path, log_path: Pat
     the job's ``run.state_dir``), logging to ``log_path``."""
     proc = start_cli(["worker", "--job", str(job_file), "--worker", worker, *args], log_path, cwd=cwd, env=env)
     return WorkerCli(worker, proc, state_dir, log_path)
+
+
+def cli_at_once(runs: list[tuple[list[str], Path]], env: dict[str, str],
+                timeout_s: float = 180.0) -> list[subprocess.CompletedProcess]:
+    """Several ``edgestream ARGS`` (each in its ``cwd``, this interpreter) at once: their
+    results in order, as ``subprocess.run`` gives one. For commands that spend most of
+    their time starting up or waiting (a broker's start, a run's fixed streaming time)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+             for args, cwd in runs]
+    try:
+        outputs = [proc.communicate(timeout=timeout_s) for proc in procs]
+        return [subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+                for proc, (out, err) in zip(procs, outputs, strict=True)]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -29,7 +29,7 @@ from edgestream.deploy.kafka.broker import resolve_jars
 from edgestream.monitoring.scrape import scrape
 from edgestream.pipeline.kafka_io import ensure_topics, topic_names
 from edgestream.streams.topics import SENSOR_DLQ
-from tests.integration.jobs import REPO, start_cli, stop_session, wait_until
+from tests.integration.jobs import REPO, cli_at_once, start_cli, stop_session, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -39,25 +39,6 @@ def cli(*args: str, cwd: Path = REPO, timeout_s: float = 180.0) -> subprocess.Co
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-
-
-def cli_at_once(runs: list[tuple[list[str], Path]], timeout_s: float = 180.0) -> list[subprocess.CompletedProcess]:
-    """Several ``edgestream ARGS`` (each in its ``cwd``) at once, as ``cli`` runs one: their
-    results in order. For commands that spend most of their time waiting (a broker's start,
-    a run's fixed streaming time)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-             for args, cwd in runs]
-    try:
-        outputs = [proc.communicate(timeout=timeout_s) for proc in procs]
-        return [subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-                for proc, (out, err) in zip(procs, outputs, strict=True)]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 def job_args(unique: str, state: Path, *overrides: str) -> list[str]:
@@ -189,7 +170,7 @@ def test_run_removes_the_data_of_the_broker_it_started_unless_kept(tmp_path, uni
               *(["--keep-broker"] if keep else [])], dirs[keep]) for keep in (False, True)]
     for directory in dirs.values():
         directory.mkdir()
-    removed, kept = cli_at_once(runs)
+    removed, kept = cli_at_once(runs, dict(os.environ, PYTHONPATH=str(REPO)))
     for done in (removed, kept):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for keep, done in ((False, removed), (True, kept)):

@@ -19,7 +19,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from edgestream.deploy.kafka.broker import free_port
 from edgestream.monitoring.scrape import scrape
 from edgestream.streams.recording import RecordedMessage, RecordingWriter
-from tests.integration.jobs import wait_until
+from tests.integration.jobs import cli_at_once, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -45,23 +45,6 @@ def cli(cwd: Path, *args: str, timeout_s: float = 180.0) -> tuple[subprocess.Com
     proc = subprocess.run([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=cli_env(),
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     return proc, time.monotonic() - started
-
-
-def cli_all(runs: list[tuple[Path, tuple[str, ...]]], timeout_s: float = 180.0) -> list[subprocess.CompletedProcess]:
-    """Run several ``edgestream ARGS`` at once, each as ``cli`` runs it (its own ``cwd``):
-    their results in order. For commands that spend their time starting up."""
-    procs = [subprocess.Popen([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=cli_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-             for cwd, args in runs]
-    try:
-        outputs = [proc.communicate(timeout=timeout_s) for proc in procs]
-        return [subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-                for proc, (out, err) in zip(procs, outputs, strict=True)]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 def only_line(stream: str) -> str:
@@ -102,7 +85,7 @@ def test_run_refuses_an_unknown_training_name_before_creating_anything(kafka_boo
     for cwd, _args in runs:
         cwd.mkdir()
 
-    procs = cli_all(runs)
+    procs = cli_at_once([(list(args), cwd) for cwd, args in runs], cli_env())
 
     for (key, _value, words), (cwd, _args), proc in zip(UNKNOWN_NAMES, runs, procs, strict=True):
         assert proc.returncode == 2, (key, proc.stderr)
