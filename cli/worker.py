@@ -15,15 +15,20 @@ from edgestream.cli.options import (
     use_log_format,
 )
 from edgestream.job.config import JobConfig
-from edgestream.pipeline.exits import EXIT_CONFIG
+from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_FILE, worker_state_dir
+from edgestream.streams.topics import SERVER_NAME
 
 LOGLEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from edgestream.pipeline.worker import check_training_config, run_worker, worker_cpus
-
     cfg, bootstrap = _process_config(args, args.worker)
+    from edgestream.pipeline.worker import (  # torch, faust
+        check_training_config,
+        run_worker,
+        worker_cpus,
+    )
+
     worker_cpus(cfg, args.worker)
     check_training_config(cfg)  # before any side effect (topics, state, /metrics)
     run_worker(cfg, args.worker, bootstrap, args.metrics_port, loglevel=args.loglevel, join=args.join)
@@ -31,9 +36,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from edgestream.pipeline.worker import SERVER_NAME, check_training_config, run_server
-
     cfg, bootstrap = _process_config(args, SERVER_NAME)
+    from edgestream.pipeline.worker import check_training_config, run_server  # torch, faust
+
     check_training_config(cfg)
     from edgestream.trainers.strategies import names, roles
 
@@ -49,25 +54,21 @@ def cmd_server(args: argparse.Namespace) -> int:
 def _process_config(args: argparse.Namespace, name: str) -> tuple[JobConfig, str]:
     """Config and cluster of a worker/server process, checked without side effects (the
     cluster answers; worker, device and job names make valid topic names). Sets up its
-    log and where ``main`` reports how it ended (``exit.json``, read by `run`)."""
-    from edgestream.pipeline.worker import (
-        EXIT_FILE,
-        SERVER_NAME,
-        process_topics,
-        quiet_tracebacks,
-        worker_state_dir,
-    )
-
+    log and where ``main`` reports how it ended (``exit.json``, read by `run`). Imports
+    nothing heavy until the cluster answered: an unreachable one is reported in seconds,
+    not after torch and faust are imported."""
     level = getattr(logging, args.loglevel.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_tracebacks(logging.getLogger(), level)
     cfg = job_config(args)
     use_log_format(args, cfg)
     if name != SERVER_NAME:
         cfg.devices_of(name)  # a worker of this job
     args.exit_file = worker_state_dir(cfg, name) / EXIT_FILE
     args.exit_file.unlink(missing_ok=True)  # a previous run's verdict is not this one's
-    bootstrap = need_bootstrap(args, cfg)  # before torch is imported: unreachable is reported in seconds
+    bootstrap = need_bootstrap(args, cfg)
+    from edgestream.pipeline.worker import process_topics, quiet_tracebacks  # torch, faust
+
+    quiet_tracebacks(logging.getLogger(), level)
     process_topics(cfg, name)
     return cfg, bootstrap
 

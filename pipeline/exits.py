@@ -3,6 +3,11 @@ and how a process writes out what it has before it ends."""
 
 import logging
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgestream.job.config import JobConfig
 
 #: A runtime error stopped the command (Kafka unreachable, a crash).
 EXIT_RUNTIME = 1
@@ -22,3 +27,13 @@ def flush_output() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+#: How a worker/server process ended, in its state dir: ``{"code": int, "reason": str | None}``.
+EXIT_FILE = "exit.json"
+
+
+def worker_state_dir(cfg: "JobConfig", worker: str) -> Path:
+    """Where process ``worker`` (or the server) of the job keeps its state: checkpoints,
+    endpoint, ``EXIT_FILE``."""
+    return cfg.state_path() / "workers" / worker

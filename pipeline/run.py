@@ -35,13 +35,12 @@ from edgestream.monitoring.scrape import Scrape, scrape
 from edgestream.pipeline.app import app_id, sensor_group
 from edgestream.pipeline.drain import WAIT, DrainProgress, waiting_for
 from edgestream.pipeline.errors import RunError
-from edgestream.pipeline.exits import EXIT_NO_CHECKPOINT
+from edgestream.pipeline.exits import EXIT_FILE, EXIT_NO_CHECKPOINT
 from edgestream.pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
 from edgestream.pipeline.launcher import LaunchedProcess, launcher, preloaded, warm_up
 from edgestream.pipeline.outage import BrokerWatch
 from edgestream.pipeline.simulate import SimulationReport, check_stream_options, stream_devices
 from edgestream.pipeline.worker import (
-    EXIT_FILE,
     SERVER_NAME,
     check_training_config,
     update_topics,

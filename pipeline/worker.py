@@ -27,6 +27,7 @@ from edgestream.pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
+from edgestream.pipeline.exits import worker_state_dir
 from edgestream.pipeline.kafka_io import (
     adopt_group_offsets,
     end_offsets,
@@ -37,12 +38,10 @@ from edgestream.pipeline.kafka_io import (
 from edgestream.pipeline.outage import BrokerWatch
 from edgestream.pipeline.service import CONTEXT, ProcessService, StopSignals
 from edgestream.streams import topics
-from edgestream.trainers.strategies.base import SERVER_NAME
+from edgestream.streams.topics import SERVER_NAME
 
 log = logging.getLogger(__name__)
 
-#: How a worker/server process ended, in its state dir: ``{"code": int, "reason": str | None}``.
-EXIT_FILE = "exit.json"
 
 
 class ProcessCrashed(RuntimeError):
@@ -53,10 +52,6 @@ class ProcessCrashed(RuntimeError):
         self.code = code
         super().__init__(f"{type(reason).__name__}: {reason}" if reason is not None
                          else f"the Faust worker stopped with exit code {code} and no crash reason")
-
-
-def worker_state_dir(cfg: JobConfig, worker: str) -> Path:
-    return cfg.state_path() / "workers" / worker
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:

@@ -28,6 +28,10 @@ DLQ_HEADER_WORKER = "edgestream.worker"
 DLQ_HEADER_RECORDS = "edgestream.records"
 DLQ_HEADER_OFFSETS = "edgestream.source.offsets"
 
+#: The name of a job's one server process (the strategies with a server role), in the live
+#: runtime and on the simulated clock alike (its topics and metrics carry it).
+SERVER_NAME = "server"
+
 
 def _check(name: str, what: str) -> str:
     if not _NAME_RE.match(name):

@@ -68,6 +68,7 @@ from edgestream.streams.datasets import Dataset
 from edgestream.streams.profiles import SCADLES_RATES
 from edgestream.streams.records import RecordBatch
 from edgestream.streams.simulator import DeviceSimulator, FleetData, build_simulators, fleet_data
+from edgestream.streams.topics import SERVER_NAME
 from edgestream.trainers import assembly, strategies
 from edgestream.trainers.consensus import consensus_distance
 from edgestream.trainers.driver import DecodeMemo, Outbound, Stepped, TrainingDriver
@@ -75,7 +76,6 @@ from edgestream.trainers.evaluation import EvalResult, evaluate, time_to_target
 from edgestream.trainers.local import limit_torch_threads
 from edgestream.trainers.plan import TrainingPlan
 from edgestream.trainers.stages import compose
-from edgestream.trainers.strategies.base import SERVER_NAME
 
 __all__ = [
     "HETEROGENEOUS_SLOWDOWNS",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from edgestream.streams.topics import SERVER_NAME
 from edgestream.trainers.errors import StrategyError, UnknownStrategyError
 from edgestream.trainers.local import LocalTrainer, StepResult
 from edgestream.trainers.messages import Channel, MessageKind, Outgoing, UpdateMessage
@@ -22,9 +23,6 @@ from edgestream.trainers.staleness import StalenessTracker
 from edgestream.trainers.validation import TensorSpec
 
 Role = Literal["worker", "server"]
-#: The name of a job's one server process (the strategies with a server role), in the live
-#: runtime and on the simulated clock alike.
-SERVER_NAME = "server"
 
 __all__ = [
     "Channel",
