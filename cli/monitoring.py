@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgestream.cli.options import positive_float
-from edgestream.monitoring.prometheus import DEPLOY_DIR
+from edgestream.monitoring.prometheus import DEPLOY_DIR, REPO_ROOT
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -21,7 +21,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     changed = [*write_all(check=args.check), *helm_strategies.write(check=args.check)]
     for path in changed:
-        print(f"{'stale' if args.check else 'wrote'} {helm_strategies.shown(path)}")
+        shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        print(f"{'stale' if args.check else 'wrote'} {shown}")
     if args.check and changed:
         print("run `edgestream generate` and commit the result")
         return 1

@@ -49,8 +49,3 @@ def write(check: bool = False) -> list[Path]:
     if not check:
         GENERATED.write_text(text)
     return [GENERATED]
-
-
-def shown(path: Path) -> str:
-    """``path`` relative to the repository where it lies inside it."""
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
