@@ -180,6 +180,10 @@ def _refused(names: list[str], error: str, message: str) -> TopicSetupError:
     return TopicSetupError(f"cannot create topic(s) {', '.join(names)}: {detail}; {hint}")
 
 
+#: Seconds ``_check_layout`` asks again for a new topic's configuration a broker cannot describe yet.
+DESCRIBE_TIMEOUT_S = 10.0
+
+
 def _check_layout(admin: KafkaAdminClient, wanted: dict[str, str], partitions: int) -> None:
     ordered = sorted(name for name, kind in wanted.items() if kind in ORDERED_KINDS)
     if ordered:
@@ -192,11 +196,26 @@ def _check_layout(admin: KafkaAdminClient, wanted: dict[str, str], partitions: i
                     f"(kafka-topics.sh --delete --topic {entry['name']}) or use another job name (--set job.name=...)"
                 )
     compacted = sorted(name for name, kind in wanted.items() if kind in COMPACTED_KINDS)
-    if compacted:
-        resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"cleanup.policy": None}) for name in compacted]
+    policies: dict[str, str] = {}
+    deadline = time.monotonic() + DESCRIBE_TIMEOUT_S
+    while compacted and len(policies) < len(compacted):
+        # A topic just created may not be described yet by the broker asked (a cluster
+        # spreads new metadata in its own time): an unknown policy is asked again, never
+        # taken for a wrong one.
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"cleanup.policy": None})
+                     for name in compacted if name not in policies]
         described = admin.describe_configs(resources, config_filter="all").get("topic", {})
         for name in compacted:
-            policy = str((described.get(name, {}).get("cleanup.policy") or {}).get("value", ""))
+            value = (described.get(name, {}).get("cleanup.policy") or {}).get("value")
+            if value is not None:
+                policies[name] = str(value)
+        if len(policies) < len(compacted):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # poll interval of a deadline wait for the cluster's metadata
+    if compacted:
+        for name in compacted:
+            policy = policies.get(name, "")
             if "compact" not in policy.split(","):
                 raise TopicLayoutError(
                     f"topic {name} has cleanup.policy={policy or '?'} but edgestream needs cleanup.policy=compact "

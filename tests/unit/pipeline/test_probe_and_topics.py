@@ -205,3 +205,22 @@ def test_a_refused_creation_is_one_clear_error(monkeypatch):
     with pytest.raises(TopicSetupError, match=r"cannot create topic\(s\) gradients.j: "
                                               r"TopicAuthorizationFailedError: denied; grant this client CREATE"):
         ensure(monkeypatch, admin)
+
+
+class SlowMetadataAdmin(FakeAdmin):
+    """A cluster whose broker describes a new topic's configuration only on the third ask
+    (before that the topic is missing from its answer, as a broker without its metadata yet)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.asks = 0
+
+    def describe_configs(self, resources, config_filter: str) -> dict:
+        self.asks += 1
+        return super().describe_configs(resources, config_filter) if self.asks >= 3 else {"topic": {}}
+
+
+def test_a_compacted_topic_the_broker_cannot_describe_yet_is_asked_again_not_refused(monkeypatch):
+    admin = SlowMetadataAdmin({})
+    ensure(monkeypatch, admin)
+    assert admin.asks == 3 and admin.topics["models.j"][1] == "compact"
