@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import faust
+import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaFaustProducer
@@ -253,12 +255,18 @@ def _kafka_time_s(timestamp_ms: int | None) -> float | None:
     return timestamp_ms / 1000.0 if timestamp_ms is not None and timestamp_ms >= 0 else None
 
 
-def _run_times_s(run: list[Any]) -> list[float] | None:
+def _run_times_s(run: list[Any]) -> np.ndarray | None:
     """The Kafka timestamps of a run of records in seconds, or None if any has none."""
-    times = [r.timestamp for r in run]
-    if any(t is None or t < 0 for t in times):
+    try:
+        times = np.fromiter(map(_timestamp_of, run), np.float64, len(run))
+    except TypeError:  # a None
         return None
-    return [t / 1000.0 for t in times]
+    if len(times) and times.min() < 0:
+        return None
+    return times / 1000.0
+
+
+_timestamp_of = operator.attrgetter("timestamp")
 
 
 class SensorToken(NamedTuple):

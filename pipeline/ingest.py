@@ -24,6 +24,7 @@ they are what a checkpoint stores, so a restarted worker continues the ledger ex
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,7 +364,7 @@ class IngestCore:
         return actions
 
     def on_run(self, topic: str, values: list[bytes], token: Any, now: float, wall_now: float,
-               timestamps_s: list[float] | None = None) -> IngestActions | None:
+               timestamps_s: Sequence[float] | np.ndarray | None = None) -> IngestActions | None:
         """Consecutive messages of one device topic as one buffer chunk, or None.
 
         Same outcome as ``on_message`` for each of them (counts, buffer contents,
@@ -386,8 +387,11 @@ class IngestCore:
         if batch is None:
             return None
         clock, seen = state.clock, state.seen
-        if clock is not None and timestamps_s is not None:
-            reference = np.repeat(np.asarray(timestamps_s, dtype=np.float64), layout.count)
+        times = None if timestamps_s is None else np.asarray(timestamps_s, dtype=np.float64)
+        if clock is not None and times is not None and not clock.run_passes(
+            batch.event_time, float(times.min()), float(times.max())
+        ):
+            reference = np.repeat(times, layout.count)
             if clock.verdict(batch.event_time, reference).count:
                 return None
         if seen is not None and not seen.all_new(batch.seq):
@@ -397,10 +401,10 @@ class IngestCore:
         state.series.bytes_in.inc(layout.size * len(values))
         actions = IngestActions()
         self._register(token, state.name, len(values), batch.count)
-        if clock is not None and timestamps_s is not None:
+        if clock is not None and times is not None:
             clock.accept(batch.event_time)
         if seen is not None:
-            seen.check_and_add(batch.seq)  # all new (checked above)
+            seen.add_new(batch.seq)  # all new (checked above)
             self._open[token].seqs = batch.seq
         self._accept(state, batch, token, now, wall_now, actions)
         return actions

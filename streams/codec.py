@@ -191,19 +191,18 @@ class Decoder:
         if last is None or not values:
             return None
         size, header = last.size, last.header
-        for v in values:
-            if type(v) is not bytes or len(v) != size or not v.startswith(header):
-                return None
+        # Types, lengths and (below) CRCs through C-level maps: no Python loop per message.
+        if set(map(type, values)) != _BYTES_ONLY or set(map(len, values)) != {size}:
+            return None
         k, count = len(values), last.count
         joined = b"".join(values)
         rows = np.frombuffer(joined, np.uint8).reshape(k, size)
-        if last.checksummed:
-            # One CRC call per message over the joined bytes, one comparison for the run.
-            crc_at = size - TRAILER_SIZE
-            view = memoryview(joined)
-            crcs = np.fromiter((_crc32c(view[i : i + crc_at]) for i in range(0, k * size, size)), _U4, k)
-            if not np.array_equal(crcs, rows[:, crc_at:].copy().view(_U4).ravel()):
-                return None
+        if not (rows[:, : len(header)] == np.frombuffer(header, np.uint8)).all():
+            return None
+        # A message followed by the CRC32C of it (little-endian) has the CRC32C residue:
+        # one call over each whole message checks its trailer, no slicing.
+        if last.checksummed and set(map(_crc32c, values)) != _CRC_RESIDUE_ONLY:
+            return None
         # Each column is copied out of the rows into a fresh (aligned, contiguous) array,
         # then checked there: numpy checks unaligned views far more slowly.
         pos = len(header)
@@ -497,6 +496,11 @@ _isfinite = np.isfinite
 _min = np.minimum.reduce
 _max = np.maximum.reduce
 _crc32c = crc32c.crc32c
+#: CRC32C of any message followed by its own CRC32C as 4 little-endian bytes (a version-2
+#: trailer): the CRC's residue, the same for every such message and for no other trailer.
+CRC_RESIDUE = 0x48674BC7
+_CRC_RESIDUE_ONLY = {CRC_RESIDUE}
+_BYTES_ONLY = {bytes}
 
 
 def _need(size: int, end: int, what: str) -> None:

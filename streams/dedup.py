@@ -81,14 +81,22 @@ class SeqWindow:
         """Mark ``seq`` seen (in any order)."""
         self.check_and_add(seq)
 
+    def add_new(self, seq: np.ndarray) -> None:
+        """Mark ``seq`` seen, where ``all_new(seq)`` was true (not checked again)."""
+        self._advance(_as_int64(seq))
+
     def _advance(self, numbers: np.ndarray) -> None:
         """``numbers`` increase and lie above ``high``: move the window up to their last."""
         if len(numbers) == 0:
             return
-        top = int(numbers[-1])
+        first, top = int(numbers[0]), int(numbers[-1])
         self._clear(self.high + 1, top)
-        inside = numbers[numbers > top - self.size]
-        self._bits[inside % self.size] = True
+        if top - first + 1 == len(numbers):
+            # Consecutive numbers (a device's usual message): ring slices, no index array.
+            self._fill(max(first, top - self.size + 1), top, True)
+        else:
+            inside = numbers[numbers > top - self.size]
+            self._bits[inside % self.size] = True
         self.high = top
 
     def _clear(self, first: int, last: int) -> None:
@@ -98,7 +106,16 @@ class SeqWindow:
         if last - first + 1 >= self.size:
             self._bits[:] = False
         else:
-            self._bits[np.arange(first, last + 1) % self.size] = False
+            self._fill(first, last, False)
+
+    def _fill(self, first: int, last: int, value: bool) -> None:
+        """Set the slots of ``first..last`` (at most ``size`` numbers) to ``value``."""
+        start, end = first % self.size, last % self.size
+        if start <= end:
+            self._bits[start : end + 1] = value
+        else:  # wraps around the ring
+            self._bits[start:] = value
+            self._bits[: end + 1] = value
 
     # --- persistence ------------------------------------------------------------------
     def copy(self) -> SeqWindow:

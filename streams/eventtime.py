@@ -71,6 +71,18 @@ class EventTimeCheck:
             return TimestampVerdict(bad)
         return TimestampVerdict(bad, self._detail(event_time, reference, offset, before, off_clock, backwards))
 
+    def run_passes(self, event_time: np.ndarray, lowest_reference_s: float, highest_reference_s: float) -> bool:
+        """True if ``verdict(event_time, reference)`` rejects nothing for any reference
+        with every value in ``[lowest_reference_s, highest_reference_s]``: the bounds of
+        a run, checked with two reductions. False does not mean a record is bad (call
+        ``verdict`` for that): only that the bounds alone cannot tell."""
+        if not len(event_time):
+            return True
+        lo, hi = float(np.min(event_time)), float(np.max(event_time))  # NaN: every test below fails
+        newest = hi if self.newest_s is None else max(self.newest_s, hi)
+        skew = self.max_skew_s
+        return hi - lowest_reference_s <= skew and highest_reference_s - lo <= skew and lo >= newest - skew
+
     def accept(self, event_time: np.ndarray) -> None:
         """The records with these event times passed: the newest of them moves ``newest_s``."""
         if len(event_time):

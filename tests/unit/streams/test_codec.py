@@ -302,6 +302,22 @@ def test_checksum_failure_names_both_crcs():
     assert f"0x{codec.checksum(good[:-4]):08x}" in err.value.detail
 
 
+def test_a_checksummed_message_has_the_crc_residue_and_any_flipped_bit_loses_it():
+    """``decode_run`` checks each trailer through the CRC32C residue of the whole message."""
+    good = codec.encode(make_batch(count=4, shape=(8,)))
+    assert codec.checksum(good) == codec.CRC_RESIDUE
+    for bit in range(0, 8 * len(good), 7):
+        assert codec.checksum(_flip(good, bit)) != codec.CRC_RESIDUE
+
+
+def test_decode_run_declines_a_run_with_a_missing_value():
+    good = codec.encode(make_batch(count=4, shape=(8,)))
+    decoder = codec.Decoder(expected_device="dev01", expected_shape=(8,))
+    decoder.decode(good)
+    assert decoder.decode_run([good, None, good]) is None  # type: ignore[list-item]
+    assert decoder.decode_run([good, good]) is not None
+
+
 def test_decode_run_with_one_corrupted_message_declines_and_all_good_equals_one_by_one():
     messages = [codec.encode(make_batch(count=4, shape=(8,), seed=s)) for s in range(8)]
     decoder = codec.Decoder(expected_device="dev01", expected_shape=(8,))

@@ -134,3 +134,23 @@ def test_a_malformed_state_is_refused(state):
 def test_the_window_must_hold_a_number():
     with pytest.raises(ValueError, match="at least 1"):
         SeqWindow(0)
+
+
+def test_add_new_equals_check_and_add_across_ring_wraps():
+    """``add_new`` (the fast path of a run already known new) moves the window exactly as
+    ``check_and_add`` does: consecutive runs that wrap the ring, jumps, gaps inside a run."""
+    rng = np.random.default_rng(11)
+    fast, reference = SeqWindow(10), SeqWindow(10)
+    top = -1
+    for _ in range(300):
+        start = top + 1 + int(rng.choice([0, 0, 0, 3, 25]))
+        numbers = np.arange(start, start + int(rng.integers(1, 15)), dtype=np.uint64)
+        if rng.random() < 0.2 and len(numbers) > 2:
+            numbers = np.delete(numbers, 1)  # a gap: not consecutive
+        assert fast.all_new(numbers)
+        fast.add_new(numbers)
+        assert not reference.check_and_add(numbers).any()
+        top = int(numbers[-1])
+        assert fast.high == reference.high == top
+        np.testing.assert_array_equal(fast._bits, reference._bits)
+        assert all(fast.seen(n) == (n in set(numbers.tolist()) or reference.seen(n)) for n in range(top - 9, top + 1))

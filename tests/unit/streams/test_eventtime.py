@@ -123,3 +123,27 @@ def test_verdicts_match_a_record_by_record_reading_under_random_traffic(broker):
 
         assert verdict.bad.tolist() == expected
         assert check.newest_s == newest
+
+
+def test_run_passes_only_when_no_reference_within_the_bounds_could_reject_a_record(broker):
+    """The run's shortcut: true means ``verdict`` rejects nothing for references anywhere
+    in the bounds; it is false whenever ``verdict`` would reject one."""
+    rng = np.random.default_rng(8)
+    check = EventTimeCheck(100)
+    passed = failed = 0
+    for _ in range(400):
+        broker.advance(float(rng.uniform(0, 20)))
+        event_time = broker() + rng.normal(0, 60, int(rng.integers(1, 10)))
+        references = broker() + rng.uniform(-40, 40, len(event_time))
+        if check.run_passes(event_time, float(references.min()), float(references.max())):
+            passed += 1
+            assert not check.verdict(event_time, references).bad.any()
+            assert not check.verdict(event_time, float(references.min())).bad.any()
+            assert not check.verdict(event_time, float(references.max())).bad.any()
+        else:
+            failed += 1
+        verdict = check.verdict(event_time, references)
+        check.accept(event_time[~verdict.bad])
+    assert passed > 50 and failed > 50
+    assert not check.run_passes(np.array([broker(), float("nan")]), broker(), broker())
+    assert check.run_passes(np.array([]), broker(), broker())

@@ -70,3 +70,33 @@ def test_restored_done_ranges_are_skipped_and_kept_until_read_again():
     tracker.seen_range("t:0", 10, 13)
     tracker.resolved_range("t:0", 12, 13)
     assert tracker.done_ranges() == {"t:0": [[12, 13], [20, 20]]}
+
+
+def test_watermark_open_count_and_done_ranges_match_a_set_of_offsets_under_random_traffic():
+    """Ranges seen and resolved in any order, overlapping, re-seen after resolution and
+    split in the middle: the tracker answers as a plain set of open offsets would."""
+    rng = np.random.default_rng(17)
+    tracker, opened, top = OffsetTracker({KEY: 0}), set(), -1
+    resolved_above = 0  # one past the highest offset resolved (the watermark with nothing open)
+    for _ in range(3000):
+        first = int(rng.integers(max(0, top - 40), top + 8))
+        last = first + int(rng.integers(0, 12))
+        if rng.random() < 0.55:
+            tracker.seen_range(KEY, first, last)
+            opened.update(range(first, last + 1))
+            top = max(top, last)
+        else:
+            tracker.resolved_range(KEY, first, last)
+            opened.difference_update(range(first, last + 1))
+            resolved_above = max(resolved_above, last + 1)
+        mark = min(opened) if opened else resolved_above
+        assert tracker.watermark(KEY) == mark
+        assert tracker.open_count(KEY) == len(opened)
+        gaps = [o for o in range(mark, resolved_above) if o not in opened]
+        expected = []
+        for o in gaps:
+            if expected and expected[-1][1] == o - 1:
+                expected[-1][1] = o
+            else:
+                expected.append([o, o])
+        assert tracker.done_ranges().get(KEY, []) == expected
