@@ -21,6 +21,7 @@ from edgestream.cli import (
     acl,
     bench,
     broker,
+    examples,
     models,
     monitoring,
     record,
@@ -41,7 +42,7 @@ DEBUG_ENV = "EDGESTREAM_DEBUG"
 #: The command groups, in the order `edgestream --help` lists them: each has
 #: ``register(subparsers, add_job_args)``, which adds its parsers with ``set_defaults(func=...)``;
 #: ``func(args) -> int``.
-COMMANDS = (broker, simulate, worker, acl, run, bench, monitoring, record, testbed, models)
+COMMANDS = (broker, simulate, worker, acl, run, bench, monitoring, record, testbed, models, examples)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from edgestream.job.errors import ConfigError
+from edgestream.job.examples import missing_job_hint
 from edgestream.job.sources import parse_value_range, source_named
 from edgestream.streams.profiles import SCADLES_RATES
 
@@ -703,7 +704,7 @@ def load_config(
     if path is not None:
         path = Path(path)
         if not path.exists():
-            raise ConfigError(f"job file {path} does not exist")
+            raise ConfigError(f"job file {path} does not exist{missing_job_hint(path)}")
         try:
             text = path.read_text(encoding="utf-8")
             if path.suffix == ".json":  # the effective config `edgestream run` hands to workers

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -26,7 +27,9 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 #: What the wheel is built from (pyproject.toml maps each folder into edgestream/).
-SOURCES = ("edgestream", "cli", "job", "pipeline", "streams", "trainers", "compression", "monitoring", "deploy")
+#: The folders the wheel is built from: pyproject.toml's package-dir.
+SOURCES = tuple(sorted(set(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+                           ["tool"]["setuptools"]["package-dir"].values())))
 
 
 def _copy_checkout(dest: Path) -> None:
@@ -84,6 +87,7 @@ def test_the_wheel_holds_one_import_package_with_the_data_the_commands_read(inst
         assert data in names, f"{data} is not in the wheel"
     assert any(n.startswith("edgestream/deploy/prometheus/rules/") for n in names)
     assert any(n.startswith("edgestream/deploy/grafana/dashboards/") for n in names)
+    assert "edgestream/examples/bsp.toml" in names and "edgestream/examples/demo.toml" in names
     assert not any(n.startswith(("edgestream/benchmarks/", "tests/")) for n in names)
     # Installed: nothing of ours outside edgestream/ in site-packages.
     ours = {"pipeline", "streams", "trainers", "compression", "monitoring", "deploy", "job", "cli", "benchmarks"}
@@ -106,6 +110,12 @@ def test_the_installed_command_answers_outside_the_repository_beside_a_decoy_com
     assert where.returncode == 0, where.stderr
     file, checkout, bare = where.stdout.splitlines()
     assert file.startswith(str(installed["site"])) and checkout == "None" and bare == "[]"
+    listed = _run([str(installed["bin"]), "examples"], cwd=cwd, env=env)
+    assert listed.returncode == 0 and "bsp " in listed.stdout and "demo " in listed.stdout, listed.stderr
+    missing = _run([str(installed["bin"]), "run", "--job", "examples/bsp.toml"], cwd=cwd, env=env)
+    assert missing.returncode == 2 and "`edgestream examples bsp -o bsp.toml`" in missing.stderr, missing.stderr
+    written = _run([str(installed["bin"]), "examples", "bsp", "-o", "bsp.toml"], cwd=cwd, env=env)
+    assert written.returncode == 0 and (cwd / "bsp.toml").read_text() == (REPO / "examples" / "bsp.toml").read_text()
     refused = _run([str(installed["bin"]), "bench", "ingest"], cwd=cwd, env=env)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 

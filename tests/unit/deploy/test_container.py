@@ -226,7 +226,7 @@ def test_project_copy_excludes_tests_and_exists(stages):
 def test_build_context_is_small():
     patterns = ignore_patterns()
     for path in (".git/HEAD", ".edgestream/runs/x", "tests/unit/deploy/test_container.py",
-                 "benchmarks/results/x.json", "docs/img/a.png", "examples/demo.toml",
+                 "benchmarks/results/x.json", "docs/img/a.png",
                  "pipeline/__pycache__/cli.cpython-311.pyc"):
         assert excluded(path, patterns), f"{path} is in the build context"
     for path in ("cli/main.py", "pipeline/run.py", "pyproject.toml", "deploy/kafka/pom.xml"):
