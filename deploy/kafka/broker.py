@@ -127,19 +127,19 @@ def ensure_class_archive(jar_dir: Path, timeout_s: float = 180.0) -> Path | None
     there is none: a broker is started on a scratch directory with the JVM told to archive
     the classes it loaded, and stopped cleanly (the JVM writes the archive as it exits).
     None if the archive is turned off or could not be made (the reason is kept in the
-    ``.failed`` marker, and brokers start without it)."""
+    ``.failed`` marker, and brokers start without it until ``class_archive.may_try``)."""
     if not class_archive.enabled():
         return None
     archive = class_archive.archive_path(jar_dir)
     failed = class_archive.failed_path(archive)
     if archive.exists():
         return archive
-    if failed.exists():
+    if not class_archive.may_try(failed):
         return None
     with class_archive.creation_lock(jar_dir):
         if archive.exists():
             return archive
-        if failed.exists():
+        if not class_archive.may_try(failed):  # another process failed meanwhile
             return None
         part = archive.with_name(f"{archive.name}.{os.getpid()}.part")
         scratch = Path(tempfile.mkdtemp(prefix="kafka-classes-"))
@@ -154,6 +154,7 @@ def ensure_class_archive(jar_dir: Path, timeout_s: float = 180.0) -> Path | None
             node.proc = None
             if code in (0, 128 + signal.SIGTERM) and part.exists():
                 os.replace(part, archive)
+                failed.unlink(missing_ok=True)
                 return archive
             reason = f"the archiving broker exited with code {code} and wrote no archive"
         except (BrokerError, subprocess.TimeoutExpired, OSError) as exc:
@@ -162,7 +163,7 @@ def ensure_class_archive(jar_dir: Path, timeout_s: float = 180.0) -> Path | None
             node.stop()
             part.unlink(missing_ok=True)
             shutil.rmtree(scratch, ignore_errors=True)
-        failed.write_text(reason + "\n")
+        class_archive.record_failure(failed, reason)
         return None
 
 

@@ -10,8 +10,10 @@ The archive is made once per jar directory and JDK, by a broker started with
 lives beside the jars as ``classes-<jdk key>.jsa``; a new JDK gets a new key, so an archive
 is never used by another JDK (which would refuse it and start without). An archive that
 could not be made leaves ``classes-<jdk key>.failed`` with the reason, and brokers start
-without one; removing that file tries again. ``EDGESTREAM_KAFKA_CLASS_ARCHIVE=0`` turns
-the archive off.
+without one. A failure may be passing (a machine too busy for the archiving broker to start
+in time, a killed run), so the archive is tried again an hour later, three times in all;
+removing that file tries again at once. ``EDGESTREAM_KAFKA_CLASS_ARCHIVE=0`` turns the
+archive off.
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 #: Environment variable: ``0`` starts every broker JVM without the archive.
 ENV = "EDGESTREAM_KAFKA_CLASS_ARCHIVE"
+#: After a failed attempt the next comes this much later, up to ``MAX_ATTEMPTS`` in all.
+RETRY_AFTER_S = 3600.0
+MAX_ATTEMPTS = 3
 
 
 def enabled() -> bool:
@@ -51,6 +58,38 @@ def archive_path(jar_dir: Path) -> Path:
 def failed_path(archive: Path) -> Path:
     """The marker an archive that could not be made leaves (with the reason)."""
     return archive.with_suffix(".failed")
+
+
+def failures(marker: Path) -> tuple[int, float]:
+    """How many attempts failed and when the last did (epoch seconds), from ``marker``
+    ((0, 0.0) without one; a marker in another form counts as one attempt at its mtime)."""
+    try:
+        text = marker.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return 0, 0.0
+    try:
+        data = json.loads(text)
+        return int(data["attempts"]), float(data["at"])
+    except (ValueError, KeyError, TypeError):
+        return 1, marker.stat().st_mtime
+
+
+def may_try(marker: Path, now: float | None = None) -> bool:
+    """Whether to try making the archive: no failure yet, or fewer than ``MAX_ATTEMPTS``
+    and the last at least ``RETRY_AFTER_S`` ago."""
+    attempts, at = failures(marker)
+    now = time.time() if now is None else now
+    return attempts == 0 or (attempts < MAX_ATTEMPTS and now - at >= RETRY_AFTER_S)
+
+
+def record_failure(marker: Path, reason: str, now: float | None = None) -> None:
+    """Count a failed attempt in ``marker``, with its reason."""
+    attempts, _ = failures(marker)
+    now = time.time() if now is None else now
+    retry = "no more attempts (remove this file to try again)" if attempts + 1 >= MAX_ATTEMPTS else \
+        f"tried again after {RETRY_AFTER_S:.0f} s"
+    marker.write_text(json.dumps({"reason": reason, "attempts": attempts + 1, "at": now, "next": retry}) + "\n",
+                      encoding="utf-8")
 
 
 def java_options(archive: Path | None) -> list[str]:

@@ -45,7 +45,7 @@ def test_the_environment_turns_it_off(tmp_path, monkeypatch, value):
     assert list(tmp_path.iterdir()) == []  # nothing made, no lock file
 
 
-def test_an_existing_archive_is_used_and_a_failed_marker_stops_retries(tmp_path, monkeypatch):
+def test_an_existing_archive_is_used_and_a_recent_failure_stops_retries(tmp_path, monkeypatch):
     monkeypatch.delenv(class_archive.ENV, raising=False)
 
     def no_broker(*args, **kwargs):
@@ -56,8 +56,47 @@ def test_an_existing_archive_is_used_and_a_failed_marker_stops_retries(tmp_path,
     archive.write_bytes(b"an archive")
     assert broker.ensure_class_archive(tmp_path) == archive
     os.unlink(archive)
-    class_archive.failed_path(archive).write_text("making the archive failed: ...\n")
+    class_archive.failed_path(archive).write_text("making the archive failed: ...\n")  # written just now
     assert broker.ensure_class_archive(tmp_path) is None
+
+
+def test_a_failed_attempt_is_tried_again_an_hour_later_three_times_in_all(tmp_path, monkeypatch):
+    monkeypatch.delenv(class_archive.ENV, raising=False)
+    archive = class_archive.archive_path(tmp_path)
+    marker = class_archive.failed_path(archive)
+    starts: list[float] = []
+    clock = [1_000_000.0]
+    monkeypatch.setattr(class_archive.time, "time", lambda: clock[0])
+
+    def failing_start(self, timeout_s=0.0):
+        starts.append(clock[0])
+        raise broker.BrokerError("the archiving broker did not start in time")
+
+    monkeypatch.setattr(broker.LocalBroker, "start", failing_start)
+    assert broker.ensure_class_archive(tmp_path) is None
+    assert class_archive.failures(marker) == (1, clock[0])
+    assert "did not start in time" in marker.read_text()
+    clock[0] += class_archive.RETRY_AFTER_S - 1
+    assert broker.ensure_class_archive(tmp_path) is None and len(starts) == 1  # too soon
+    for attempt in (2, 3):
+        clock[0] += class_archive.RETRY_AFTER_S
+        assert broker.ensure_class_archive(tmp_path) is None
+        assert len(starts) == attempt and class_archive.failures(marker)[0] == attempt
+    assert "no more attempts" in marker.read_text()
+    clock[0] += 100 * class_archive.RETRY_AFTER_S
+    assert broker.ensure_class_archive(tmp_path) is None and len(starts) == 3  # given up
+    marker.unlink()  # the documented way to try again at once
+    assert broker.ensure_class_archive(tmp_path) is None and len(starts) == 4
+
+
+def test_an_old_plain_text_marker_counts_as_one_failure_at_its_time(tmp_path):
+    marker = tmp_path / "classes-x.failed"
+    marker.write_text("making the archive failed: ...\n")
+    os.utime(marker, (5000.0, 5000.0))
+    assert class_archive.failures(marker) == (1, 5000.0)
+    assert not class_archive.may_try(marker, now=5000.0 + class_archive.RETRY_AFTER_S - 1)
+    assert class_archive.may_try(marker, now=5000.0 + class_archive.RETRY_AFTER_S)
+    assert class_archive.may_try(tmp_path / "none.failed")
 
 
 def test_a_node_with_given_options_uses_them_instead(tmp_path):
