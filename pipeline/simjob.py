@@ -3,7 +3,8 @@
 The simulated-clock runner is Kafka-free and knows nothing of job files; these two
 conveniences read a :class:`~job.config.JobConfig` into its ``StreamSet`` and
 ``RunConfig``, with the same data the live simulators stream (``job_fleet_data``) and the
-job's ``TrainingPlan`` (every ``train.*`` setting the live run builds its processes from).
+job's ``TrainingPlan`` (every ``train.*`` setting the live run builds its processes from),
+and its ``[batcher]`` and ``[buffer]`` into a ``Mode``.
 """
 
 from __future__ import annotations
@@ -50,13 +51,27 @@ def run_config_from_job(cfg: JobConfig, **overrides: Any) -> RunConfig:
         "max_grad_norm": train.max_grad_norm,
         "grad_norm_spike": train.grad_norm_spike,
         "plan": training_plan(cfg),
+        "member_timeout_s": train.member_timeout_s,
+        "checkpoint_every_steps": train.checkpoint_every_steps,
     }
     values.update(overrides)
     return RunConfig(**values)
 
 
 def mode_from_job(cfg: JobConfig) -> Mode:
-    """The job's strategy (and its parameters) and step batch cap as a simulated-clock mode;
-    the codec is left to the plan (``run_config_from_job``), so the job's own reaches the run."""
-    return Mode(name=cfg.train.strategy, strategy=cfg.train.strategy,
-                strategy_params=parse_params(cfg.train.strategy_params), max_batch=cfg.train.max_step_batch)
+    """The job's strategy (and its parameters), batching (``[batcher]``), buffer (``[buffer]``)
+    and step batch cap (``train.max_step_batch``) as a simulated-clock mode; the codec is
+    left to the plan (``run_config_from_job``), so the job's own reaches the run.
+
+    ``buffer.policy = "backpressure"`` becomes ``persist``: the simulated clock pauses no
+    device (it reports the whole backlog as depth instead; docs/simclock.md, limits)."""
+    batcher, buffer = cfg.batcher, cfg.buffer
+    return Mode(
+        name=cfg.train.strategy, strategy=cfg.train.strategy,
+        strategy_params=parse_params(cfg.train.strategy_params),
+        batcher=batcher.mode, batch_size=batcher.batch_size, window_s=batcher.window_s,
+        max_batch=batcher.max_batch, window_overflow=batcher.window_overflow,
+        max_batch_widen=batcher.max_batch_widen, max_step_batch=cfg.train.max_step_batch,
+        buffer_policy="truncate" if buffer.policy == "truncate" else "persist",
+        buffer_capacity=buffer.capacity,
+    )

@@ -17,8 +17,14 @@ that happens to a worker's model goes through its ``trainers.driver.TrainingDriv
   messages leave. A step on an input the strategy received (``driver.queued_steps()``: a
   later stage of a split model) is taken first, as on the live runtime, and costs the
   same on its samples.
-- **Membership**: ``RunConfig.leaves`` stops workers on purpose at given times; the
-  others are told the new live set (``driver.membership``), as live.
+- **Membership**: ``RunConfig.leaves`` stops workers on purpose at given times,
+  ``joins`` starts workers later (built as joiners: the model reaches them through the
+  log), ``crashes`` kills them (the others notice ``member_timeout_s`` later, the live
+  heartbeat table's timeout) and ``restarts`` brings a crashed worker back from its last
+  in-memory checkpoint (trainer and strategy state every ``checkpoint_every_steps``
+  steps; the update log and the records since then are read again). Every running
+  process is told each new live set (``driver.membership``), as live; nothing here names
+  a strategy, the driver's hooks (``leave``, ``restored``, ``membership``) do it all.
 - **Assembly**: every process is built by ``trainers.assembly`` from one
   ``trainers.plan.TrainingPlan`` (``simulation_plan``: ``RunConfig.plan`` with the mode's
   strategy, batching, codec and lr), as the live runtime builds its own.
@@ -83,10 +89,13 @@ __all__ = [
     "interval_stats",
     "ProcessReport",
     "CostModel",
+    "DEFAULT_CHECKPOINT_EVERY_STEPS",
+    "DEFAULT_MEMBER_TIMEOUT_S",
     "DeviceBacklog",
     "DeviceReport",
     "InjectHook",
     "Mode",
+    "RestoreReport",
     "RunConfig",
     "RunReport",
     "SERVER_NAME",
@@ -147,10 +156,14 @@ class Mode:
     ``buffer_capacity`` records wait, dropping the oldest). ``codec`` names a
     registered compressor for gradient messages (``None`` / ``"dense"``: no codec);
     it, ``codec_params`` and ``error_feedback`` go to each worker's ``DriverConfig``,
-    as does ``max_batch`` (``max_step_batch``: the most records a window-mode step
-    takes unless the strategy's ``batch_size_wanted()`` says otherwise). ``lr``, when
+    as does ``max_step_batch`` (the most records a window-mode step takes unless the
+    strategy's ``batch_size_wanted()`` says otherwise; None: ``max_batch``). ``lr``, when
     set, replaces ``RunConfig.lr`` for every process of this mode (e.g. a parameter
     server that applies each worker's small-batch gradient on its own).
+    ``window_overflow`` (window mode: what happens to records beyond ``max_batch`` at a
+    window, ``persist`` or ``truncate``; None: as ``buffer_policy``) and
+    ``max_batch_widen`` are the live batcher's (``batcher.window_overflow``,
+    ``batcher.max_batch_widen``).
     """
 
     name: str
@@ -167,6 +180,9 @@ class Mode:
     error_feedback: bool = True
     inject: InjectHook | None = None
     lr: float | None = None
+    max_step_batch: int | None = None
+    window_overflow: str | None = None
+    max_batch_widen: int = 0
 
     def __post_init__(self) -> None:
         if self.lr is not None and not self.lr > 0:
@@ -179,6 +195,12 @@ class Mode:
             raise ValueError(
                 f"mode {self.name!r}: buffer_policy must be 'persist' or 'truncate', got {self.buffer_policy!r}"
             )
+        if self.window_overflow not in (None, "persist", "truncate"):
+            raise ValueError(
+                f"mode {self.name!r}: window_overflow must be 'persist' or 'truncate', got {self.window_overflow!r}"
+            )
+        if self.max_step_batch is not None and self.max_step_batch < 1:
+            raise ValueError(f"mode {self.name!r}: max_step_batch must be positive, got {self.max_step_batch}")
         if self.batch_size < 1 or self.max_batch < 1 or not self.window_s > 0:
             raise ValueError(
                 f"mode {self.name!r}: batch_size, max_batch and window_s must be positive"
@@ -346,6 +368,74 @@ class CostModel:
         return nbytes / self.link_bandwidth(worker_index, at)
 
 
+DEFAULT_MEMBER_TIMEOUT_S = 6.0
+"""The job config's default ``train.member_timeout_s`` (``job/config.py``; ``trainers/`` does
+not import ``job/``, a unit test keeps the two equal)."""
+DEFAULT_CHECKPOINT_EVERY_STEPS = 20
+"""The job config's default ``train.checkpoint_every_steps`` (as ``TrainingPlan``'s)."""
+
+_MEMBERSHIP_FIELDS = ("leaves", "joins", "crashes", "restarts")
+"""``RunConfig`` fields holding ``(time_s, worker)`` schedules."""
+
+
+def _check_schedule(name: str, pairs: Sequence[Any]) -> None:
+    """``RunConfig.<name>`` holds ``(time_s, worker)`` pairs, each time finite and >= 0."""
+    for pair in pairs:
+        valid = (
+            isinstance(pair, tuple | list) and len(pair) == 2
+            and isinstance(pair[0], int | float) and not isinstance(pair[0], bool)
+            and math.isfinite(pair[0]) and pair[0] >= 0
+            and isinstance(pair[1], str) and bool(pair[1])
+        )
+        if not valid:
+            raise ValueError(f"RunConfig.{name}: entries are (time_s >= 0, worker name) pairs with a finite "
+                             f"time, got {pairs!r}")
+
+
+def _check_lifecycles(config: RunConfig) -> None:
+    """Every worker's schedule is one a process can live: it joins at most once, and nothing
+    else happens to it until then; its crashes and restarts alternate, a crash first, each
+    restart strictly after the crash before it. (Worker names are checked by the run, which
+    knows its workers.)"""
+    joined: dict[str, float] = {}
+    for at, worker in config.joins:
+        if worker in joined:
+            raise ValueError(f"RunConfig.joins names {worker!r} twice")
+        joined[worker] = at
+    for name in ("leaves", "crashes", "restarts"):
+        for at, worker in getattr(config, name):
+            if worker in joined and at <= joined[worker]:
+                raise ValueError(f"RunConfig.{name}: {worker!r} at {at} s, not after it joins at "
+                                 f"{joined[worker]} s (RunConfig.joins)")
+    down_since: dict[str, float] = {}
+    # At equal times a crash sorts first, so a restart at its crash's very time is refused.
+    for at, kind, worker in sorted([(at, 0, w) for at, w in config.crashes]
+                                   + [(at, 1, w) for at, w in config.restarts]):
+        if kind == 0:
+            if worker in down_since:
+                raise ValueError(f"RunConfig.crashes: {worker!r} crashes at {at} s while down since its crash "
+                                 f"at {down_since[worker]} s (RunConfig.restarts must bring it back between)")
+            down_since[worker] = at
+            continue
+        crashed_at = down_since.pop(worker, None)
+        if crashed_at is None or crashed_at >= at:
+            raise ValueError(f"RunConfig.restarts: {worker!r} restarts at {at} s without an earlier crash "
+                             "(RunConfig.crashes)")
+
+
+def _check_names(config: RunConfig, workers: Sequence[str], stages: Sequence[str]) -> None:
+    """Every worker a membership schedule names is one of ``workers``, and one at least starts."""
+    for name in _MEMBERSHIP_FIELDS:
+        for _, worker in getattr(config, name):
+            if worker not in workers:
+                raise ValueError(f"RunConfig.{name} names {worker!r}, not a worker of this run ({', '.join(workers)})")
+    joiners = {worker for _, worker in config.joins}
+    if workers and joiners >= set(workers):
+        raise ValueError(f"RunConfig.joins names every worker ({', '.join(workers)}); one at least must start the job")
+    if joiners and stages:
+        raise ValueError("RunConfig.joins cannot be used with train.stages (every stage is needed from the start)")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Model, optimiser, evaluation cadence, target and budget of a run (shared by all modes)."""
@@ -392,6 +482,30 @@ class RunConfig:
     ``driver.leave()`` returns and its ``op: leave``, then takes no more steps or messages
     (its device's records wait, as in Kafka); every other process is told the new live set
     (``driver.membership``) at once, as the live runtime's heartbeat table does on a leave."""
+    joins: tuple[tuple[float, str], ...] = ()
+    """``(time_s, worker)``: the worker is not a member at the start (``edgestream worker
+    --join``): it is built as a joiner (``joining=True``, its members the initial workers),
+    nobody counts it, its device's records wait in its backlog (as in Kafka) and it takes no
+    step and reads or sends nothing until ``time_s``; then it reads the log from its end on
+    and every running process, itself included, is told the new live set."""
+    crashes: tuple[tuple[float, str], ...] = ()
+    """``(time_s, worker)``: the worker dies at that simulated time: no farewell, its step in
+    progress is lost (its messages never leave), what it had on its uplink never reaches the
+    log and nothing reaches it any more. The others are told the live set without it
+    ``member_timeout_s`` later (the heartbeat table's timeout), unless it restarted first."""
+    restarts: tuple[tuple[float, str], ...] = ()
+    """``(time_s, worker)``: a crashed worker comes back at that time as a new process from
+    its last checkpoint (every ``checkpoint_every_steps`` accepted local steps, and the
+    checkpoint 0 of its start): the checkpoint's trainer and strategy state, ``driver.restored()``
+    published, the update log read again from the checkpoint's position, the records trained
+    since the checkpoint put back at the head of its queue; then it is live again."""
+    member_timeout_s: float = DEFAULT_MEMBER_TIMEOUT_S
+    """A crashed worker is dropped from the live set this long after its crash
+    (``train.member_timeout_s``)."""
+    checkpoint_every_steps: int = DEFAULT_CHECKPOINT_EVERY_STEPS
+    """A worker named in ``restarts`` saves its state (in memory) every this many accepted
+    local steps (``train.checkpoint_every_steps``); no other worker is ever restored, so no
+    other saves."""
 
     def __post_init__(self) -> None:
         if not (self.eval_every_s > 0 and self.time_budget_s > 0 and self.depth_sample_s > 0):
@@ -400,8 +514,15 @@ class RunConfig:
             raise ValueError(f"min_time_s must be in [0, time_budget_s], got {self.min_time_s}")
         if self.hold_evals < 1:
             raise ValueError(f"hold_evals must be >= 1, got {self.hold_evals}")
-        if any(not (math.isfinite(at) and at >= 0) or not isinstance(worker, str) for at, worker in self.leaves):
-            raise ValueError(f"leaves are (time_s >= 0, worker name) pairs, got {self.leaves}")
+        for name in _MEMBERSHIP_FIELDS:
+            _check_schedule(name, getattr(self, name))
+        if not (isinstance(self.member_timeout_s, int | float) and math.isfinite(self.member_timeout_s)
+                and self.member_timeout_s > 0):
+            raise ValueError(f"RunConfig.member_timeout_s must be a finite number > 0, got {self.member_timeout_s}")
+        if isinstance(self.checkpoint_every_steps, bool) or not isinstance(self.checkpoint_every_steps, int) \
+                or self.checkpoint_every_steps < 1:
+            raise ValueError(f"RunConfig.checkpoint_every_steps must be an integer >= 1, got {self.checkpoint_every_steps}")
+        _check_lifecycles(self)
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -415,6 +536,11 @@ class DeviceReport:
     (``dead_lettered``: records of steps the step guard rejected).
     ``prequential_accuracy``: the share of this device's trained records that the model
     predicted right just before training on them (0 before any).
+    ``replayed``: records handed back to the head of the queue to be trained again
+    (``RunConfig.crashes`` / ``restarts``): those of the step a crash lost, and at a restart
+    those trained (or dead-lettered) after the checkpoint it restored; they leave
+    ``trained`` (``dead_lettered``) for ``waiting`` then, so the invariant holds and a record
+    is counted trained once however often it was trained.
     """
 
     device: str
@@ -429,6 +555,28 @@ class DeviceReport:
     p99_depth: int
     dead_lettered: int = 0
     prequential_accuracy: float = 0.0
+    replayed: int = 0
+
+
+@dataclass
+class RestoreReport:
+    """One restart of a crashed worker from its last checkpoint (``RunConfig.restarts``)."""
+
+    at_s: float
+    """When it came back."""
+    checkpoint_at_s: float
+    """When the checkpoint it restored was taken (its start, or its join, for checkpoint 0)."""
+    model_version: int
+    """``trainer.version`` in the checkpoint: the version it resumed from."""
+    local_steps: int
+    """Its accepted local steps in the checkpoint: its count goes on from there."""
+    lost_steps: int
+    """Accepted local steps it took after the checkpoint, undone by the restore."""
+    replayed_records: int
+    """Records trained (or dead-lettered) after the checkpoint, put back at the head of its queue."""
+    replayed_messages: int
+    """Log records handed to its driver again: every record of its channels from the
+    checkpoint's position to the end of the log."""
 
 
 @dataclass
@@ -443,14 +591,21 @@ class ProcessReport:
     addressed to it on a point-to-point channel (:data:`POINT_TO_POINT_CHANNELS`).
 
     Time (workers; zero for the server), over ``[0, sim_time_s]``:
-    ``busy_s + blocked_s + starved_s == sim_time_s``. ``busy_s``: computing local steps;
-    ``blocked_s``: idle with a batch ready but ``can_train()`` false (waiting for peers);
-    ``starved_s``: idle without a batch (waiting for data). ``step_starts``: the simulated
-    time of every local step's start (also rejected ones); ``iteration_time_mean_s`` /
-    ``iteration_time_cv``: mean and coefficient of variation (population std / mean) of
-    the intervals between consecutive starts (0 with fewer than two; CV 0 with fewer
-    than three starts). ``observations``: the strategy's ``observations()`` at the end
-    (only the fields it set).
+    ``busy_s + blocked_s + starved_s + absent_s == sim_time_s``. ``busy_s``: computing local
+    steps; ``blocked_s``: idle with a batch ready but ``can_train()`` false (waiting for
+    peers); ``starved_s``: idle without a batch (waiting for data); ``absent_s``: not running
+    (before its join, after its leave, while crashed). ``step_starts``: the simulated
+    time of every local step's start (also rejected ones, and those a crash lost);
+    ``iteration_time_mean_s`` / ``iteration_time_cv``: mean and coefficient of variation
+    (population std / mean) of the intervals between consecutive starts (0 with fewer than
+    two; CV 0 with fewer than three starts). ``observations``: the strategy's
+    ``observations()`` at the end (only the fields it set).
+
+    Membership: ``membership_log`` holds ``(time_s, live workers)`` each time the process was
+    told a live set (``driver.membership``); ``checkpoints``: checkpoints it saved (only
+    workers named in ``RunConfig.restarts`` save); ``restores``: its restarts;
+    ``lost_messages``: messages it had put on its uplink that its crash kept from the log
+    (counted in ``produced_*`` and ``bytes_sent`` all the same).
     """
 
     name: str
@@ -466,6 +621,11 @@ class ProcessReport:
     iteration_time_mean_s: float = 0.0
     iteration_time_cv: float = 0.0
     observations: dict[str, Any] = field(default_factory=dict)
+    absent_s: float = 0.0
+    membership_log: list[tuple[float, list[str]]] = field(default_factory=list)
+    checkpoints: int = 0
+    restores: list[RestoreReport] = field(default_factory=list)
+    lost_messages: int = 0
 
     @property
     def idle_fraction(self) -> float:
@@ -529,6 +689,10 @@ class RunReport:
     """With ``RunConfig.evaluate_workers``: ``{worker: [(time_s, held-out accuracy)]}``."""
     processes: list[ProcessReport] = field(default_factory=list)
     """Every process (workers in order, then the server): traffic per channel and time."""
+    membership: list[tuple[float, str, str]] = field(default_factory=list)
+    """``(time_s, event, worker)`` in time order: ``join``, ``leave`` (its farewell is out),
+    ``crash``, ``detected`` (the others drop the crashed worker: ``member_timeout_s`` after
+    its crash) and ``restart`` (``RunConfig.joins`` / ``leaves`` / ``crashes`` / ``restarts``)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -549,7 +713,8 @@ class DeviceBacklog:
     on them or the step guard rejected it (dead-lettered).
 
     Invariant: ``arrived == trained + dropped + dead_lettered + waiting`` at every
-    moment (``waiting`` includes ``in_step``).
+    moment (``waiting`` includes ``in_step``). Settled records :meth:`requeue` hands back
+    (a crash, a restart) count as waiting again, and as ``replayed``.
     """
 
     def __init__(self, device: str, mode: Mode) -> None:
@@ -561,13 +726,15 @@ class DeviceBacklog:
             window_s=mode.window_s,
             max_batch=mode.max_batch,
             batch_size=mode.batch_size,
-            window_overflow=mode.buffer_policy,
+            window_overflow=mode.window_overflow or mode.buffer_policy,
+            max_batch_widen=mode.max_batch_widen,
         )
         self.ready = BatchQueue(mode.batcher)
         self.ready_dropped = 0
         self.in_step = 0
         self.trained = 0
         self.dead_lettered = 0
+        self.replayed = 0
         self.max_depth = 0
 
     @property
@@ -618,6 +785,31 @@ class DeviceBacklog:
             self.dead_lettered += records
         else:
             self.trained += records
+
+    def requeue(self, steps: Sequence[tuple[Sequence[Batch], bool]]) -> int:
+        """Hand the batches of settled steps (``(batches, dead_lettered)``, oldest first) back
+        to the head of the queue, ahead of every waiting batch and in their own order, to be
+        trained again (a live worker re-reads from its committed offsets what it had not
+        committed: Kafka re-delivers them in offset order). Their settlement is undone; they
+        count as ``replayed``. Under ``truncate`` the capacity rule applies at once (oldest
+        first). Returns the records handed back."""
+        back: list[Batch] = []
+        for batches, dead_lettered in steps:
+            records = sum(b.size for b in batches)
+            if dead_lettered:
+                self.dead_lettered -= records
+            else:
+                self.trained -= records
+            self.replayed += records
+            back.extend(batches)
+        waiting: list[Batch] = []
+        while len(self.ready):
+            waiting.append(self.ready.drop_oldest())  # emptied in order, refilled behind ``back``
+        for batch in back + waiting:
+            self.ready.put(batch)
+        self._queue(())
+        self.max_depth = max(self.max_depth, self.waiting)
+        return sum(b.size for b in back)
 
     def _queue(self, emitted: Sequence[Batch]) -> None:
         for batch in emitted:
@@ -688,8 +880,10 @@ class StreamInjection:
 # -- the simulation ----------------------------------------------------------------------------
 
 # Order of events at the same simulated time: data first, then what data enables,
-# then messages, then finished steps; observers (depth samples, evaluation) last.
-_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL, _LEAVE = range(8)
+# then messages, then finished steps; observers (depth samples, evaluation) last; then
+# membership: leaves, joins, crashes, their detection, restarts.
+(_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL, _LEAVE,
+ _JOIN, _CRASH, _DETECT, _RESTART) = range(12)
 
 
 class _EventQueue:
@@ -715,12 +909,33 @@ class _EventQueue:
 class _LogEntry:
     """One record of the update log: the encoded value, its channel and optional recipient,
     and ``produced_at``: the simulated time its sender produced it (when the step or
-    message that made it was done, before its uplink transfer)."""
+    message that made it was done, before its uplink transfer). ``sender`` and its
+    ``incarnation`` when it produced it (a crash in between keeps it from the log);
+    ``seq``: its position in the log, given at the append (-1 before)."""
 
     channel: str
     to: str | None
     value: bytes
     produced_at: float = 0.0
+    sender: str = ""
+    incarnation: int = 0
+    seq: int = -1
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """What a live checkpoint holds of one worker, in memory: deep copies of the trainer's
+    and the strategy's ``state_dict()`` (as ``trainers.checkpoint.save_training_checkpoint``
+    stores them) and of the learned observed range (its ``meta``), its accepted step count
+    (``meta["steps"]``) and its position in the update log (its update offsets: the next
+    ``_LogEntry.seq`` it had not handled)."""
+
+    at: float
+    trainer: dict[str, Any]
+    strategy: dict[str, Any]
+    observed: dict[str, Any] | None
+    local_steps: int
+    log_position: int
 
 
 class _Worker:
@@ -735,8 +950,16 @@ class _Worker:
     thread does); messages an evaluation returns meanwhile wait in ``held``. The server
     is never busy.
 
-    ``state`` (``busy`` / ``blocked`` / ``starved``) is what a worker has been doing since
-    ``state_since``; :meth:`enter` charges that interval to ``time_in`` and switches.
+    ``state`` (``busy`` / ``blocked`` / ``starved`` / ``absent``) is what a worker has been
+    doing since ``state_since``; :meth:`enter` charges that interval to ``time_in`` and switches.
+
+    ``status``: ``live`` (running), ``joining`` (built, not yet joined), ``left`` or
+    ``crashed``; only a live process is ``gone`` false, and only it is called, delivered to
+    or serviced. ``incarnation`` goes up at every crash and restart: a step end or an
+    uplink message of an older incarnation is void. ``next_seq`` is its position in the
+    log (the next record it would hand to its driver; older ones are skipped, so a record
+    is handled once per incarnation). ``told``: the live set its driver was last told (None:
+    nothing yet, a restarted process).
     """
 
     def __init__(
@@ -769,8 +992,25 @@ class _Worker:
         self.step_starts: list[float] = []
         #: Stopping (``RunConfig.leaves``): leaves once its step in progress is done.
         self.leaving = False
-        #: Stopped: takes no more steps or messages.
-        self.gone = False
+        self.status = "live"
+        self.incarnation = 0
+        self.next_seq = 0
+        self.told: tuple[str, ...] | None = None
+        self.membership_log: list[tuple[float, list[str]]] = []
+        #: The batches of the stream step in progress and whether they were dead-lettered.
+        self.step_batches: tuple[list[Batch], bool] | None = None
+        #: Workers that may restart: the last checkpoint, and the steps settled since it.
+        self.checkpoint: _Checkpoint | None = None
+        self.since_checkpoint: list[tuple[list[Batch], bool]] = []
+        self.steps_since_checkpoint = 0
+        self.checkpoints = 0
+        self.restores: list[RestoreReport] = []
+        self.lost_messages = 0
+
+    @property
+    def gone(self) -> bool:
+        """Not running: takes no steps and sends or receives nothing."""
+        return self.status != "live"
 
     def enter(self, state: str, now: float) -> None:
         """Charge ``[state_since, now]`` to the current state, then switch to ``state``."""
@@ -797,6 +1037,11 @@ class _Worker:
             iteration_time_mean_s=mean,
             iteration_time_cv=cv,
             observations={k: _plain(v) for k, v in observed.items() if v is not None},
+            absent_s=self.time_in["absent"],
+            membership_log=[(at, list(live)) for at, live in self.membership_log],
+            checkpoints=self.checkpoints,
+            restores=list(self.restores),
+            lost_messages=self.lost_messages,
         )
 
 
@@ -814,15 +1059,16 @@ def simulation_plan(mode: Mode, config: RunConfig, workers: Sequence[str]) -> Tr
     """The plan every process of a simulated run is built from: ``config.plan`` (the job's,
     or a default one) with the mode's strategy, batch cap, codec (when it names one) and lr,
     this config's model, optimiser, seed, message cap and step-guard bounds, and one
-    worker per device (``workers``), all of them members from the start."""
+    worker per device (``workers``), members from the start unless ``config.joins`` names them."""
     base = config.plan if config.plan is not None else TrainingPlan()
     codec_set = mode.codec is not None
+    joiners = {worker for _, worker in config.joins}
     return replace(
         base,
         job=config.job,
         seed=config.seed,
         workers=tuple(workers),
-        initial_workers=tuple(workers),
+        initial_workers=tuple(w for w in workers if w not in joiners),
         strategy=mode.strategy,
         strategy_params=dict(mode.strategy_params),
         model=config.model,
@@ -830,7 +1076,7 @@ def simulation_plan(mode: Mode, config: RunConfig, workers: Sequence[str]) -> Tr
         lr=config.lr if mode.lr is None else mode.lr,
         momentum=config.momentum,
         max_message_bytes=config.max_message_bytes,
-        max_step_batch=mode.max_batch,
+        max_step_batch=mode.max_step_batch or mode.max_batch,
         codec=mode.codec if mode.codec is not None else base.codec,
         codec_params=dict(mode.codec_params) if codec_set else dict(base.codec_params),
         error_feedback=mode.error_feedback if codec_set else base.error_feedback,
@@ -857,23 +1103,37 @@ class _Simulation:
             raise ValueError(f"train.stages = {list(self.plan.stages)} makes {len(self.plan.stages) + 1} stages, one "
                              f"worker each; the simulated clock runs one worker per device: give it "
                              f"{len(self.plan.stages) + 1} devices (it has {len(names)})")
+        _check_names(config, names, self.plan.stages)
         self.workers: list[_Worker] = []
         # Every worker runs the same model and strategy, so a log record decodes the same
         # for all: decode it once (the drivers still validate and judge it themselves).
         # A stage-split model's stages differ, so each of them decodes for itself.
-        decodes = DecodeMemo() if not self.plan.stages else None
+        self.decodes = DecodeMemo() if not self.plan.stages else None
+        joiners = {worker for _, worker in config.joins}
+        initial = tuple(self.plan.initial_workers)
         for index, (name, device) in enumerate(zip(names, streams.devices, strict=True)):
-            injector = None if self.inject is None else _injector(self.inject, index)
-            driver = assembly.build_driver(self.plan, name, streams.data, members=names, injector=injector,
-                                           shared_decodes=decodes)
-            self.workers.append(_Worker(index, name, DeviceBacklog(device, mode), driver))
+            # A joiner is built as the live runtime builds one (its members: the initial workers).
+            worker = _Worker(index, name, DeviceBacklog(device, mode), self._build_driver(index, name, name in joiners))
+            worker.told = initial
+            if name in joiners:
+                worker.status, worker.state = "joining", "absent"
+            self.workers.append(worker)
         # The server role, if the strategy has one: same initial weights and optimiser
         # settings, its own driver (its own decodes: its strategy may read other kinds).
         self.server: _Worker | None = None
         if "server" in strategies.roles(mode.strategy):
             self.server = _Worker(None, SERVER_NAME, None, assembly.build_driver(
-                self.plan, SERVER_NAME, streams.data, role="server", members=names))
+                self.plan, SERVER_NAME, streams.data, role="server", members=initial))
+            self.server.told = initial
         self.processes: list[_Worker] = self.workers + ([self.server] if self.server is not None else [])
+        self.by_name = {process.name: process for process in self.processes}
+        # Membership: the heartbeat table's live set (a crashed worker stays in it until its
+        # crash is detected), what happened, and the update log kept for restarts to re-read.
+        self.view: set[str] = set(initial)
+        self.membership_events: list[tuple[float, str, str]] = []
+        self.restarts_due: Counter[str] = Counter(worker for _, worker in config.restarts)
+        self.log_seq = 0
+        self.history: deque[_LogEntry] = deque()
         # The job's model: the server's, unless it says it holds none worth evaluating.
         self.evaluated = (
             self.server
@@ -911,11 +1171,13 @@ class _Simulation:
                 self.events.push(worker.backlog.batcher.next_window_at, _WINDOW, worker)
         self.events.push(self.config.depth_sample_s, _SAMPLE, 1)
         self.events.push(self.config.eval_every_s, _EVAL, 1)
-        names = {w.name: w for w in self.workers}
-        for at, name in self.config.leaves:
-            if name not in names:
-                raise ValueError(f"RunConfig.leaves names {name!r}, not a worker of this run ({', '.join(names)})")
-            self.events.push(at, _LEAVE, names[name])
+        for kind, schedule in ((_LEAVE, self.config.leaves), (_JOIN, self.config.joins),
+                               (_CRASH, self.config.crashes), (_RESTART, self.config.restarts)):
+            for at, name in schedule:
+                self.events.push(at, kind, self.by_name[name])
+        for worker in self.workers:
+            if not worker.gone:
+                self._checkpoint(worker)  # checkpoint 0: its start (a joiner's is its join)
         stopped = "budget"
         while self.events.next_time() <= self.config.time_budget_s:
             self.now, kind, payload = self.events.pop()
@@ -928,11 +1190,19 @@ class _Simulation:
             elif kind == _DELIVER:
                 self._on_deliver(*payload)
             elif kind == _STEP_DONE:
-                self._on_step_done(payload)
+                self._on_step_done(*payload)
             elif kind == _SAMPLE:
                 self._on_sample(payload)
             elif kind == _LEAVE:
                 self._on_leave(payload)
+            elif kind == _JOIN:
+                self._on_join(payload)
+            elif kind == _CRASH:
+                self._on_crash(payload)
+            elif kind == _DETECT:
+                self._on_detect(*payload)
+            elif kind == _RESTART:
+                self._on_restart(payload)
             elif kind == _EVAL and self._on_eval(payload):
                 stopped = "target"
                 break
@@ -988,6 +1258,7 @@ class _Simulation:
         records = concat([b.records for b in batches]) if len(batches) > 1 else batches[0].records
         stepped = driver.step(records.features, records.labels)
         worker.backlog.settle(batches, dead_lettered=stepped.rejection is not None)
+        worker.step_batches = (batches, stepped.rejection is not None)
         if stepped.rejection is not None:
             worker.rejected_steps[stepped.rejection.reason] += 1
         worker.injected += stepped.injected
@@ -1002,18 +1273,24 @@ class _Simulation:
         worker.busy = True
         assert worker.index is not None  # only workers have a backlog
         compute_s = self.costs.compute_s(worker.index, samples)
-        self.events.push(self.now + compute_s, _STEP_DONE, worker)
+        self.events.push(self.now + compute_s, _STEP_DONE, (worker, worker.incarnation))
 
-    def _on_step_done(self, worker: _Worker) -> None:
+    def _on_step_done(self, worker: _Worker, incarnation: int) -> None:
+        if incarnation != worker.incarnation:
+            return  # the step of a process that crashed meanwhile: lost with it
         stepped = worker.stepped
         assert stepped is not None
         worker.stepped = None
         worker.busy = False
-        if stepped.rejection is None:
-            worker.local_steps += 1
+        if worker.step_batches is not None and worker.checkpoint is not None:
+            worker.since_checkpoint.append(worker.step_batches)  # re-read if it restarts
+        worker.step_batches = None
         self._publish(worker, stepped.outbound)  # none for a rejected step
         held, worker.held = worker.held, []
         self._publish(worker, held)
+        if stepped.rejection is None:
+            worker.local_steps += 1
+            self._count_towards_checkpoint(worker)
         if worker.leaving:
             self._leave(worker)
             return
@@ -1037,10 +1314,35 @@ class _Simulation:
             appended_at = sent_at + self.costs.latency_s
             # The modelled transfer time, known at once (the live runtime measures it).
             worker.driver.transferred(item, appended_at - self.now)
-            self.events.push(appended_at, _APPEND, _LogEntry(item.channel, item.to, item.value, self.now))
+            entry = _LogEntry(item.channel, item.to, item.value, self.now, worker.name, worker.incarnation)
+            self.events.push(appended_at, _APPEND, entry)
+
+    # -- membership -----------------------------------------------------------------------
+
+    def _live(self) -> tuple[str, ...]:
+        """The live set every process is told: the heartbeat table's view, in worker order."""
+        return tuple(w.name for w in self.workers if w.name in self.view)
+
+    def _announce(self) -> None:
+        """Tell every running process whose last-told live set differs the current one
+        (``driver.membership``), as the live runtime does when its table's report changes; a
+        busy process holds what it answers until its step's own messages are out."""
+        live = self._live()
+        for process in self.processes:
+            if process.gone or process.told == live:
+                continue
+            process.told = live
+            process.membership_log.append((self.now, list(live)))
+            outbound = process.driver.membership(list(live))
+            if process.busy:
+                process.held.extend(outbound)  # after the step's own messages
+            else:
+                self._publish(process, outbound)
+                self._service(process)
 
     def _on_leave(self, worker: _Worker) -> None:
-        """``RunConfig.leaves``: the worker stops now, or once its step in progress is done."""
+        """``RunConfig.leaves``: the worker stops now, or once its step in progress is done
+        (nothing happens to a worker that is not running)."""
         if worker.gone:
             return
         worker.leaving = True
@@ -1050,25 +1352,192 @@ class _Simulation:
     def _leave(self, worker: _Worker) -> None:
         """The worker publishes its farewell and stops; every other process learns the live set."""
         self._publish(worker, worker.driver.leave())
-        worker.leaving, worker.gone = False, True
-        worker.enter("gone", self.now)
-        live = [w.name for w in self.workers if not w.gone]
-        for process in self.processes:
-            if process.gone:
+        worker.leaving, worker.status = False, "left"
+        worker.enter("absent", self.now)
+        self.membership_events.append((self.now, "leave", worker.name))
+        self.view.discard(worker.name)
+        self._announce()
+
+    def _on_join(self, worker: _Worker) -> None:
+        """``RunConfig.joins``: the joiner starts now. It reads the update log from its end on
+        (as a live joiner's consumers start at the topics' end), saves its checkpoint 0, and
+        every running process, itself included, is told the live set with it; what its
+        strategy needs first (the model) then comes through the log like any message."""
+        worker.status = "live"
+        worker.next_seq = self.log_seq
+        worker.enter("starved", self.now)
+        self._checkpoint(worker)
+        self.membership_events.append((self.now, "join", worker.name))
+        self.view.add(worker.name)
+        self._announce()
+        self._service(worker)
+
+    def _on_crash(self, worker: _Worker) -> None:
+        """``RunConfig.crashes``: the process dies at once, with no farewell. Its step in
+        progress is lost (its messages never leave; its records go back to the head of its
+        queue: a live worker had not committed them), so are the messages it held and those
+        still on its uplink (a new incarnation voids them); nothing reaches it any more. The
+        others learn it ``member_timeout_s`` later."""
+        if worker.gone:
+            return  # already stopped: nothing left to crash
+        assert worker.backlog is not None
+        if worker.step_batches is not None:
+            worker.backlog.requeue([worker.step_batches])
+            worker.step_batches = None
+        worker.busy, worker.stepped, worker.leaving = False, None, False
+        worker.held, worker.pending = [], deque()
+        worker.incarnation += 1
+        worker.status = "crashed"
+        worker.uplink_free_at = worker.downlink_free_at = self.now
+        worker.enter("absent", self.now)
+        self.membership_events.append((self.now, "crash", worker.name))
+        self.events.push(self.now + self.config.member_timeout_s, _DETECT, (worker, worker.incarnation))
+
+    def _on_detect(self, worker: _Worker, incarnation: int) -> None:
+        """The crashed worker was not heard from for ``member_timeout_s``: every running
+        process is told the live set without it (unless it restarted meanwhile)."""
+        if worker.status != "crashed" or worker.incarnation != incarnation:
+            return
+        self.membership_events.append((self.now, "detected", worker.name))
+        self.view.discard(worker.name)
+        self._announce()
+
+    def _on_restart(self, worker: _Worker) -> None:
+        """``RunConfig.restarts``: a new process of the crashed worker, as a live restart runs:
+        built afresh, its checkpoint's trainer and strategy state loaded (the driver's own
+        state, codec residuals and scores, starts anew), ``driver.restored()`` published, the
+        update log read from the checkpoint's position to its end (instantly), the records
+        settled after the checkpoint handed back to its queue; then it is live again and the
+        live set is told to whoever's view changed, itself first of all."""
+        self.restarts_due[worker.name] -= 1
+        if worker.status != "crashed":
+            return  # it left for good, and a left worker does not come back
+        checkpoint = worker.checkpoint
+        assert checkpoint is not None and worker.index is not None and worker.backlog is not None
+        worker.driver = self._build_driver(worker.index, worker.name)
+        self._load_checkpoint(worker.driver, checkpoint)
+        lost_steps = worker.local_steps - checkpoint.local_steps
+        worker.local_steps = checkpoint.local_steps
+        worker.steps_since_checkpoint = 0
+        replayed_records = worker.backlog.requeue(worker.since_checkpoint)
+        worker.since_checkpoint = []
+        worker.incarnation += 1
+        worker.status, worker.told = "live", None
+        worker.enter("starved", self.now)
+        self.membership_events.append((self.now, "restart", worker.name))
+        self._publish(worker, worker.driver.restored())
+        replayed_messages = self._replay(worker, checkpoint.log_position)
+        worker.restores.append(RestoreReport(
+            at_s=self.now, checkpoint_at_s=checkpoint.at, model_version=int(checkpoint.trainer["version"]),
+            local_steps=checkpoint.local_steps, lost_steps=lost_steps, replayed_records=replayed_records,
+            replayed_messages=replayed_messages,
+        ))
+        if self.restarts_due[worker.name] <= 0:
+            worker.checkpoint = None  # never restored again: stop saving
+        self._trim_history()
+        self.view.add(worker.name)
+        self._announce()
+        self._service(worker)
+
+    def _build_driver(self, index: int, name: str, joining: bool = False) -> TrainingDriver:
+        """Worker ``name``'s driver, built through ``trainers.assembly`` as the live runtime
+        builds it: a joiner with ``joining`` (its members: the plan's initial workers); a
+        restarted worker as one that resumes a checkpoint (not joining)."""
+        injector = None if self.inject is None else _injector(self.inject, index)
+        return assembly.build_driver(self.plan, name, self.streams.data, joining=joining, injector=injector,
+                                     shared_decodes=self.decodes)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def _count_towards_checkpoint(self, worker: _Worker) -> None:
+        """One more accepted local step; a worker that may restart checkpoints every
+        ``checkpoint_every_steps`` of them (after the step's messages are out, as live)."""
+        if worker.checkpoint is None:
+            return  # it never restarts: nothing to save
+        worker.steps_since_checkpoint += 1
+        if worker.steps_since_checkpoint >= self.config.checkpoint_every_steps:
+            self._checkpoint(worker)
+
+    def _checkpoint(self, worker: _Worker) -> None:
+        """Save ``worker``'s state as a live checkpoint holds it (deep copies), if a restart
+        is still due for it; its log position is the next record it has not handled."""
+        if self.restarts_due[worker.name] <= 0:
+            return
+        driver = worker.driver
+        worker.checkpoint = _Checkpoint(
+            at=self.now,
+            trainer=copy.deepcopy(driver.trainer.state_dict()),
+            strategy=copy.deepcopy(driver.strategy.state_dict()),
+            observed=copy.deepcopy(driver.observed.state_dict()) if driver.observed is not None else None,
+            local_steps=worker.local_steps,
+            log_position=worker.next_seq,
+        )
+        worker.checkpoints += 1
+        worker.since_checkpoint = []
+        worker.steps_since_checkpoint = 0
+        self._trim_history()
+
+    @staticmethod
+    def _load_checkpoint(driver: TrainingDriver, checkpoint: _Checkpoint) -> None:
+        """Load a checkpoint into a fresh driver's trainer and strategy (and observed range),
+        from copies, so the checkpoint itself stays as it was saved."""
+        driver.trainer.load_state_dict(copy.deepcopy(checkpoint.trainer))
+        driver.strategy.load_state_dict(copy.deepcopy(checkpoint.strategy))
+        if checkpoint.observed is not None and driver.observed is not None:
+            driver.observed.load_state_dict(copy.deepcopy(checkpoint.observed))
+
+    def _replay(self, worker: _Worker, position: int) -> int:
+        """Hand ``worker``'s driver every logged record of its channels from ``position``
+        to the end of the log, in log order (fetched again: counted consumed), as a live
+        restart re-reads the update topics from its checkpoint's offsets; returns how many."""
+        replayed = 0
+        worker.next_seq = position
+        for entry in list(self.history):
+            if entry.seq < position or not self._reads(worker, entry):
                 continue
-            outbound = process.driver.membership(live)
-            if process.busy:
-                process.held.extend(outbound)  # after the step's own messages
-            else:
-                self._publish(process, outbound)
-                self._service(process)
+            worker.consumed_bytes[entry.channel] += len(entry.value)
+            worker.consumed_messages[entry.channel] += 1
+            self._deliver(worker, entry)
+            replayed += 1
+        worker.next_seq = self.log_seq
+        return replayed
+
+    def _keeps_history(self) -> bool:
+        """Whether a worker with a restart still due has a checkpoint to re-read the log from
+        (a later checkpoint starts at the end of the log: nothing older is needed for it)."""
+        if not self.restarts_due:
+            return False
+        return any(self.restarts_due[w.name] > 0 and w.checkpoint is not None for w in self.workers)
+
+    def _trim_history(self) -> None:
+        """Keep the log only from the oldest position a restart still due may re-read from."""
+        positions = [w.checkpoint.log_position for w in self.workers
+                     if self.restarts_due[w.name] > 0 and w.checkpoint is not None]
+        keep_from = min(positions, default=self.log_seq)
+        while self.history and self.history[0].seq < keep_from:
+            self.history.popleft()
+
+    # -- the log ------------------------------------------------------------------------------
+
+    def _reads(self, process: _Worker, entry: _LogEntry) -> bool:
+        """Whether ``process`` fetches ``entry``: a record of a channel it subscribes to (on
+        a point-to-point channel, only one addressed to it)."""
+        if entry.channel not in process.driver.strategy.subscribes:
+            return False
+        return entry.channel not in POINT_TO_POINT_CHANNELS or entry.to == process.name
 
     def _on_append(self, entry: _LogEntry) -> None:
-        subscribers = [p for p in self.processes
-                       if entry.channel in p.driver.strategy.subscribes and not p.gone]
-        if entry.channel in POINT_TO_POINT_CHANNELS:
-            # The recipient's own topic: only it fetches the record.
-            subscribers = [p for p in subscribers if p.name == entry.to]
+        sender = self.by_name.get(entry.sender)
+        if sender is not None and sender.incarnation != entry.incarnation:
+            sender.lost_messages += 1  # on the uplink of a process that crashed meanwhile
+            return
+        entry = replace(entry, seq=self.log_seq)
+        self.log_seq += 1
+        if self._keeps_history():
+            self.history.append(entry)
+        # Who fetches it: the running subscribers of its channel (of a point-to-point one, the
+        # recipient alone: it reads its own topic).
+        subscribers = [p for p in self.processes if not p.gone and self._reads(p, entry)]
         for process in subscribers:
             process.consumed_bytes[entry.channel] += len(entry.value)
             process.consumed_messages[entry.channel] += 1
@@ -1103,7 +1572,11 @@ class _Simulation:
 
     def _deliver(self, worker: _Worker, entry: _LogEntry) -> None:
         """One log record to an idle process's driver (it decodes and validates for itself),
-        with its produce-to-consume transit (for ``strategy.on_arrival``)."""
+        with its produce-to-consume transit (for ``strategy.on_arrival``). A record before
+        the process's log position was handled already (a restart re-read it): skipped."""
+        if entry.seq < worker.next_seq:
+            return
+        worker.next_seq = entry.seq + 1
         handled = worker.driver.handle(entry.value, entry.to, transit_s=self.now - entry.produced_at)
         if handled.rejection is not None:
             worker.rejected_messages += 1
@@ -1121,16 +1594,24 @@ class _Simulation:
         if self.plan.stages:
             return self._on_eval_stages(tick)
         # Every model as it is at this instant: the spread first, then the evaluations,
-        # then what they make the processes do.
+        # then what they make the processes do. The job's models are the running workers'
+        # (one that has not joined, left or crashed is no part of it; all, if none runs).
+        running = [w for w in self.workers if not w.gone] or self.workers
         self.consensus_timeline.append(
-            (self.now, consensus_distance([w.driver.trainer.get_parameters() for w in self.workers]))
+            (self.now, consensus_distance([w.driver.trainer.get_parameters() for w in running]))
         )
         evaluated = self.evaluated_processes
         results = {}
-        outbounds = {}
+        outbounds: dict[str, list[Outbound]] = {}
         for process in evaluated:
+            if process.gone:  # its model as it was left; a process that is not running hears nothing
+                results[process.name] = evaluate(process.driver.trainer.model, heldout.features, heldout.labels)
+                outbounds[process.name] = []
+                continue
             results[process.name], outbounds[process.name] = process.driver.evaluate(heldout.features, heldout.labels)
         for process in evaluated:
+            if process.gone:
+                continue
             if process.busy:
                 process.held.extend(outbounds[process.name])  # after the step's own messages
             else:
@@ -1143,9 +1624,9 @@ class _Simulation:
         if self.evaluated.name in results and self.evaluated_name != "workers":
             job = results[self.evaluated.name]
             accuracy, loss = job.accuracy, job.loss
-        else:  # the mean of the workers' own models
-            accuracy = math.fsum(results[w.name].accuracy for w in self.workers) / len(self.workers)
-            loss = math.fsum(results[w.name].loss for w in self.workers) / len(self.workers)
+        else:  # the mean of the running workers' own models
+            accuracy = math.fsum(results[w.name].accuracy for w in running) / len(running)
+            loss = math.fsum(results[w.name].loss for w in running) / len(running)
         self.timeline.append((self.now, accuracy, version))
         self.loss_timeline.append((self.now, loss))
         return self._after_eval(tick)
@@ -1194,6 +1675,7 @@ class _Simulation:
                 p99_depth=_nearest_rank(w.depth_samples, 0.99),
                 dead_lettered=w.backlog.dead_lettered,
                 prequential_accuracy=w.correct / w.scored if w.scored else 0.0,
+                replayed=w.backlog.replayed,
             )
             for w in self.workers
         ]
@@ -1235,6 +1717,7 @@ class _Simulation:
             consensus_timeline=list(self.consensus_timeline),
             worker_timelines={name: list(t) for name, t in self.worker_timelines.items()},
             processes=[p.report() for p in self.processes],
+            membership=list(self.membership_events),
         )
 
 
