@@ -1,10 +1,11 @@
 """Ingest throughput: decode + buffer + batch in an edgestream worker vs plain consumers.
 
 One device topic is pre-filled with N messages of 32 records each (digits-shaped,
-64 float32 features). Then, A B C D A B C D ..., a fresh consumer group reads the
+64 float32 features). Then, A E B C D A E B C D ..., a fresh consumer group reads the
 whole topic:
   A = an edgestream worker process with the direct source (``kafka.ingest_source =
       "direct"``: aiokafka consumer -> IngestCore -> counting sink);
+  E = the same without the duplicate and event-time checks (``UNCHECKED``): what they cost;
   B = the same worker with the Faust source (Faust agent -> IngestCore -> counting sink);
       A and B are timed from the first decoded record to the last record batched (read
       from the worker's /metrics, polled every 20 ms for just those two series);
@@ -46,6 +47,7 @@ RECORDS_PER_MESSAGE = 32
 #: Every consumer measured, in run order, with its table label.
 CONSUMERS = {
     "edgestream_direct": "edgestream, direct source (decode + buffer + batch)",
+    "edgestream_direct_unchecked": "edgestream, direct source without the duplicate and event-time checks",
     "edgestream_faust": "edgestream, Faust source (decode + buffer + batch)",
     "plain_aiokafka": "plain aiokafka (read + count)",
     "bare_faust": "bare Faust agent (iterate + count)",
@@ -127,12 +129,19 @@ def prefill(bootstrap: str, device: str, messages: int) -> int:
     return size
 
 
-def run_edgestream(bootstrap: str, device: str, messages: int, work: Path, source: str) -> dict:
+#: The job settings that turn off the two per-record checks of ``data`` (a sequence number
+#: seen before, an event time off the broker's clock): the ingest work as it was before
+#: they existed, beside the default that has them.
+UNCHECKED = ("data.duplicate_window=0", "data.max_timestamp_skew_s=none")
+
+
+def run_edgestream(bootstrap: str, device: str, messages: int, work: Path, source: str,
+                   extra: tuple[str, ...] = ()) -> dict:
     job = f"bench{uuid.uuid4().hex[:6]}"
     cfg = load_config(overrides=[
         f"job.name={job}", f"run.state_dir={work / job}", "devices.count=1", f"devices.ids={device}",
         "batcher.mode=window", "batcher.window_s=0.05", "batcher.max_batch=100000",
-        "buffer.policy=persist", "buffer.capacity=1000000", f"kafka.ingest_source={source}",
+        "buffer.policy=persist", "buffer.capacity=1000000", f"kafka.ingest_source={source}", *extra,
     ], env={})
     cfg_path = work / f"{job}.json"
     cfg_path.write_text(json.dumps(cfg.to_dict()))
@@ -205,7 +214,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=60000,
                         help="messages of 32 records in the topic (enough that each timed read lasts seconds: "
                              "the 20 ms metrics poll and the 50 ms window stay small beside it)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of A B C D, interleaved")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of A E B C D, interleaved")
     parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
     args = parser.parse_args()
 
@@ -225,6 +234,8 @@ def main() -> None:
         for r in range(args.repeats):
             for name, fn in (
                 ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct")),
+                ("edgestream_direct_unchecked",
+                 lambda: run_edgestream(bootstrap, device, args.messages, work, "direct", UNCHECKED)),
                 ("edgestream_faust", lambda: run_edgestream(bootstrap, device, args.messages, work, "faust")),
                 ("plain_aiokafka", lambda: run_plain(bootstrap, device, args.messages)),
                 ("bare_faust", lambda: run_bare_faust(bootstrap, device, args.messages)),
@@ -248,6 +259,7 @@ def main() -> None:
     spread = {name: summary(name) for name in CONSUMERS}
     ratio_rows = {
         "edgestream_direct / plain_aiokafka": ratios("edgestream_direct", "plain_aiokafka"),
+        "edgestream_direct_unchecked / plain_aiokafka": ratios("edgestream_direct_unchecked", "plain_aiokafka"),
         "edgestream_faust / plain_aiokafka": ratios("edgestream_faust", "plain_aiokafka"),
         "edgestream_direct / bare_faust": ratios("edgestream_direct", "bare_faust"),
         "edgestream_faust / bare_faust": ratios("edgestream_faust", "bare_faust"),
@@ -262,7 +274,8 @@ def main() -> None:
         "versions": {"kafka": kafka_version(), "faust": faust.__version__, "aiokafka": aiokafka.__version__},
         "config": {"messages": args.messages, "records_per_message": RECORDS_PER_MESSAGE,
                    "message_bytes": message_bytes, "repeats": args.repeats, "features": 64,
-                   "batcher": "window 0.05 s, max_batch 100000", "buffer": "persist"},
+                   "batcher": "window 0.05 s, max_batch 100000", "buffer": "persist",
+                   "unchecked": list(UNCHECKED)},
         "runs": runs,
         "median_records_per_s": {name: spread[name]["median"] for name in CONSUMERS},
         "spread": spread,
@@ -274,7 +287,7 @@ def main() -> None:
     (RESULTS / "ingest.json").write_text(json.dumps(result, indent=2))
     lines = [
         f"{args.messages} messages x {RECORDS_PER_MESSAGE} records, {args.repeats} repeats "
-        f"(A B C D interleaved); records/s",
+        f"(A E B C D interleaved); records/s",
         "",
         "| consumer | median | min | max |",
         "|---|---:|---:|---:|",
