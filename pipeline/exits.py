@@ -2,6 +2,7 @@
 and how a process writes out what it has before it ends."""
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +32,13 @@ def flush_output() -> None:
 
 #: How a worker/server process ended, in its state dir: ``{"code": int, "reason": str | None}``.
 EXIT_FILE = "exit.json"
+
+#: What `edgestream run` sends every training process before SIGTERM at the end of a run:
+#: freeze (no more steps, messages or membership changes) and say so by writing
+#: ``FROZEN_FILE`` in its state dir. Only once all are frozen does any of them leave, so
+#: none reacts to another's leave by training on alone (BSP replicas stay identical).
+FREEZE_SIGNAL = signal.SIGUSR2
+FROZEN_FILE = "frozen"
 
 
 def worker_state_dir(cfg: "JobConfig", worker: str) -> Path:

@@ -6,8 +6,10 @@ error and on Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -35,7 +37,13 @@ from edgestream.monitoring.scrape import Scrape, scrape
 from edgestream.pipeline.app import app_id, sensor_group
 from edgestream.pipeline.drain import WAIT, DrainProgress, waiting_for
 from edgestream.pipeline.errors import RunError
-from edgestream.pipeline.exits import EXIT_FILE, EXIT_NO_CHECKPOINT
+from edgestream.pipeline.exits import (
+    EXIT_FILE,
+    EXIT_NO_CHECKPOINT,
+    FREEZE_SIGNAL,
+    FROZEN_FILE,
+    worker_state_dir,
+)
 from edgestream.pipeline.kafka_io import ensure_topics, producer, start_groups_at_end
 from edgestream.pipeline.launcher import LaunchedProcess, launcher, preloaded, warm_up
 from edgestream.pipeline.outage import BrokerWatch
@@ -47,6 +55,8 @@ from edgestream.pipeline.worker import (
     warn_byzantine,
 )
 from edgestream.streams import topics
+
+log = logging.getLogger(__name__)
 
 #: The run's result (``RunResult.to_dict``), written on every exit, in the run's state dir.
 SUMMARY_FILE = "summary.json"
@@ -167,6 +177,35 @@ def stop_processes(procs: Sequence[subprocess.Popen | LaunchedProcess], timeout_
                 pass
     deadline = time.monotonic() + timeout_s
     return [stop_process(proc, max(0.0, deadline - time.monotonic()), signalled=True) for proc in procs]
+
+
+#: At the end of a run, the longest wait for every training process to say it froze.
+FREEZE_TIMEOUT_S = 10.0
+
+
+def freeze_processes(procs: Sequence[tuple[subprocess.Popen | LaunchedProcess, Path]],
+                     timeout_s: float = FREEZE_TIMEOUT_S) -> list[bool]:
+    """Send ``FREEZE_SIGNAL`` to every running process of ``procs`` (each with its state dir),
+    then wait until each wrote ``FROZEN_FILE`` there or exited, at most ``timeout_s``; which
+    froze. The end of a run does this before ``stop_processes``: a process frozen takes no
+    more steps or membership changes, so none trains on alone when another leaves first
+    (SIGTERM is handled when each event loop gets to it, not at one instant)."""
+    for proc, _ in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, FREEZE_SIGNAL)
+    deadline = time.monotonic() + timeout_s
+
+    def settled() -> list[bool]:
+        return [(state / FROZEN_FILE).exists() or proc.poll() is not None for proc, state in procs]
+
+    while not all(settled()) and time.monotonic() < deadline:
+        time.sleep(0.02)  # poll interval of the markers
+    frozen = [(state / FROZEN_FILE).exists() for _, state in procs]
+    late = [state.name for (proc, state), ok in zip(procs, frozen, strict=True) if not ok and proc.poll() is None]
+    if late:
+        log.warning("%s did not confirm freezing within %g s; stopping them anyway", ", ".join(late), timeout_s)
+    return frozen
 
 
 def stop_process(proc: subprocess.Popen | LaunchedProcess, timeout_s: float = 20.0, signalled: bool = False) -> int | None:
@@ -462,6 +501,8 @@ def run_job(
             sim.join(timeout=60)  # an interrupted stream flushes and reports what it produced
         watch.stop()
         procs = list(reversed(ctx.workers))
+        if training:
+            freeze_processes([(w.proc, worker_state_dir(cfg, w.name)) for w in procs])
         codes = dict(zip([w.name for w in procs], stop_processes([w.proc for w in procs]), strict=True))
     report = report_box.get("final") or report_box.get("live")
     if report is not None and not injected_added:

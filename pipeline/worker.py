@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from edgestream.pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
-from edgestream.pipeline.exits import worker_state_dir
+from edgestream.pipeline.exits import FREEZE_SIGNAL, FROZEN_FILE, worker_state_dir
 from edgestream.pipeline.kafka_io import (
     adopt_group_offsets,
     end_offsets,
@@ -67,6 +68,7 @@ def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str],
     ``ready_when`` (Kafka was reached before this: that one holds already)."""
     state = worker_state_dir(cfg, name)
     state.mkdir(parents=True, exist_ok=True)
+    (state / FROZEN_FILE).unlink(missing_ok=True)  # an earlier run's: this one is not frozen
     metrics = Metrics(health=Health(cfg.service.liveness_timeout_s))
     metrics.health.require("kafka", *ready_when)
     metrics.health.set("kafka", True, "topics created")
@@ -196,6 +198,12 @@ class _FaustWorker(faust.Worker):
 
     on_signal: Callable[[], None] | None = None
     stop_signals: StopSignals | None = None
+    #: ``FREEZE_SIGNAL`` (SIGUSR2; mode would start a debugger): freeze, without stopping.
+    on_freeze: Callable[[], None] | None = None
+
+    def _on_sigusr2(self) -> None:
+        if self.on_freeze is not None:
+            self.on_freeze()
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         super().on_setup_root_logger(logger, level)
@@ -223,8 +231,33 @@ class _FaustWorker(faust.Worker):
         self.stop_signals(signum)
 
 
+def freezer(state: Path, begin_stop: Callable[[], None] | None) -> Callable[[], None]:
+    """What ``FREEZE_SIGNAL`` does in the process whose state dir is ``state``: freeze its
+    training (``begin_stop``; none for an ingest-only worker) and write ``FROZEN_FILE``
+    (``_start`` removed the marker an earlier run of the process left)."""
+    marker = state / FROZEN_FILE
+
+    def freeze() -> None:
+        if begin_stop is not None:
+            begin_stop()
+        try:
+            marker.write_text("frozen\n")
+        except OSError as exc:  # the run then waits out its freeze timeout, nothing worse
+            log.warning("could not write %s: %s", marker, exc)
+
+    return freeze
+
+
+def ignore_freeze_until_ready() -> None:
+    """Ignore ``FREEZE_SIGNAL`` until the event loop handles it (its default action ends the
+    process); only the main thread may set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(FREEZE_SIGNAL, signal.SIG_IGN)
+
+
 def _execute(app: faust.App, loglevel: str, on_signal: Callable[[], None] | None = None,
-             stop_signals: StopSignals | None = None, own_logging: bool = False) -> None:
+             stop_signals: StopSignals | None = None, own_logging: bool = False,
+             on_freeze: Callable[[], None] | None = None) -> None:
     """Run ``app`` until it stops; raise ``ProcessCrashed`` if it stopped on an error.
 
     ``own_logging``: keep the process's log handlers (JSON lines) instead of Faust's.
@@ -238,6 +271,7 @@ def _execute(app: faust.App, loglevel: str, on_signal: Callable[[], None] | None
                           override_logging=not own_logging)
     runner.on_signal = on_signal
     runner.stop_signals = stop_signals
+    runner.on_freeze = on_freeze
     code: object = 0
     cause: BaseException | None = None
     try:
@@ -309,6 +343,7 @@ def run_worker(
     SIGTERM/SIGINT is a graceful leave (``op: leave`` on the control topic).
     Raises ``ProcessCrashed`` if the Faust app stopped on an error.
     """
+    ignore_freeze_until_ready()
     memory.tune_allocator()
     cpus = worker_cpus(cfg, worker)
     if cpus is not None:
@@ -388,8 +423,9 @@ def run_worker(
     _beat(app, metrics.health)
     watch = BrokerWatch(bootstrap, f"worker {worker}", log.warning).start()  # says an outage once, and its end
     try:
-        _execute(app, loglevel, on_signal=runtime.begin_stop if runtime is not None else None,
-                 stop_signals=service.signals, own_logging=cfg.service.log_format == "json")
+        begin_stop = runtime.begin_stop if runtime is not None else None
+        _execute(app, loglevel, on_signal=begin_stop, stop_signals=service.signals,
+                 own_logging=cfg.service.log_format == "json", on_freeze=freezer(state, begin_stop))
     finally:
         watch.stop()
         metrics.worker_up.labels(worker).set(0)
@@ -404,6 +440,7 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
 
     Creates the training topics first; raises ``ProcessCrashed`` if its Faust app stopped on an error.
     """
+    ignore_freeze_until_ready()
     memory.tune_allocator()
     from edgestream.pipeline.training import TrainingRuntime
 
@@ -439,7 +476,7 @@ def run_server(cfg: JobConfig, bootstrap: str, metrics_port: int = 0, loglevel: 
     _beat(app, metrics.health)
     try:
         _execute(app, loglevel, on_signal=runtime.begin_stop, stop_signals=service.signals,
-                 own_logging=cfg.service.log_format == "json")
+                 own_logging=cfg.service.log_format == "json", on_freeze=freezer(state, runtime.begin_stop))
     finally:
         metrics.worker_up.labels(SERVER_NAME).set(0)
         if summary:
