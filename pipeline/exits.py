@@ -32,6 +32,9 @@ def flush_output() -> None:
 
 #: How a worker/server process ended, in its state dir: ``{"code": int, "reason": str | None}``.
 EXIT_FILE = "exit.json"
+#: Where a running worker/server is reached, in its state dir (``pid``, ``metrics`` ...):
+#: written once it set up its signals and endpoints.
+ENDPOINT_FILE = "endpoint.json"
 
 #: What `edgestream run` sends every training process before SIGTERM at the end of a run:
 #: freeze (no more steps, messages or membership changes) and say so by writing

@@ -14,6 +14,7 @@ from pathlib import Path
 from edgestream.job.config import JobConfig
 from edgestream.job.sources import job_fleet_data
 from edgestream.job.topics import job_topics
+from edgestream.pipeline.exits import ENDPOINT_FILE
 from edgestream.pipeline.replay import ReplayReport, TopicRenamer, expected_from_recording, replay
 from edgestream.streams import codec, topics
 from edgestream.streams.recording import RecordingReader, ReplayError
@@ -83,7 +84,7 @@ def replay_through_workers(
 
     def endpoint(w: WorkerProc) -> str | None:
         alive()
-        path = state / "workers" / w.name / "endpoint.json"
+        path = state / "workers" / w.name / ENDPOINT_FILE
         return json.loads(path.read_text())["metrics"] if path.exists() else None
 
     try:

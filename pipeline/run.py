@@ -38,6 +38,7 @@ from edgestream.pipeline.app import app_id, sensor_group
 from edgestream.pipeline.drain import WAIT, DrainProgress, waiting_for
 from edgestream.pipeline.errors import RunError
 from edgestream.pipeline.exits import (
+    ENDPOINT_FILE,
     EXIT_FILE,
     EXIT_NO_CHECKPOINT,
     FREEZE_SIGNAL,
@@ -189,23 +190,36 @@ def freeze_processes(procs: Sequence[tuple[subprocess.Popen | LaunchedProcess, P
     then wait until each wrote ``FROZEN_FILE`` there or exited, at most ``timeout_s``; which
     froze. The end of a run does this before ``stop_processes``: a process frozen takes no
     more steps or membership changes, so none trains on alone when another leaves first
-    (SIGTERM is handled when each event loop gets to it, not at one instant)."""
-    for proc, _ in procs:
-        if proc.poll() is None:
+    (SIGTERM is handled when each event loop gets to it, not at one instant). A process
+    still starting (no ``ENDPOINT_FILE`` of its pid yet: the signal's default action would
+    end it) is not signalled: it trains nothing yet."""
+    signalled = [proc.poll() is None and _serving(proc, state) for proc, state in procs]
+    for (proc, _), send in zip(procs, signalled, strict=True):
+        if send:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, FREEZE_SIGNAL)
     deadline = time.monotonic() + timeout_s
 
     def settled() -> list[bool]:
-        return [(state / FROZEN_FILE).exists() or proc.poll() is not None for proc, state in procs]
+        return [not send or (state / FROZEN_FILE).exists() or proc.poll() is not None
+                for (proc, state), send in zip(procs, signalled, strict=True)]
 
     while not all(settled()) and time.monotonic() < deadline:
         time.sleep(0.02)  # poll interval of the markers
     frozen = [(state / FROZEN_FILE).exists() for _, state in procs]
-    late = [state.name for (proc, state), ok in zip(procs, frozen, strict=True) if not ok and proc.poll() is None]
+    late = [state.name for (proc, state), ok, send in zip(procs, frozen, signalled, strict=True)
+            if send and not ok and proc.poll() is None]
     if late:
         log.warning("%s did not confirm freezing within %g s; stopping them anyway", ", ".join(late), timeout_s)
     return frozen
+
+
+def _serving(proc: subprocess.Popen | LaunchedProcess, state: Path) -> bool:
+    """Whether ``proc`` wrote its ``ENDPOINT_FILE`` in ``state`` (it handles the freeze signal by then)."""
+    try:
+        return json.loads((state / ENDPOINT_FILE).read_text()).get("pid") == proc.pid
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def stop_process(proc: subprocess.Popen | LaunchedProcess, timeout_s: float = 20.0, signalled: bool = False) -> int | None:
@@ -861,7 +875,7 @@ class RunContext:
         base = self.cfg.workers.metrics_port_base
         port = base + len(self.workers) if base else 0
         log_path = self.state / "logs" / f"{name}.log"
-        for stale in ("endpoint.json", EXIT_FILE):  # the previous incarnation's
+        for stale in (ENDPOINT_FILE, EXIT_FILE):  # the previous incarnation's
             (self.state / "workers" / name / stale).unlink(missing_ok=True)
         extra: dict[str, Any] = {"join": True} if join else {}
         if self.testbed is not None:
@@ -982,7 +996,7 @@ class RunContext:
 
     def _check_ready(self, w: WorkerProc, now: float) -> None:
         if w.metrics_url is None:
-            path = self.state / "workers" / w.name / "endpoint.json"
+            path = self.state / "workers" / w.name / ENDPOINT_FILE
             if path.exists():
                 w.metrics_url = json.loads(path.read_text())["metrics"]
                 self.publish_targets()

@@ -28,7 +28,7 @@ from edgestream.pipeline.app import (
     offsets_by_group,
     sensor_group,
 )
-from edgestream.pipeline.exits import FREEZE_SIGNAL, FROZEN_FILE, worker_state_dir
+from edgestream.pipeline.exits import ENDPOINT_FILE, FREEZE_SIGNAL, FROZEN_FILE, worker_state_dir
 from edgestream.pipeline.kafka_io import (
     adopt_group_offsets,
     end_offsets,
@@ -76,7 +76,7 @@ def _start(cfg: JobConfig, name: str, metrics_port: int, devices: list[str],
     metrics.worker_up.labels(name).set(1)
     metrics.worker_ready.labels(name).set(0)
     write_json_atomic(
-        state / "endpoint.json",
+        state / ENDPOINT_FILE,
         {"worker": name, "pid": os.getpid(), "metrics": f"http://{cfg.workers.metrics_host}:{port}/metrics",
          "health": f"http://{cfg.workers.metrics_host}:{port}/healthz",
          "ready": f"http://{cfg.workers.metrics_host}:{port}/readyz", "devices": devices},
