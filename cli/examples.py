@@ -17,12 +17,12 @@ from edgestream.pipeline.exits import EXIT_CONFIG
 
 
 def cmd_examples(args: argparse.Namespace) -> int:
-    from edgestream.job.examples import describe, example_names, example_path, examples_dir
+    from edgestream.job.examples import EXAMPLES_DIR, describe, example_names, example_path
 
     if args.name is None:
         names = example_names()
         if not names:
-            raise CommandError(f"no example jobs in {examples_dir()} (a broken installation: reinstall edgestream)")
+            raise CommandError(f"no example jobs in {EXAMPLES_DIR} (a broken installation: reinstall edgestream)")
         width = max(len(n) for n in names)
         for name in names:
             print(f"{name:<{width}}  {describe(example_path(name))}")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from edgestream.job.errors import ConfigError
 
-#: ``edgestream/examples`` (installed) or the checkout's ``examples/`` (this package's
-#: search path includes the checkout's root, so both are the package's folder).
+#: The folder of the example job files: the checkout's ``examples/`` (beside ``job/``) or,
+#: installed, ``edgestream/examples/`` (beside ``edgestream/job/``).
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -20,23 +20,16 @@ class UnknownExample(ConfigError):
     """No example job has the name asked for."""
 
 
-def examples_dir() -> Path:
-    """The folder of the example job files (a checkout's ``examples/`` or the installed copy's)."""
-    from edgestream import CHECKOUT
-
-    return CHECKOUT / "examples" if CHECKOUT is not None else EXAMPLES_DIR
-
-
 def example_names() -> list[str]:
     """The example jobs' names (file names without ``.toml``), sorted."""
-    return sorted(p.stem for p in examples_dir().glob("*.toml"))
+    return sorted(p.stem for p in EXAMPLES_DIR.glob("*.toml"))
 
 
 def example_path(name: str) -> Path:
     """The file of example ``name`` (``bsp`` or ``bsp.toml``); ``UnknownExample`` listing the
     names if there is none."""
     stem = name.removesuffix(".toml")
-    path = examples_dir() / f"{stem}.toml"
+    path = EXAMPLES_DIR / f"{stem}.toml"
     if "/" in stem or not path.is_file():
         raise UnknownExample(f"no example job named {name!r}; there are: {', '.join(example_names())}")
     return path

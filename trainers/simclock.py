@@ -1178,34 +1178,22 @@ class _Simulation:
         for worker in self.workers:
             if not worker.gone:
                 self._checkpoint(worker)  # checkpoint 0: its start (a joiner's is its join)
+        # What each kind of event does with its payload (``_EVAL`` may end the run).
+        handlers: dict[int, Callable[[Any], Any]] = {
+            _ARRIVALS: self._on_arrivals, _WINDOW: self._on_window, _APPEND: self._on_append,
+            _DELIVER: lambda p: self._on_deliver(*p), _STEP_DONE: lambda p: self._on_step_done(*p),
+            _SAMPLE: self._on_sample, _LEAVE: self._on_leave, _JOIN: self._on_join, _CRASH: self._on_crash,
+            _DETECT: lambda p: self._on_detect(*p), _RESTART: self._on_restart,
+        }
         stopped = "budget"
         while self.events.next_time() <= self.config.time_budget_s:
             self.now, kind, payload = self.events.pop()
-            if kind == _ARRIVALS:
-                self._on_arrivals(payload)
-            elif kind == _WINDOW:
-                self._on_window(payload)
-            elif kind == _APPEND:
-                self._on_append(payload)
-            elif kind == _DELIVER:
-                self._on_deliver(*payload)
-            elif kind == _STEP_DONE:
-                self._on_step_done(*payload)
-            elif kind == _SAMPLE:
-                self._on_sample(payload)
-            elif kind == _LEAVE:
-                self._on_leave(payload)
-            elif kind == _JOIN:
-                self._on_join(payload)
-            elif kind == _CRASH:
-                self._on_crash(payload)
-            elif kind == _DETECT:
-                self._on_detect(*payload)
-            elif kind == _RESTART:
-                self._on_restart(payload)
-            elif kind == _EVAL and self._on_eval(payload):
-                stopped = "target"
-                break
+            if kind == _EVAL:
+                if self._on_eval(payload):
+                    stopped = "target"
+                    break
+                continue
+            handlers[kind](payload)
         if stopped == "budget":
             self.now = self.config.time_budget_s
         for worker in self.workers:

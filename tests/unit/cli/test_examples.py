@@ -11,14 +11,14 @@ import pytest
 from edgestream.cli.main import main
 from edgestream.job.config import load_config
 from edgestream.job.errors import ConfigError
-from edgestream.job.examples import describe, example_names, example_path, examples_dir
+from edgestream.job.examples import EXAMPLES_DIR, describe, example_names, example_path
 from edgestream.pipeline.exits import EXIT_CONFIG
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def test_the_examples_are_the_repository_files_and_each_loads_as_a_job():
-    assert examples_dir() == EXAMPLES
+    assert EXAMPLES_DIR == EXAMPLES
     assert example_names() == sorted(p.stem for p in EXAMPLES.glob("*.toml"))
     for name in example_names():
         cfg = load_config(example_path(name), env={})
