@@ -52,7 +52,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -347,8 +346,11 @@ class Rank:
         model = build_model(self.cfg.train.model, self.data.feature_shape, self.data.num_classes,
                             seed=self.cfg.job.seed)
         timeout = datetime.timedelta(seconds=max(120.0, opts.duration_s + HARD_DEADLINE_GRACE_S))
-        dist.init_process_group("gloo", init_method="env://", rank=opts.rank,
-                                world_size=opts.world, timeout=timeout)
+        # The ranks of one launch meet in a file of its own (no port to pick: a port found
+        # free and then bound by rank 0 could be taken in between by another process, and
+        # rank 0 died of EADDRINUSE while the others waited); by hand, MASTER_ADDR/PORT.
+        init = f"file://{opts.out_dir.resolve() / f'rendezvous-{opts.run_id}'}" if opts.run_id else "env://"
+        dist.init_process_group("gloo", init_method=init, rank=opts.rank, world_size=opts.world, timeout=timeout)
         self.ddp = DistributedDataParallel(model)
         self.model = model  # rank 0 evaluates the bare module: DDP's forward is collective
         # As LocalTrainer: plain SGD with momentum, no weight decay, no Nesterov.
@@ -764,12 +766,6 @@ def run_rank(opts: RankOptions) -> int:
 # --- launching ----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(
     cfg_path: Path,
     bootstrap: str,
@@ -781,7 +777,6 @@ def launch(
     duration_s: float,
     target_accuracy: float,
     eval_every_s: float = 1.0,
-    master_port: int | None = None,
     max_steps: int | None = None,
     start_at: str = "beginning",
     log_to_files: bool = True,
@@ -821,7 +816,7 @@ def launch(
     run_id = uuid.uuid4().hex[:8]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port or free_port()), OMP_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS="1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks talk over loopback only
     procs = []
     for rank in range(world):
