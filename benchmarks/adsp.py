@@ -22,6 +22,10 @@ benchmarks/results/adsp.{json,md} and adsp_loss.png, adsp_speedup.png. Never ass
 
     python -m edgestream bench adsp [--repeats 3] [--jobs 2] [--budget 60] [--acc-budget 30]
         [--levels 1.0,1.45,2.2,3.2] [--rows adsp,bsp,...] [--adsp period_s=10,commit_rate=10]
+        [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+
+``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and bandwidth replace
+the default cost model's; each level's slowdowns stay unless it sets its own.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from edgestream.benchmarks import strategies as matrix  # strategies.py: the rows' configurations
-from edgestream.trainers import simclock
+from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.evaluation import time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,13 +121,15 @@ class Task:
     row: str
 
 
-def run_task(task: Task, s: Settings) -> dict[str, Any]:
+def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) -> dict[str, Any]:
+    """One run; ``base``: the cost model (default ``CostModel()``), whose slowdowns, if it sets
+    any, replace the level's."""
     started = time.monotonic()
     streams = _streams(task.seed, (s.rate_hz, s.partition, s.message_interval_s))
     config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=s.target_accuracy,
                                 stop_at_target=False, time_budget_s=s.budget_s)
-    costs = replace(simclock.CostModel(), slowdowns=slowdowns(task.h))
+    costs = costmodels.with_worker_lists(simclock.CostModel() if base is None else base, slowdowns(task.h))
     report = simclock.run(mode_for(task.row, streams, s), streams, costs, config)
     acc = [(t, a) for t, a, _ in report.timeline]
     loss = report.loss_timeline
@@ -165,18 +171,18 @@ def _init() -> None:
     limit_torch_threads(1)
 
 
-def run_all(tasks: list[Task], s: Settings, jobs: int) -> list[dict[str, Any]]:
+def run_all(tasks: list[Task], s: Settings, jobs: int, base: simclock.CostModel | None = None) -> list[dict[str, Any]]:
     out = []
     if jobs <= 1:
         _init()
         for i, task in enumerate(tasks, 1):
-            out.append(run_task(task, s))
+            out.append(run_task(task, s, base))
             print(_line(i, len(tasks), out[-1]), flush=True)
     else:
         import multiprocessing
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init) as pool:
-            futures = [pool.submit(run_task, task, s) for task in tasks]
+            futures = [pool.submit(run_task, task, s, base) for task in tasks]
             for i, future in enumerate(as_completed(futures), 1):
                 out.append(future.result())
                 print(_line(i, len(tasks), out[-1]), flush=True)
@@ -292,12 +298,15 @@ def goals(cells: dict[str, Any], s: Settings, levels: list[float], rows: list[st
 
 
 def markdown(cells: dict[str, Any], s: Settings, levels: list[float], rows: list[str], seeds: list[int],
-             seconds: float) -> str:
+             seconds: float, costs: costmodels.NamedCostModel | None = None) -> str:
     header = "| row | " + " | ".join(f"H = {h:g}" for h in levels) + " |"
     rule = "|---|" + "---:|" * len(levels)
+    named = costs or costmodels.PRESETS["default"]
+    c = named.model
     lines = [
-        f"Simulated clock (trainers/simclock.py, default cost model: step (10 ms + 2 ms/record) x slowdown, "
-        f"2 ms latency, 100 Mbit/s links), digits MLP ({s.partition}, held-out 20 %), {WORKERS} workers one per device, "
+        f"Simulated clock (trainers/simclock.py, {named.name} cost model: step ({c.compute_base_s * 1e3:g} ms + "
+        f"{c.compute_per_record_s * 1e3:g} ms/record) x slowdown, {c.latency_s * 1e3:g} ms latency, "
+        f"{c.bandwidth_bytes_per_s * 8 / 1e6:g} Mbit/s links), digits MLP ({s.partition}, held-out 20 %), {WORKERS} workers one per device, "
         f"every device at {s.rate_hz:g} records/s (all workers compute-bound; a device keeps at most "
         f"{s.buffer_capacity} waiting records, the rest is dropped and counted), batch 64 per step, LR {s.lr:g} "
         f"momentum {s.momentum:g} (rows as in benchmarks/strategies.py). Targets: held-out loss <= {s.target_loss:g} "
@@ -445,8 +454,13 @@ def main() -> None:
     parser.add_argument("--adsp", default="", help="ADSP settings, e.g. period_s=10,commit_rate=10,min_interval_s=0.2")
     parser.add_argument("--commit-ablation", default="5,20",
                         help="at the largest H also run adsp starting from these C (commit-count equalisation vs C)")
+    parser.add_argument("--cost-model", default="default", metavar="SPEC",
+                        help="the cost model (trainers/costmodels.py): a preset (" + ", ".join(costmodels.PRESETS)
+                             + "), a .toml file, either with :KEY=VALUE,... overrides; its compute, latency and "
+                               "bandwidth replace the default's, each level's slowdowns stay unless it sets its own")
     parser.add_argument("--out", default=str(RESULTS / "adsp"), help="output path without suffix")
     args = parser.parse_args()
+    named = matrix.resolve_cost_model(parser, args.cost_model, (WORKERS,))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     overrides = {}
     for item in filter(None, args.adsp.split(",")):
@@ -471,11 +485,11 @@ def main() -> None:
     tasks += [Task(max(levels), seed, row) for seed in seeds for row in ablation]
     print(f"{len(tasks)} simulated runs on {args.jobs} processes ...", flush=True)
     started = time.monotonic()
-    raw = run_all(tasks, s, args.jobs)
+    raw = run_all(tasks, s, args.jobs, named.model)
     seconds = time.monotonic() - started
     cells = summarise(raw, s, levels, rows)
     verdicts = goals(cells, s, levels, rows)
-    md = markdown(cells, s, levels, rows, seeds, seconds)
+    md = markdown(cells, s, levels, rows, seeds, seconds, named)
     if ablation:
         md += "\n\n" + ablation_markdown(raw, s, max(levels), ["adsp", *ablation])
     print(md)
@@ -492,7 +506,7 @@ def main() -> None:
         "versions": {"torch": torch.__version__, "numpy": np.__version__},
         "settings": asdict(s), "seeds": seeds, "levels": levels, "rows": rows,
         "slowdowns": {f"{h:g}": list(slowdowns(h)) for h in levels},
-        "cost_model": asdict(simclock.CostModel()),
+        "cost_model": asdict(named.model), "cost_model_name": named.name, "cost_model_source": named.source,
         "sweep_seconds": seconds, "jobs": args.jobs, "goals": verdicts,
         "runs": raw, "cells": cells,
     }, indent=1, default=str))

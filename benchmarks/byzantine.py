@@ -43,6 +43,10 @@ benchmarks/results/byzantine.{json,md}. Never asserts.
 
     python -m edgestream bench byzantine [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
         [--attacks sign_flip,scale100,noise] [--byzantine 1,2] [--clip 1.0] [--trim 2] [--out PATH]
+        [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+
+``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and bandwidth replace
+the default cost model's; the slowdowns stay unless it sets its own.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from edgestream.trainers import simclock
+from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.byzantine import ATTACKS, register_byzantine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,14 +164,16 @@ def mode_for(task: Task, s: Settings) -> simclock.Mode:
                          batch_size=BATCH, buffer_policy="truncate", buffer_capacity=s.buffer_capacity, lr=lr)
 
 
-def run_task(task: Task, s: Settings) -> dict[str, Any]:
+def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) -> dict[str, Any]:
+    """One run; ``base``: the cost model (default ``CostModel()``), whose slowdowns, if it sets
+    any, replace the settings' ``slowdowns``."""
     started = time.monotonic()
     streams = _streams(task.seed, s.workers, s.rate_hz, s.message_interval_s)
     momentum = s.asp_momentum if task.strategy == "asp" else s.momentum
     config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=0.9, stop_at_target=False,
                                 time_budget_s=s.budget_s, max_grad_norm=s.max_grad_norm)
-    costs = simclock.CostModel(slowdowns=s.slowdowns)
+    costs = costmodels.with_worker_lists(simclock.CostModel() if base is None else base, s.slowdowns)
     report = simclock.run(mode_for(task, s), streams, costs, config)
     timeline = [(t, a) for t, a, _ in report.timeline]
     server = report.server or {}
@@ -280,13 +286,16 @@ def _gap(key: str) -> Any:
     return render
 
 
-def markdown(cells: dict[str, Any], s: Settings, seconds: float) -> str:
+def markdown(cells: dict[str, Any], s: Settings, seconds: float, costs: costmodels.NamedCostModel | None = None) -> str:
     conditions = [(CLEAN, 0)] + [(a, c) for a in s.attacks for c in s.byzantine]
     header = "| strategy | aggregation | " + " | ".join(_cond(a, c) for a, c in conditions) + " |"
     rule = "|---|---|" + "---:|" * len(conditions)
+    named = costs or costmodels.PRESETS["default"]
+    c = named.model
     lines = [
-        f"Simulated clock (trainers/simclock.py, default cost model: step (10 ms + 2 ms/record) x slowdown, "
-        f"2 ms latency, 100 Mbit/s), digits MLP (IID, held-out 20 %), {s.workers} workers one per device at "
+        f"Simulated clock (trainers/simclock.py, {named.name} cost model: step ({c.compute_base_s * 1e3:g} ms + "
+        f"{c.compute_per_record_s * 1e3:g} ms/record) x slowdown, {c.latency_s * 1e3:g} ms latency, "
+        f"{c.bandwidth_bytes_per_s * 8 / 1e6:g} Mbit/s), digits MLP (IID, held-out 20 %), {s.workers} workers one per device at "
         f"{s.rate_hz:g} records/s each, slowdowns {' '.join(f'{x:g}' for x in s.slowdowns)}, batch {BATCH}. "
         f"BSP: LR {s.lr:g} momentum {s.momentum:g} on the aggregate, B_ref = {BATCH * s.workers}; ADSP: local SGD at LR {s.lr:g} momentum {s.momentum:g}, "
         f"period {s.adsp_period_s:g} s, C = {s.adsp_commit_rate} at the start, search on; ASP: LR "
@@ -355,6 +364,10 @@ def main() -> None:
     parser.add_argument("--aggregations", default=",".join(AGGREGATIONS))
     parser.add_argument("--clip", type=float, default=Settings.clip, help="max_update_norm of mean+clip")
     parser.add_argument("--trim", type=int, default=Settings.trim, help="trim of trimmed_mean and krum_f of krum")
+    parser.add_argument("--cost-model", default="default", metavar="SPEC",
+                        help="the cost model (trainers/costmodels.py): a preset (" + ", ".join(costmodels.PRESETS)
+                             + "), a .toml file, either with :KEY=VALUE,... overrides; its compute, latency and "
+                               "bandwidth replace the default's, the slowdowns stay unless it sets its own")
     parser.add_argument("--out", default=str(RESULTS / "byzantine"), help="output path without suffix")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -379,21 +392,23 @@ def main() -> None:
         s.aggregations = ("mean", *s.aggregations)  # every gap is to the clean mean run
     if not seeds or any(c < 1 or c >= s.workers for c in counts):
         parser.error(f"need at least one seed and attacker counts in 1..{s.workers - 1}")
+    from edgestream.benchmarks.strategies import resolve_cost_model
     from edgestream.trainers.local import limit_torch_threads
 
+    named = resolve_cost_model(parser, args.cost_model, (s.workers,))
     limit_torch_threads(1)
     tasks = tasks_for(s)
     print(f"{len(tasks)} simulated runs, one at a time ...", flush=True)
     started = time.monotonic()
     raw = []
     for i, task in enumerate(tasks, 1):
-        raw.append(run_task(task, s))
+        raw.append(run_task(task, s, named.model))
         r = raw[-1]
         print(f"[{i}/{len(tasks)}] seed {task.seed} {task.strategy} {task.aggregation} {_cond(task.attack, task.byzantine)}: "
               f"accuracy {r['accuracy_at']} ({r['wall_s']:.1f} s)", flush=True)
     seconds = time.monotonic() - started
     cells = summarise(raw, s)
-    md = markdown(cells, s, seconds)
+    md = markdown(cells, s, seconds, named)
     print(md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -405,7 +420,8 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "processor": platform.processor()},
         "versions": {"torch": torch.__version__, "numpy": np.__version__},
-        "settings": asdict(s), "cost_model": asdict(simclock.CostModel(slowdowns=s.slowdowns)),
+        "settings": asdict(s), "cost_model": asdict(costmodels.with_worker_lists(named.model, s.slowdowns)),
+        "cost_model_name": named.name, "cost_model_source": named.source,
         "strategy_params": {agg: aggregation_params(agg, s) for agg in s.aggregations},
         "sweep_seconds": seconds, "verdicts": verdicts(cells, s), "cells": cells, "runs": raw,
     }, indent=1, default=list))

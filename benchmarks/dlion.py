@@ -54,6 +54,10 @@ dlion_degraded.png (the ratios over time). Never asserts.
         [--partitions iid,dirichlet] [--rows ...] [--budget 60] [--acc-budget 30] [--scale 2]
         [--degrade-at 20] [--degrade-host 2] [--degrade-mbit 1] [--no-degraded]
         [--min-ratio 0.001] [--budget-safety 0.9] [--max-lag none] [--dlion-params max_lag=null,...] [--quick] [--out PATH] [--log RUNS.jsonl [--resume]]
+        [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+
+``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and server bandwidth
+replace the default cost model's; the hosts' slowdowns and links stay unless it sets its own.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +82,7 @@ from edgestream.benchmarks import (
     gossip as gossip_bench,  # gossip.py: per-node idle figures, spreads
 )
 from edgestream.benchmarks import strategies as matrix  # strategies.py: the rows, censored medians
-from edgestream.trainers import simclock
+from edgestream.trainers import costmodels, simclock
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -125,11 +129,13 @@ def fleet(n: int, scale: float) -> tuple[tuple[float, ...], tuple[float, ...], t
             tuple(LINKS_MBIT[i % len(LINKS_MBIT)] for i in range(n)))
 
 
-def costs_for(n: int, s: Settings, degraded: bool) -> simclock.CostModel:
+def costs_for(n: int, s: Settings, degraded: bool, base: simclock.CostModel | None = None) -> simclock.CostModel:
+    """``n`` hosts' cost model: ``base`` (default ``CostModel()``) with the hosts' slowdowns and
+    links where it sets none of its own, and the degraded scenario's link drop."""
     _, slowdowns, links = fleet(n, s.scale)
     changes = ((s.degrade_at_s, s.degrade_host, s.degrade_mbit * 1e6 / 8),) if degraded else ()
-    return simclock.CostModel(slowdowns=slowdowns, link_bandwidths_bytes_per_s=tuple(m * 1e6 / 8 for m in links),
-                              link_changes=changes)
+    return costmodels.with_worker_lists(simclock.CostModel() if base is None else base, slowdowns,
+                                        tuple(m * 1e6 / 8 for m in links), changes)
 
 
 @lru_cache(maxsize=4)
@@ -193,8 +199,9 @@ class Task:
     row: str
 
 
-def run_task(task: Task, s: Settings) -> dict[str, Any]:
+def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) -> dict[str, Any]:
     started = time.monotonic()
+    base = simclock.CostModel() if base is None else base
     streams = _streams(task.partition, task.nodes, task.seed, s.scale, s.message_interval_s)
     degraded = task.kind == "degraded"
     mode = mode_for(task.row, streams, s, traced=degraded)
@@ -203,7 +210,7 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
                                 min_time_s=s.budget_s if degraded else s.acc_budget_s,
                                 evaluate_workers=task.row in matrix.MEAN_OF_NODES_ROWS)
     TRACES.clear()
-    report = simclock.run(mode, streams, costs_for(task.nodes, s, degraded), config)
+    report = simclock.run(mode, streams, costs_for(task.nodes, s, degraded, base), config)
     workers = [p for p in report.processes if p.name != simclock.SERVER_NAME]
     nodes = [gossip_bench._node(p, report.sim_time_s, 5.0) for p in workers]
     obs = {p.name: {k: p.observations.get(k) for k in ("batch_size", "capacity", "iteration_time_s", "link_ratio",
@@ -216,7 +223,7 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
                   for w, samples in TRACES.items()}
         TRACES.clear()
     return {
-        **asdict(task), "settings": asdict(s),
+        **asdict(task), "settings": asdict(s), "cost_model": asdict(base),
         "tta_s": report.tta_s, "acc_at_budget": matrix.accuracy_at(report.timeline, s.acc_budget_s),
         "final_accuracy": report.final_accuracy, "sim_time_s": report.sim_time_s, "stopped": report.stopped,
         "local_steps": report.local_steps, "bytes_sent": report.bytes_sent,
@@ -237,7 +244,8 @@ def _key(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["kind"], r["partition"], r["nodes"], r["seed"], r["row"])
 
 
-def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dict[str, Any]],
+            base: simclock.CostModel | None = None) -> list[dict[str, Any]]:
     """Every task's result, each appended to ``log`` (JSON lines) as it ends; tasks already in
     ``done`` (an earlier log of the same settings) are not run again."""
 
@@ -248,7 +256,7 @@ def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dic
                 f"blocked {r['blocked_mean']:.0%} ({r['wall_s']:.1f} s; {elapsed / 60:.1f} min, "
                 f"~{elapsed / i * (count - i) / 60:.1f} min left)")
 
-    return gossip_bench.run_logged(run_task, tasks, s, jobs, log, done, _key, line)
+    return gossip_bench.run_logged(partial(run_task, base=base), tasks, s, jobs, log, done, _key, line)
 
 
 # -- summary -------------------------------------------------------------------------------------
@@ -288,10 +296,12 @@ def _gap(values: list[float]) -> str:
     return gossip_bench._spread(values, "{:+.1f}")
 
 
-def main_markdown(cells: dict[str, Any], s: Settings, seeds: list[int], seconds: float) -> str:
-    d = simclock.CostModel()
+def main_markdown(cells: dict[str, Any], s: Settings, seeds: list[int], seconds: float,
+                  costs: costmodels.NamedCostModel | None = None) -> str:
+    named = costs or costmodels.PRESETS["default"]
+    d = named.model
     lines = [
-        f"Simulated clock (trainers/simclock.py; default cost model: step ({d.compute_base_s * 1e3:g} ms + "
+        f"Simulated clock (trainers/simclock.py; {named.name} cost model: step ({d.compute_base_s * 1e3:g} ms + "
         f"{d.compute_per_record_s * 1e3:g} ms/record) x slowdown, {d.latency_s * 1e3:g} ms latency, downloads "
         f"charged), digits MLP (held-out 20 %), N workers one per device; host i: link "
         f"{' '.join(f'{x:g}' for x in LINKS_MBIT)} Mbit/s, slowdown {' '.join(f'{x:g}' for x in SLOWDOWNS)} "
@@ -609,6 +619,11 @@ def main() -> None:
     parser.add_argument("--no-degraded", action="store_true", help="skip the degraded-link scenario")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: N = 8, IID, one seed, 40 s budget, accuracy at 20 s")
+    parser.add_argument("--cost-model", default="default", metavar="SPEC",
+                        help="the cost model (trainers/costmodels.py): a preset (" + ", ".join(costmodels.PRESETS)
+                             + "), a .toml file, either with :KEY=VALUE,... overrides; its compute, latency and "
+                               "bandwidth replace the default's, the hosts' slowdowns and links stay unless it sets "
+                               "its own")
     parser.add_argument("--out", default=str(RESULTS / "dlion"), help="output path without suffix")
     parser.add_argument("--log", help="JSON lines of finished runs (default: $TMPDIR/edgestream-bench-NAME.runs.jsonl)")
     parser.add_argument("--resume", action="store_true", help="reuse the runs of the log with the same settings")
@@ -632,6 +647,7 @@ def main() -> None:
     for needed in ("bsp", "gossip", "dlion"):  # the baselines of every ratio
         if needed not in rows:
             rows.insert(0, needed)
+    named = matrix.resolve_cost_model(parser, args.cost_model, tuple(nodes))
     # Interleaved: every row of a (partition, N, seed) back to back.
     tasks = [Task("main", p, n, seed, row) for n in nodes for seed in seeds for p in partitions
              for row in rows + (list(ABLATIONS) if n in ablation_nodes else [])]
@@ -643,17 +659,17 @@ def main() -> None:
     done: list[dict[str, Any]] = []
     if args.resume and log.exists():
         done = [r for r in (json.loads(x) for x in log.read_text().splitlines() if x.strip())
-                if r.get("settings") == asdict(s)]
+                if r.get("settings") == asdict(s) and gossip_bench.same_cost_model(r, named.model)]
     elif log.exists():
         log.unlink()
-    raw = run_all(tasks, s, args.jobs, log, done)
+    raw = run_all(tasks, s, args.jobs, log, done, named.model)
     seconds = sum(r["wall_s"] for r in raw) / max(1, args.jobs)
     cells = summarise(raw, s)
     verdicts = goals(cells, s)
     command = "python -m edgestream bench dlion " + " ".join(sys.argv[1:])
     versions = sorted({r.get("dlion_code") or "not recorded" for r in raw})
     md = (f"## DLion vs BSP and gossip (simulated clock)\n\nCommand: `{command}`; trainers/strategies/dlion.py at "
-          f"{'; '.join(versions)}\n\n" + main_markdown(cells, s, seeds, seconds)
+          f"{'; '.join(versions)}\n\n" + main_markdown(cells, s, seeds, seconds, named)
           + "\n\n" + ablation_markdown(cells, s) + "\n\n" + degraded_markdown(raw, s)
           + "\n\n### The paper's claims (SEEDS.md section 4) against the medians\n\n"
           + "\n".join(f"- {v}" for v in verdicts) + "\n")
@@ -671,7 +687,7 @@ def main() -> None:
         "settings": asdict(s), "seeds": seeds, "nodes": nodes, "ablation_nodes": ablation_nodes,
         "partitions": partitions, "rows": rows, "slowdowns": list(SLOWDOWNS), "links_mbit": list(LINKS_MBIT),
         "dlion_params": matrix.dlion_params(_ms(s)),
-        "cost_model": asdict(simclock.CostModel()),
+        "cost_model": asdict(named.model), "cost_model_name": named.name, "cost_model_source": named.source,
         "accuracy": "mean of the nodes' held-out accuracies (each node evaluates its own model); BSP: its model",
         "sweep_seconds": seconds, "jobs": args.jobs, "goals": verdicts, "runs": raw, "cells": cells,
     }, indent=1, default=str))

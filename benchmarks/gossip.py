@@ -41,6 +41,10 @@ time), gossip_traffic.png. Never asserts.
     python -m edgestream bench gossip [--repeats 3 | --seeds 0,1,2] [--jobs 1] [--budget 120] [--acc-budget 60]
         [--scale 2] [--partitions iid,dirichlet] [--lags 1] [--rows ...] [--topology ring] [--edge-window 0.3]
         [--quick] [--no-traffic] [--no-main] [--out PATH] [--log RUNS.jsonl [--resume]]
+        [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+
+``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and bandwidth replace
+the default cost model's; the slowdowns stay unless it sets its own.
 """
 
 from __future__ import annotations
@@ -58,14 +62,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgestream.benchmarks import strategies as matrix  # strategies.py: BSP's row, censored medians
-from edgestream.trainers import simclock
+from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.evaluation import time_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,21 +168,24 @@ def _node(p: simclock.ProcessReport, total_s: float, warmup_s: float) -> dict[st
     }
 
 
-def run_task(task: Task, s: Settings) -> dict[str, Any]:
+def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) -> dict[str, Any]:
+    """One run; ``base``: the cost model (default ``CostModel()``), whose slowdowns, if it sets
+    any, replace the main comparison's."""
     started = time.monotonic()
+    base = simclock.CostModel() if base is None else base
     if task.kind == "traffic":
         streams = simclock.StreamSet.from_fleet("digits", (s.traffic_rate_hz,) * task.workers, partition="iid",
                                                 seed=task.seed, message_interval_s=s.message_interval_s)
         config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
                                     eval_every_s=1.0, target_accuracy=None, time_budget_s=s.traffic_budget_s,
                                     evaluate_workers=True)
-        costs = simclock.CostModel()
+        costs = base
     else:
         streams = _streams(task.partition, task.seed, s.scale, s.message_interval_s)
         config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
                                     eval_every_s=s.eval_every_s, target_accuracy=s.target,
                                     time_budget_s=s.budget_s, min_time_s=s.acc_budget_s, evaluate_workers=True)
-        costs = simclock.CostModel(slowdowns=matrix.SLOWDOWN)
+        costs = costmodels.with_worker_lists(base, matrix.SLOWDOWN)
     mode = mode_for(task.row, streams, s, task.topology)
     report = simclock.run(mode, streams, costs, config)
     workers = [p for p in report.processes if p.name != simclock.SERVER_NAME]
@@ -188,7 +195,7 @@ def run_task(task: Task, s: Settings) -> dict[str, Any]:
     node_acc = {w: matrix.accuracy_at([(t, a, 0) for t, a in tl], s.acc_budget_s)
                 for w, tl in report.worker_timelines.items()}
     return {
-        **asdict(task), "settings": asdict(s),
+        **asdict(task), "settings": asdict(s), "cost_model": asdict(base),
         "tta_s": report.tta_s, "acc_at_budget": matrix.accuracy_at(report.timeline, s.acc_budget_s),
         "final_accuracy": report.final_accuracy, "sim_time_s": report.sim_time_s, "stopped": report.stopped,
         "node_acc_at_budget": node_acc,
@@ -222,10 +229,17 @@ def _init() -> None:
 
 
 def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path | None = None,
-            done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+            done: list[dict[str, Any]] | None = None, base: simclock.CostModel | None = None) -> list[dict[str, Any]]:
     """Every task's result; each one is also appended to ``log`` (JSON lines) as it ends, and
     tasks whose result is in ``done`` (an earlier log of the same settings) are not run again."""
-    return run_logged(run_task, tasks, s, jobs, log, done or [], _key, _line)
+    return run_logged(partial(run_task, base=base), tasks, s, jobs, log, done or [], _key, _line)
+
+
+def same_cost_model(run: dict[str, Any], model: simclock.CostModel) -> bool:
+    """A logged run was made with ``model`` (runs logged before the cost model was recorded
+    were made with the default)."""
+    recorded = run.get("cost_model", asdict(simclock.CostModel()))
+    return json.loads(json.dumps(recorded)) == json.loads(json.dumps(asdict(model)))
 
 
 def run_logged(run: Callable[[Any, Any], dict[str, Any]], tasks: list[Any], s: Any, jobs: int,
@@ -365,11 +379,12 @@ def _at(timeline: list[list[float]] | list[tuple[float, float]], t: float) -> fl
 
 
 def main_markdown(cells: dict[str, Any], s: Settings, rows: list[str], partitions: list[str], seeds: list[int],
-                  seconds: float) -> str:
-    d = simclock.CostModel()
+                  seconds: float, costs: costmodels.NamedCostModel | None = None) -> str:
+    named = costs or costmodels.PRESETS["default"]
+    d = named.model
     rates = " ".join(f"{r:g}" for r in simclock.scadles_rates(s.scale))
     lines = [
-        f"Simulated clock (trainers/simclock.py; default cost model: step ({d.compute_base_s * 1e3:g} ms + "
+        f"Simulated clock (trainers/simclock.py; {named.name} cost model: step ({d.compute_base_s * 1e3:g} ms + "
         f"{d.compute_per_record_s * 1e3:g} ms/record) x slowdown, {d.latency_s * 1e3:g} ms latency, "
         f"{d.bandwidth_bytes_per_s * 8 / 1e6:g} Mbit/s links), digits MLP (held-out 20 %), {WORKERS} workers one per "
         f"device, rates {rates} records/s (ScaDLES x {s.scale:g}), slowdowns "
@@ -577,6 +592,10 @@ def main() -> None:
     parser.add_argument("--no-main", action="store_true", help="only the traffic sweep")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, IID only, 40 s budget, accuracy at 30 s, traffic at N = 4, 8 (a smoke run)")
+    parser.add_argument("--cost-model", default="default", metavar="SPEC",
+                        help="the cost model (trainers/costmodels.py): a preset (" + ", ".join(costmodels.PRESETS)
+                             + "), a .toml file, either with :KEY=VALUE,... overrides; its compute, latency and "
+                               "bandwidth replace the default's, the slowdowns stay unless it sets its own")
     parser.add_argument("--out", default=str(RESULTS / "gossip"), help="output path without suffix")
     parser.add_argument("--log", help="append every finished run to this JSON-lines file "
                                       "(default: $TMPDIR/edgestream-bench-NAME.runs.jsonl)")
@@ -601,6 +620,7 @@ def main() -> None:
     if args.seeds:
         seeds = [int(x) for x in args.seeds.split(",") if x]
         s = replace(s, repeats=len(seeds), first_seed=seeds[0])
+    named = matrix.resolve_cost_model(parser, args.cost_model, (WORKERS, *([] if args.no_traffic else sizes)))
     tasks: list[Task] = []
     if not args.no_main:
         # Interleaved: every row of a (partition, seed) back to back.
@@ -618,16 +638,16 @@ def main() -> None:
     done = []
     if args.resume and log.exists():
         lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        done = [r for r in lines if r.get("settings") == asdict(s)]
+        done = [r for r in lines if r.get("settings") == asdict(s) and same_cost_model(r, named.model)]
     elif log.exists():
         log.unlink()
-    raw = run_all(tasks, s, args.jobs, log, done)
+    raw = run_all(tasks, s, args.jobs, log, done, named.model)
     seconds = sum(r["wall_s"] for r in raw) / max(1, args.jobs)  # also right for resumed runs
     cells = summarise(raw, s, rows, partitions)
     verdicts = goals(cells, partitions, lags)
     md = ""
     if not args.no_main:
-        md += main_markdown(cells, s, rows, partitions, seeds, seconds)
+        md += main_markdown(cells, s, rows, partitions, seeds, seconds, named)
         for partition in partitions:
             md += "\n\n" + node_markdown(raw, rows, partition, seeds[0])
     if not args.no_traffic:
@@ -646,7 +666,7 @@ def main() -> None:
         "versions": {"torch": torch.__version__, "numpy": np.__version__},
         "settings": asdict(s), "seeds": seeds, "partitions": partitions, "rows": rows, "lags": lags,
         "slowdowns": list(matrix.SLOWDOWN), "rates": list(simclock.scadles_rates(s.scale)),
-        "cost_model": asdict(simclock.CostModel()),
+        "cost_model": asdict(named.model), "cost_model_name": named.name, "cost_model_source": named.source,
         "accuracy": "mean of the nodes' held-out accuracies (each node evaluates its own model)",
         "sweep_seconds": seconds, "jobs": args.jobs, "goals": verdicts,
         "runs": raw, "cells": cells,

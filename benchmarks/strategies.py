@@ -54,11 +54,18 @@ BENCHMARKS.md, each with IID and Dirichlet(0.3) digits:
 
 (the issue's "(d) = (c) with Dirichlet" is the ``both`` column with Dirichlet data).
 All rates times ``--scale`` (2, as benchmarks/time_to_accuracy.py). Every cell runs on the
-simulated clock (trainers/simclock.py) with two cost models: the simulator's default
-``CostModel`` and one calibrated to this machine (``compute_gradient`` timed with one
-torch thread, fitted ``c0 + c1 * b``; transfer as the default: 100 Mbit/s, 2 ms, real
-encoded message sizes). "Equal links" are hosts at 100 Mbit/s; with per-host links the
-simulator also charges downloads (every record of a subscribed channel, over the host's
+simulated clock (trainers/simclock.py) with each cost model of ``--cost-model`` (by default
+two: the simulator's default ``CostModel`` and ``calibrated``, one calibrated to this
+machine: ``compute_gradient`` timed with one torch thread, fitted ``c0 + c1 * b``; transfer
+as the default: 100 Mbit/s, 2 ms, real encoded message sizes). ``--cost-model SPEC``
+(repeatable; ``--costs a,b`` is the older spelling, one spec per item) takes ``calibrated``
+or any spec of trainers/costmodels.py: a preset (``default``, ``edge-compute``,
+``edge-network``), a ``.toml`` file, either with ``:KEY=VALUE,...`` overrides; each is one
+cost model of the matrix, by its name. The regime's slowdowns and host links apply unless
+the cost model sets its own lists (``slowdowns``, ``links_mbit``; its ``fill`` rule then
+applies). "Equal links" are hosts at the cost model's ``bandwidth_mbit`` (100 Mbit/s for
+default and calibrated); the network regime's links are absolute Mbit/s. With per-host links
+the simulator also charges downloads (every record of a subscribed channel, over the host's
 link). Figures: TTA (90 % held for 3 evaluations) as a ratio to BSP's on the same seed
 and as a multiple of the oracle's, and accuracy at ``--acc-budget``; medians of
 ``--repeats`` seeds with the min-max spread.
@@ -70,6 +77,7 @@ Never asserts.
 
     python -m edgestream bench strategies [--repeats 3] [--jobs 2] [--budget 120] [--acc-budget 60]
         [--regimes rates,compute,both,network] [--partitions iid,dirichlet] [--rows bsp,asp,...]
+        [--cost-model default --cost-model calibrated --cost-model edge-network --cost-model my.toml ...]
         [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--real-workers 10] [--bootstrap HOST:PORT]
         [--reuse-matrix results/strategies.json [--rerun ROWS]] [--real-from OLD.json] [--real-first-seed N]
 
@@ -108,7 +116,7 @@ from typing import Any
 import numpy as np
 
 from edgestream.streams.profiles import SCADLES_RATES
-from edgestream.trainers import simclock, strategies
+from edgestream.trainers import costmodels, simclock, strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -136,7 +144,10 @@ DLION_ROWS = {"dlion": {}, "dlion-wb": {"weighted_batching": False}, "dlion-prio
 #: job's accuracy is the mean of the nodes' (``RunConfig.evaluate_workers``).
 MEAN_OF_NODES_ROWS = ("gossip", "edgegossip", *DLION_ROWS)
 PARTITIONS = ("iid", "dirichlet")
+#: The matrix's cost models without ``--cost-model``: ``calibrated`` is this benchmark's own
+#: (measured at the start of a run), every other name a spec of trainers/costmodels.py.
 COST_MODELS = ("default", "calibrated")
+CALIBRATED = "calibrated"
 
 
 @dataclass(frozen=True)
@@ -414,12 +425,46 @@ def calibrate(sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256), rounds: int = 
     }
 
 
-def cost_model(kind: str, regime: Regime, calibration: dict[str, Any] | None) -> simclock.CostModel:
-    default = simclock.CostModel()
-    base = default if kind == "default" else replace(
-        default, compute_base_s=calibration["compute_base_s"], compute_per_record_s=calibration["compute_per_record_s"])
-    return replace(base, slowdowns=regime.slowdowns,
-                   link_bandwidths_bytes_per_s=tuple(m * 1e6 / 8 for m in regime.links_mbit))
+def calibrated_model(calibration: dict[str, Any]) -> simclock.CostModel:
+    """The default cost model with this machine's compute (``calibrate``'s fit)."""
+    return replace(simclock.CostModel(), compute_base_s=calibration["compute_base_s"],
+                   compute_per_record_s=calibration["compute_per_record_s"])
+
+
+def equal_links(regime: Regime) -> bool:
+    """The regime's hosts all have the same link (``EQUAL_MBIT``): "links equal"."""
+    return all(m == EQUAL_MBIT for m in regime.links_mbit)
+
+
+def cost_model(kind: str, regime: Regime, calibration: dict[str, Any] | None,
+               models: dict[str, simclock.CostModel] | None = None) -> simclock.CostModel:
+    """Cost model ``kind`` (a name of ``models``; ``default`` and ``calibrated`` without it) in
+    ``regime``: the regime's slowdowns and host links where the model sets no lists of its own.
+    Equal links are hosts at the model's own ``bandwidth_bytes_per_s`` (100 Mbit/s, as
+    ``EQUAL_MBIT``, for default and calibrated); the network regime's links are absolute."""
+    if models is not None and kind in models:
+        base = models[kind]
+    elif kind == CALIBRATED:
+        base = calibrated_model(calibration)
+    else:
+        base = simclock.CostModel()
+    links = ((base.bandwidth_bytes_per_s,) * len(regime.links_mbit) if equal_links(regime)
+             else tuple(m * 1e6 / 8 for m in regime.links_mbit))
+    return costmodels.with_worker_lists(base, regime.slowdowns, links)
+
+
+def resolve_cost_model(parser: argparse.ArgumentParser, spec: str,
+                       workers: tuple[int, ...] = ()) -> costmodels.NamedCostModel:
+    """``--cost-model SPEC`` of a simulated benchmark (trainers/costmodels.py), checked for runs
+    of each of ``workers`` workers (its own lists and fill rule); a bad one ends the program
+    with one line naming the problem, exit 2 (a usage error)."""
+    try:
+        named = costmodels.resolve(spec)
+        for n in sorted(set(workers)):
+            costmodels.fit(named, n)
+    except costmodels.CostModelError as exc:
+        parser.exit(2, f"{parser.prog}: --cost-model: {exc}\n")
+    return named
 
 
 # -- one run ---------------------------------------------------------------------------------
@@ -441,8 +486,10 @@ class Task:
     cost: str | None  # None for the oracle (zero cost)
 
 
-def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None) -> dict[str, Any]:
-    """One simulated run; a JSON-able dict of its raw figures."""
+def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None,
+             models: dict[str, simclock.CostModel] | None = None) -> dict[str, Any]:
+    """One simulated run; a JSON-able dict of its raw figures (``models``: the cost models by
+    name, see :func:`cost_model`)."""
     started = time.monotonic()
     streams = _streams(task.regime, task.partition, task.seed, s.scale, s.message_interval_s)
     config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
@@ -454,7 +501,8 @@ def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None) -> dic
         report = simclock.oracle(streams, config, base)
     else:
         mode = row_modes(streams, s)[task.row]
-        report = simclock.run(mode, streams, cost_model(task.cost, regimes()[task.regime], calibration), config)
+        report = simclock.run(mode, streams, cost_model(task.cost, regimes()[task.regime], calibration, models),
+                              config)
     return {
         **asdict(task), "tta_s": report.tta_s,
         "acc_at_budget": accuracy_at(report.timeline, s.acc_budget_s),
@@ -489,18 +537,18 @@ def _worker_init() -> None:
 
 
 def run_matrix(tasks: list[Task], s: Settings, calibration: dict[str, Any] | None, jobs: int,
-               progress=print) -> list[dict[str, Any]]:
+               progress=print, models: dict[str, simclock.CostModel] | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if jobs <= 1:
         _worker_init()
         for i, task in enumerate(tasks, 1):
-            out.append(run_task(task, s, calibration))
+            out.append(run_task(task, s, calibration, models))
             progress(_progress_line(i, len(tasks), out[-1]))
         return out
     import multiprocessing
 
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init) as pool:
-        futures = [pool.submit(run_task, task, s, calibration) for task in tasks]
+        futures = [pool.submit(run_task, task, s, calibration, models) for task in tasks]
         for i, future in enumerate(as_completed(futures), 1):
             out.append(future.result())
             progress(_progress_line(i, len(tasks), out[-1]))
@@ -604,7 +652,8 @@ def _cell(m: dict[str, Any] | None, fmt: str = "{:.2f}", spread: bool = True) ->
 
 
 def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[tuple[str, str]], costs: list[str],
-             calibration: dict[str, Any] | None, seconds: float, seeds: list[int], notes: list[str]) -> str:
+             calibration: dict[str, Any] | None, seconds: float, seeds: list[int], notes: list[str],
+             models: dict[str, simclock.CostModel] | None = None) -> str:
     reg = regimes()
     lines = [
         f"Simulated clock, digits (held-out 20 %), 10 devices, one worker each; rates x{s.scale:g}; "
@@ -621,7 +670,7 @@ def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[
             f"| {name} | {' '.join(f'{x:g}' for x in g.rates)} | {' '.join(f'{x:g}' for x in g.slowdowns)} "
             f"| {' '.join(f'{x:g}' for x in g.links_mbit)} | {heterogeneity(g.rates):.2f} "
             f"| {heterogeneity(tuple(1 / x for x in g.slowdowns)):.2f} | {heterogeneity(g.links_mbit):.2f} |")
-    lines += ["", "Cost models: " + cost_line(calibration), "", "Rows: " + rows_line(s), ""]
+    lines += ["", "Cost models: " + cost_line(calibration, models), "", "Rows: " + rows_line(s), ""]
     header = "| row | " + " | ".join(f"{r} {p}" for r, p in columns) + " |"
     rule = "|---|" + "---:|" * len(columns)
     for cost in costs:
@@ -677,7 +726,9 @@ def rows_line(s: Settings) -> str:
             f"held-out accuracies (each evaluates its own model) (benchmarks/strategies.py has the details).")
 
 
-def cost_line(calibration: dict[str, Any] | None) -> str:
+def cost_line(calibration: dict[str, Any] | None, models: dict[str, simclock.CostModel] | None = None) -> str:
+    """The cost models, one clause each: default and calibrated as always, then every other of
+    ``models`` (by name)."""
     d = simclock.CostModel()
     text = (f"default: step {d.compute_base_s * 1e3:g} ms + {d.compute_per_record_s * 1e3:g} ms/record, "
             f"latency {d.latency_s * 1e3:g} ms, {d.bandwidth_bytes_per_s * 8 / 1e6:g} Mbit/s")
@@ -685,7 +736,11 @@ def cost_line(calibration: dict[str, Any] | None) -> str:
         text += (f"; calibrated (this machine, mlp compute_gradient, 1 torch thread): step "
                  f"{calibration['compute_base_s'] * 1e3:.3f} ms + {calibration['compute_per_record_s'] * 1e6:.2f} "
                  f"us/record, transfer as the default")
-    return text + ". Step time x the device's slowdown; equal links = every host at 100 Mbit/s (up and down)."
+    others = {name: m for name, m in (models or {}).items() if name not in ("default", CALIBRATED)}
+    for name, model in others.items():
+        text += f"; {name}: {costmodels.describe(model)}"
+    equal = "100 Mbit/s" if not others else "the cost model's bandwidth (100 Mbit/s for default and calibrated)"
+    return text + f". Step time x the device's slowdown; equal links = every host at {equal} (up and down)."
 
 
 # -- heat map --------------------------------------------------------------------------------
@@ -1091,6 +1146,33 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
 # -- main ------------------------------------------------------------------------------------
 
 
+def cost_models_of(parser: argparse.ArgumentParser, specs: list[str], workers: tuple[int, ...]
+                   ) -> tuple[list[str], dict[str, simclock.CostModel], dict[str, str]]:
+    """``--cost-model`` specs as the matrix's cost model names (in order), the models by name
+    (``calibrated`` left out: it is measured later) and where each came from. A bad spec, two
+    with the same name, ``calibrated`` with overrides, or a list too short for ``workers``
+    under ``fill = "error"`` ends the program with one line, exit 2."""
+    names: list[str] = []
+    models: dict[str, simclock.CostModel] = {}
+    sources: dict[str, str] = {}
+    for spec in specs:
+        if spec.strip() == CALIBRATED:
+            name, source = CALIBRATED, "measured on this machine (calibrate)"
+        elif spec.strip().startswith(CALIBRATED + ":"):
+            parser.exit(2, f"{parser.prog}: --cost-model: {CALIBRATED} is measured at the start of the run and takes "
+                           f"no overrides; give a preset or a .toml file with the values instead\n")
+        else:
+            named = resolve_cost_model(parser, spec, workers)
+            name, source = named.name, named.source
+            models[name] = named.model
+        if name in names:
+            parser.exit(2, f"{parser.prog}: --cost-model: two cost models are named {name!r}; give one a `name` "
+                           f"(in its file, or an override name=...)\n")
+        names.append(name)
+        sources[name] = source
+    return names, models, sources
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=Settings.repeats, help="seeds per cell (median and min-max)")
@@ -1102,7 +1184,13 @@ def main() -> None:
     parser.add_argument("--partitions", default=",".join(PARTITIONS), help="comma list of iid, dirichlet")
     parser.add_argument("--rows", help=f"comma list of rows (default: {', '.join(ROWS)}, and any registered "
                                        "strategy without a tuned row, with its defaults)")
-    parser.add_argument("--costs", default=",".join(COST_MODELS), help="comma list of default, calibrated")
+    parser.add_argument("--cost-model", action="append", metavar="SPEC", dest="cost_models",
+                        help="one cost model of the matrix (repeatable): calibrated (measured on this machine at the "
+                             "start), a preset (" + ", ".join(costmodels.PRESETS) + "), a .toml file, either with "
+                             ":KEY=VALUE,... overrides (lists a/b/c), e.g. default:latency_s=0.05; `edgestream costs` "
+                             "lists the presets. Default: " + ", ".join(COST_MODELS))
+    parser.add_argument("--costs", metavar="SPEC,...",
+                        help="the older spelling: a comma list of cost models, each as one --cost-model")
     parser.add_argument("--real", metavar="SUBSET",
                         help="also run REGIME/PARTITION:ROWS on the real broker, e.g. both/iid:bsp,scadles,asp")
     parser.add_argument("--real-repeats", type=int, default=1, help="seeds of the real subset")
@@ -1136,10 +1224,12 @@ def main() -> None:
     reg = regimes()
     regime_names = [r for r in args.regimes.split(",") if r]
     partitions = [p for p in args.partitions.split(",") if p]
-    costs = [c for c in args.costs.split(",") if c]
-    bad = (set(regime_names) - set(reg)) | (set(partitions) - set(PARTITIONS)) | (set(costs) - set(COST_MODELS))
+    bad = (set(regime_names) - set(reg)) | (set(partitions) - set(PARTITIONS))
     if bad:
-        parser.error(f"unknown regimes, partitions or cost models: {sorted(bad)}")
+        parser.error(f"unknown regimes or partitions: {sorted(bad)}")
+    specs = [c for c in (args.costs or "").split(",") if c] + list(args.cost_models or [])
+    costs, models, sources = cost_models_of(parser, specs or list(COST_MODELS),
+                                            tuple(len(reg[r].rates) for r in regime_names))
     rows = [r for r in (args.rows or ",".join(ROWS)).split(",") if r]
     notes = []
     # Registered strategies without a tuned row join the default matrix (not an explicit --rows).
@@ -1173,7 +1263,7 @@ def main() -> None:
         if differ:
             parser.error(f"--reuse-matrix: settings differ: {previous['settings']} vs {asdict(s)}")
         calibration = previous["cost_models"].get("calibrated")
-    elif "calibrated" in costs or real is not None:
+    elif CALIBRATED in costs or real is not None:
         print("calibrating: timing compute_gradient (mlp, 1 torch thread) ...", flush=True)
         calibration = calibrate()
         print(f"  c0 = {calibration['compute_base_s'] * 1e3:.3f} ms, c1 = {calibration['compute_per_record_s'] * 1e6:.2f} "
@@ -1195,7 +1285,8 @@ def main() -> None:
             # Rows whose code changed since: simulated again, the rest kept (same settings and seeds).
             print(f"simulating {len(again)} runs of {', '.join(rerun)} again on {args.jobs} processes ...", flush=True)
             started = time.monotonic()
-            raw += run_matrix(again, s, calibration, args.jobs, progress=lambda line: print(line, flush=True))
+            raw += run_matrix(again, s, calibration, args.jobs, progress=lambda line: print(line, flush=True),
+                              models=models)
             notes.append(f"rows {', '.join(rerun)} simulated again ({(time.monotonic() - started) / 60:.1f} min) "
                          f"after a code change; the other rows are from the earlier run")
             order = {(t.regime, t.partition, t.seed, t.row, t.cost): i for i, t in enumerate(tasks)}
@@ -1203,11 +1294,12 @@ def main() -> None:
     else:
         print(f"{len(tasks)} simulated runs on {args.jobs} processes ...", flush=True)
         started = time.monotonic()
-        raw = run_matrix(tasks, s, calibration, args.jobs, progress=lambda line: print(line, flush=True))
+        raw = run_matrix(tasks, s, calibration, args.jobs, progress=lambda line: print(line, flush=True),
+                         models=models)
         seconds = time.monotonic() - started
     cells = summarise(raw, s, rows, columns, costs)
     md = "## Strategy matrix (simulated clock)\n\n" + markdown(cells, s, rows, columns, costs, calibration, seconds,
-                                                               seeds, notes)
+                                                               seeds, notes, models)
     staged = stage_split_runs(s, seeds, partitions) if args.rows is None else []
     if staged:
         md += "\n\n" + stage_split_markdown(staged, s)
@@ -1249,7 +1341,9 @@ def main() -> None:
                            "H_links": heterogeneity(reg[name].links_mbit)} for name in regime_names},
         "partitions": partitions, "rows": rows, "cost_models": {
             "default": asdict(simclock.CostModel()),
+            **{name: asdict(model) for name, model in models.items()},
             **({"calibrated": calibration} if calibration else {})},
+        "cost_model_sources": sources,
         "matrix_seconds": seconds, "jobs": args.jobs, "notes": notes,
         "runs": raw, "cells": cells, "real": real_entries, "stage_split": staged,
     }, indent=1, default=str))

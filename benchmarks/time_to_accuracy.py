@@ -226,9 +226,11 @@ def simulated(s: Settings, partitions: list[str], modes: list[str],
             max_batch=MAX_BATCH, epoch_steps=10, message_interval_s=0.05, rates=rates,
             # Per step on this machine: ~1 ms of torch, but ~20 ms of executor hops and Kafka
             # round trips with ten workers sharing two cores; a 100 Mbit/s, 10 ms link.
+            # A --slowdown shorter than the devices repeats, as the real run's workers.slowdown
+            # does (the default gives one per device; "1" is all 1 either way).
             costs=simclock.CostModel(compute_base_s=0.02, compute_per_record_s=2e-5,
                                      slowdowns=tuple(s.slowdown), latency_s=0.01,
-                                     bandwidth_bytes_per_s=12.5e6),
+                                     bandwidth_bytes_per_s=12.5e6, fill="cycle"),
         )
         out[partition] = reports
     out["seconds"] = time.monotonic() - started

@@ -21,6 +21,7 @@ from edgestream.cli import (
     acl,
     bench,
     broker,
+    costs,
     examples,
     models,
     monitoring,
@@ -42,7 +43,7 @@ DEBUG_ENV = "EDGESTREAM_DEBUG"
 #: The command groups, in the order `edgestream --help` lists them: each has
 #: ``register(subparsers, add_job_args)``, which adds its parsers with ``set_defaults(func=...)``;
 #: ``func(args) -> int``.
-COMMANDS = (broker, simulate, worker, acl, run, bench, monitoring, record, testbed, models, examples)
+COMMANDS = (broker, simulate, worker, acl, run, bench, costs, monitoring, record, testbed, models, examples)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -86,6 +86,10 @@ class DataSection:
     dirichlet_alpha: float = 0.3
     classes_per_device: int = 2
     heldout_fraction: float = 0.2
+    #: Share of the streamed part (stratified, seeded) kept back as the validation split:
+    #: never streamed, the only data a strategy's decisions are scored on (EdgeGossip's
+    #: mixing and plateau decay, DLion's knowledge transfer); 0: none (they get no score).
+    validation_fraction: float = 0.1
     synthetic_samples: int = 6000
     #: Declared range of every feature value; records outside are dead-lettered as
     #: ``out_of_range``. ``auto``: the source's own declaration (digits: [0, 1]; synthetic
@@ -427,6 +431,9 @@ class JobConfig:
         _non_negative("data.duplicate_window", self.data.duplicate_window)
         if not 0 < self.data.heldout_fraction < 1:
             raise ConfigError(f"data.heldout_fraction must lie in (0, 1) (got {self.data.heldout_fraction})")
+        if not 0 <= self.data.validation_fraction < 1:
+            raise ConfigError(f"data.validation_fraction must lie in [0, 1) (got {self.data.validation_fraction}; "
+                              "0 keeps no validation split)")
         _choice("data.partition", self.data.partition, ("iid", "dirichlet", "classes"))
         _choice("buffer.policy", self.buffer.policy, ("persist", "truncate", "backpressure"))
         _choice("batcher.mode", self.batcher.mode, ("window", "fixed"))

@@ -3,7 +3,7 @@
 Names follow ``edgestream_<noun>_<unit>`` with base units (seconds, bytes, ``_total``
 for counters). Labels are bounded: ``device`` (configured streams), ``worker``
 (configured workers), ``reason`` (fixed slug sets), ``codec`` and ``strategy``
-(registry names), ``split`` (``train`` | ``heldout`` | ``prequential`` |
+(registry names), ``split`` (``train`` | ``heldout`` | ``validation`` | ``prequential`` |
 ``prequential_recent``), ``state`` (the ledger's five states), ``member`` and ``peer``
 (configured workers and the server), ``param`` (``LOSS_FIT_PARAMS``), ``index``
 (``0 .. dim - 1`` of the model sketch, 32 by default).
@@ -203,11 +203,11 @@ class Metrics:
             ["worker"], registry=r,
         )
         self.loss = Gauge(
-            "edgestream_loss", "Latest loss (train: last step; heldout: last evaluation)",
+            "edgestream_loss", "Latest loss (train: last step; heldout: last evaluation; validation: what a strategy decides from)",
             ["worker", "split"], registry=r,
         )
         self.accuracy = Gauge(
-            "edgestream_accuracy_ratio", "Latest accuracy in [0, 1] (train: last step; heldout: last evaluation)",
+            "edgestream_accuracy_ratio", "Latest accuracy in [0, 1] (train: last step; heldout: last evaluation; validation: what a strategy decides from)",
             ["worker", "split"], registry=r,
         )
         # --- synchronisation --------------------------------------------------------------
@@ -458,9 +458,11 @@ class Metrics:
         self.accuracy.labels(worker, "prequential_recent").set(recent_accuracy)
         self.loss.labels(worker, "prequential_recent").set(recent_loss)
 
-    def record_evaluation(self, worker: str, loss: float, accuracy: float) -> None:
-        self.loss.labels(worker, "heldout").set(loss)
-        self.accuracy.labels(worker, "heldout").set(accuracy)
+    def record_evaluation(self, worker: str, loss: float, accuracy: float, split: str = "heldout") -> None:
+        """The latest evaluation on ``split``: ``heldout`` (the test split, reported) or
+        ``validation`` (what a strategy's decisions are scored on)."""
+        self.loss.labels(worker, split).set(loss)
+        self.accuracy.labels(worker, split).set(accuracy)
 
     def record_consumer_lag(self, lag_by_device: Mapping[str, int]) -> None:
         for device, lag in lag_by_device.items():

@@ -899,8 +899,14 @@ class TrainingRuntime:
                                       "observations": {k: v for k, v in observed.items() if v is not None}},
                                      default=float) + "\n")
             return
-        result, outbound = await self._call(self.driver.evaluate, self.data.heldout.features,
-                                            self.data.heldout.labels)
+        # The reported accuracy (held-out test split) reaches no strategy; a strategy that
+        # decides from a score gets its model's score on the validation split.
+        result = await self._call(self.driver.evaluate, self.data.heldout.features, self.data.heldout.labels)
+        outbound: list[Outbound] = []
+        validation = self.data.validation
+        if validation is not None and self.strategy.uses_validation:
+            scored, outbound = await self._call(self.driver.validate, validation.features, validation.labels)
+            self.metrics.record_evaluation(self.name, float(scored.loss), float(scored.accuracy), split="validation")
         self.stats.accuracy = float(result.accuracy)
         preq = self.driver.prequential
         with open(self.evaluations_path, "a") as out:  # the accuracy timeline (TTA benchmarks, plots)

@@ -17,6 +17,7 @@ __all__ = [
     "load_source",
     "source_names",
     "split_heldout",
+    "stratified_mask",
 ]
 
 # Size of the synthetic set when `load_source("synthetic")` is not given `n`.
@@ -232,6 +233,27 @@ def load_source(name: str, seed: int = 0, **params: Any) -> Dataset:
     return loader(seed, **params)
 
 
+def stratified_mask(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """A boolean mask over ``labels`` choosing a stratified ``fraction`` of every class, fixed
+    by ``seed``: round(fraction * count), but at least one and at most count - 1, of each
+    class with at least two samples (a class with one sample is never chosen)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"held-out fraction must lie in (0, 1), got {fraction}")
+    rng = np.random.default_rng(seed)
+    chosen: list[np.ndarray] = []
+    for label in np.unique(labels):
+        class_indices = np.flatnonzero(labels == label)
+        count = class_indices.size
+        if count < 2:
+            continue
+        take = min(max(int(round(fraction * count)), 1), count - 1)
+        chosen.append(rng.permutation(class_indices)[:take])
+    mask = np.zeros(len(labels), dtype=bool)
+    if chosen:
+        mask[np.concatenate(chosen)] = True
+    return mask
+
+
 def split_heldout(ds: Dataset, fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
     """Split into (streamed, held-out) parts, stratified by class and fixed by `seed`.
 
@@ -240,18 +262,5 @@ def split_heldout(ds: Dataset, fraction: float = 0.2, seed: int = 0) -> tuple[Da
     parts keep the original sample order, so a drifting source stays in time
     order. The held-out part is for evaluation and is never streamed.
     """
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"held-out fraction must lie in (0, 1), got {fraction}")
-    rng = np.random.default_rng(seed)
-    heldout_parts: list[np.ndarray] = []
-    for label in np.unique(ds.labels):
-        class_indices = np.flatnonzero(ds.labels == label)
-        count = class_indices.size
-        if count < 2:
-            continue
-        heldout_count = min(max(int(round(fraction * count)), 1), count - 1)
-        heldout_parts.append(rng.permutation(class_indices)[:heldout_count])
-    heldout_mask = np.zeros(len(ds), dtype=bool)
-    if heldout_parts:
-        heldout_mask[np.concatenate(heldout_parts)] = True
+    heldout_mask = stratified_mask(ds.labels, fraction, seed)
     return ds.subset(np.flatnonzero(~heldout_mask)), ds.subset(np.flatnonzero(heldout_mask))

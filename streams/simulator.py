@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgestream.streams.datasets import Dataset, load_source, split_heldout
+from edgestream.streams.datasets import Dataset, load_source, split_heldout, stratified_mask
 from edgestream.streams.partition import DeviceSampler, partition
 from edgestream.streams.profiles import RateProfile, parse_profile
 from edgestream.streams.records import RecordBatch
@@ -65,7 +65,13 @@ class DeviceSimulator:
 
 @dataclass(frozen=True)
 class FleetData:
-    """The data of a job: streamed part, held-out part, and each device's share.
+    """The data of a job: streamed part, held-out part, validation part, and each device's share.
+
+    Three disjoint parts: ``train`` is what the devices stream (``shares`` index it),
+    ``heldout`` is the test split the reported accuracy is measured on, and
+    ``validation`` (None: none) is carved from the training data and never streamed:
+    the only split a strategy's decisions may be scored on (``Driver.validate``), so no
+    decision that shapes training sees the test split.
 
     ``value_range``: the declared range of every feature value, ``(lo, hi)`` as float32
     arrays of shape ``()`` or ``(F,)`` (``F`` = features per record, flattened), against
@@ -80,6 +86,7 @@ class FleetData:
     shares: dict[str, np.ndarray]
     value_range: tuple[np.ndarray, np.ndarray] | None = None
     input_stats: tuple[np.ndarray, np.ndarray] | None = None
+    validation: Dataset | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
@@ -97,20 +104,56 @@ def fleet_data(
     scheme: str = "iid",
     seed: int = 0,
     heldout_fraction: float = 0.2,
+    validation_fraction: float = 0.1,
     dirichlet_alpha: float = 0.3,
     classes_per_device: int = 2,
     source_params: dict | None = None,
 ) -> FleetData:
-    """Load a source, hold out a stratified part, and partition the rest over devices."""
+    """Load a source, hold out a stratified part, carve a validation part from the rest
+    (``validation_fraction`` of it; 0: none) and partition what remains over devices."""
     dataset = load_source(source, seed=seed, **(source_params or {}))
     train, heldout = split_heldout(dataset, fraction=heldout_fraction, seed=seed)
+    train, validation, _ = carve_validation(train, None, validation_fraction, seed)
     params: dict = {}
     if scheme == "dirichlet":
         params["alpha"] = dirichlet_alpha
     elif scheme == "classes":
         params["k"] = classes_per_device
     parts = partition(train.labels, len(devices), scheme, seed, **params)
-    return FleetData(train, heldout, dict(zip(devices, parts, strict=True)))
+    return FleetData(train, heldout, dict(zip(devices, parts, strict=True)), validation=validation)
+
+
+#: ``data.validation_fraction``'s default: the share of the streamed part kept back to score
+#: a strategy's decisions on (never streamed, never the held-out test split).
+DEFAULT_VALIDATION_FRACTION = 0.1
+#: Added to the job's seed for the validation split's draw (the held-out split uses the seed).
+VALIDATION_SEED_OFFSET = 104_729
+
+
+def carve_validation(
+    train: Dataset, shares: dict[str, np.ndarray] | None, fraction: float, seed: int
+) -> tuple[Dataset, Dataset | None, dict[str, np.ndarray] | None]:
+    """A stratified ``fraction`` of ``train`` taken out as the validation split.
+
+    Returns ``(rest, validation, shares)``: the rows that stay (in their order), the
+    validation rows (None when ``fraction`` is 0) and ``shares`` (indices into ``train``;
+    None: none given) as indices into ``rest``, with the validation rows left out, so no
+    device streams them. Deterministic from ``seed``.
+    """
+    if fraction == 0:
+        return train, None, shares
+    mask = stratified_mask(train.labels, fraction, seed + VALIDATION_SEED_OFFSET)
+    kept = np.flatnonzero(~mask)
+    rest, validation = train.subset(kept), train.subset(np.flatnonzero(mask))
+    if shares is None:
+        return rest, validation, None
+    position = np.full(len(train), -1, dtype=np.int64)
+    position[kept] = np.arange(len(kept), dtype=np.int64)
+    remapped = {}
+    for device, indices in shares.items():
+        moved = position[np.asarray(indices, dtype=np.int64)]
+        remapped[device] = moved[moved >= 0]
+    return rest, validation, remapped
 
 
 def build_simulators(

@@ -31,7 +31,8 @@ the order a worker does it:
    message instead of stream records (a later stage of a split model); the adapter runs
    them before stream steps. A refused step of either kind calls
    ``strategy.local_step_rejected``.
-5. ``evaluate(features, labels)``: held-out evaluation, handed to the strategy.
+5. ``evaluate(features, labels)``: held-out evaluation, for reporting only;
+   ``validate(features, labels)``: the validation split's score, handed to the strategy.
 
 Checkpoints (``trainers.checkpoint.CheckpointStore``) hold the trainer and strategy;
 the adapter decides when (every ``train.checkpoint_every_steps`` accepted steps).
@@ -525,8 +526,15 @@ class TrainingDriver:
         return Stepped(rejection, [], records, refused=rejection)
 
     # -- 5. evaluation --------------------------------------------------------------------------
-    def evaluate(self, features: np.ndarray, labels: np.ndarray) -> tuple[EvalResult, list[Outbound]]:
-        """Held-out accuracy and loss of the model, also handed to the strategy."""
+    def evaluate(self, features: np.ndarray, labels: np.ndarray) -> EvalResult:
+        """Accuracy and loss of the model on the held-out test split, for reporting only:
+        nothing of it reaches the strategy (decisions are scored by :meth:`validate`)."""
+        return evaluate(self.trainer.model, features, labels)
+
+    def validate(self, features: np.ndarray, labels: np.ndarray) -> tuple[EvalResult, list[Outbound]]:
+        """Accuracy and loss of the model on the validation split, handed to the strategy
+        (``on_evaluation``) with what it sends in answer. Only for a strategy with
+        ``uses_validation``; never given the held-out test split."""
         result = evaluate(self.trainer.model, features, labels)
         return result, self.encode(self.strategy.on_evaluation(result.accuracy, result.loss))
 

@@ -89,6 +89,8 @@ __all__ = [
     "interval_stats",
     "ProcessReport",
     "CostModel",
+    "CostModelError",
+    "FILLS",
     "DEFAULT_CHECKPOINT_EVERY_STEPS",
     "DEFAULT_MEMBER_TIMEOUT_S",
     "DeviceBacklog",
@@ -271,8 +273,10 @@ class StreamSet:
         profile: str = "poisson",
         message_interval_s: float = 0.1,
         seed: int = 0,
+        validation: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> StreamSet:
-        """Explicit per-device ``(x, y)`` shares (device i streams shard i, replayed endlessly)."""
+        """Explicit per-device ``(x, y)`` shares (device i streams shard i, replayed endlessly);
+        ``validation``: the split a strategy's decisions are scored on (None: none)."""
         if len(shards) != len(rates_hz):
             raise ValueError(f"{len(shards)} shards for {len(rates_hz)} rates")
         features = np.concatenate([np.asarray(x, dtype=np.float32) for x, _ in shards])
@@ -289,8 +293,21 @@ class StreamSet:
             Dataset(features, labels, classes, "arrays"),
             Dataset(held_x, held_y, classes, "heldout"),
             shares,
+            validation=None if validation is None else Dataset(
+                np.asarray(validation[0], dtype=np.float32), np.asarray(validation[1], dtype=np.int64), classes,
+                "validation"),
         )
         return cls(data, tuple(float(r) for r in rates_hz), profile, message_interval_s, seed)
+
+
+FILLS = ("error", "cycle", "ones")
+"""``CostModel.fill``: what a per-worker list shorter than the run's workers means."""
+
+
+class CostModelError(ValueError):
+    """A cost model that cannot be used as given: a bad value, or (``CostModel.for_workers``)
+    a per-worker list shorter than the run's workers under ``fill = "error"``;
+    ``trainers/costmodels.py`` raises it for bad presets, files and overrides too."""
 
 
 @dataclass(frozen=True)
@@ -298,9 +315,17 @@ class CostModel:
     """Modelled time of the two things the simulation does not measure: compute and transfer.
 
     A local step on ``b`` records takes ``(compute_base_s + compute_per_record_s * b)
-    * slowdown_i`` seconds (``slowdowns[i]``, 1 where not given); a message of ``n``
+    * slowdown_i`` seconds (``slowdowns[i]``); a message of ``n``
     bytes is appended to the log ``n / bandwidth + latency_s`` after the sender's
     uplink is free (one message at a time per process).
+
+    ``slowdowns`` and ``link_bandwidths_bytes_per_s`` are per worker. Empty: every worker
+    at 1 (at ``bandwidth_bytes_per_s``, downlinks free). Otherwise a run needs one entry
+    per worker, and ``fill`` says what a shorter list means (:meth:`for_workers`, which
+    :func:`run` applies): ``"error"`` (the default) refuses it, ``"cycle"`` repeats the
+    list, ``"ones"`` gives the rest a slowdown of 1 and the server's
+    ``bandwidth_bytes_per_s`` (what every shorter list silently meant before). A longer
+    list's extra entries are left out.
 
     ``link_bandwidths_bytes_per_s`` (optional, one per worker: the host's link, e.g. the
     BENCHMARKS.md network regime) sets worker i's uplink to its entry and also models
@@ -323,14 +348,49 @@ class CostModel:
     bandwidth_bytes_per_s: float = 12.5e6  # 100 Mbit/s
     link_bandwidths_bytes_per_s: tuple[float, ...] = ()
     link_changes: tuple[tuple[float, int, float], ...] = ()
+    fill: str = "error"
 
     def __post_init__(self) -> None:
         values = (self.compute_base_s, self.compute_per_record_s, self.latency_s, *self.slowdowns)
         links = (self.bandwidth_bytes_per_s, *self.link_bandwidths_bytes_per_s, *(c[2] for c in self.link_changes))
         if any(not v >= 0 or math.isnan(v) for v in values) or any(not b > 0 for b in links):
-            raise ValueError(f"cost model values must be >= 0 and bandwidths > 0: {self}")
+            raise CostModelError(f"cost model values must be >= 0 and bandwidths > 0: {self}")
         if any(len(c) != 3 or not c[0] >= 0 or not isinstance(c[1], int) or c[1] < 0 for c in self.link_changes):
-            raise ValueError(f"link_changes entries are (time_s >= 0, worker_index >= 0, bytes_per_s > 0): {self}")
+            raise CostModelError(f"link_changes entries are (time_s >= 0, worker_index >= 0, bytes_per_s > 0): {self}")
+        if self.fill not in FILLS:
+            raise CostModelError(f"fill must be one of {', '.join(FILLS)}, got {self.fill!r}")
+
+    def for_workers(self, workers: int) -> CostModel:
+        """This cost model for a run of ``workers`` workers: each non-empty per-worker list
+        (``slowdowns``, ``link_bandwidths_bytes_per_s``) with exactly ``workers`` entries,
+        by ``fill`` when it is shorter (a longer one is cut); empty lists stay empty (every
+        worker at 1, at ``bandwidth_bytes_per_s``). Raises :class:`CostModelError` for a
+        shorter list under ``fill = "error"`` and for ``link_changes`` naming a worker
+        the run does not have."""
+        if workers < 1:
+            raise CostModelError(f"a run needs at least one worker, got {workers}")
+        slowdowns = self._fit(self.slowdowns, workers, 1.0, "slowdowns", "1")
+        links = self._fit(self.link_bandwidths_bytes_per_s, workers, self.bandwidth_bytes_per_s,
+                          "link bandwidths", "the server's bandwidth_bytes_per_s")
+        beyond = sorted({index for _, index, _ in self.link_changes if index >= workers})
+        if beyond:
+            raise CostModelError(f"cost model has link_changes for worker index {', '.join(map(str, beyond))}, "
+                                 f"but the run has {workers} workers (indices 0 to {workers - 1})")
+        if slowdowns == self.slowdowns and links == self.link_bandwidths_bytes_per_s:
+            return self
+        return replace(self, slowdowns=slowdowns, link_bandwidths_bytes_per_s=links)
+
+    def _fit(self, values: tuple[float, ...], workers: int, one: float, what: str, rest: str) -> tuple[float, ...]:
+        if not values or len(values) == workers:
+            return values
+        if len(values) > workers:
+            return tuple(values[:workers])
+        if self.fill == "cycle":
+            return tuple(values[i % len(values)] for i in range(workers))
+        if self.fill == "ones":
+            return (*values, *(one,) * (workers - len(values)))
+        raise CostModelError(f"cost model gives {len(values)} {what} for {workers} workers: give {workers}, or set "
+                             f'fill = "cycle" (repeat the list) or fill = "ones" (the rest at {rest})')
 
     @classmethod
     def zero(cls) -> CostModel:
@@ -1092,7 +1152,9 @@ class _Simulation:
     def __init__(self, mode: Mode, streams: StreamSet, costs: CostModel, config: RunConfig) -> None:
         self.mode = mode
         self.streams = streams
-        self.costs = costs
+        # One entry per worker in every per-worker list, by the cost model's fill rule
+        # (a shorter list under fill = "error" is refused here, before anything runs).
+        self.costs = costs.for_workers(len(streams.devices))
         self.config = config
         self.inject = copy.deepcopy(mode.inject)
         self.events = _EventQueue()
@@ -1589,21 +1651,18 @@ class _Simulation:
             (self.now, consensus_distance([w.driver.trainer.get_parameters() for w in running]))
         )
         evaluated = self.evaluated_processes
-        results = {}
-        outbounds: dict[str, list[Outbound]] = {}
-        for process in evaluated:
-            if process.gone:  # its model as it was left; a process that is not running hears nothing
-                results[process.name] = evaluate(process.driver.trainer.model, heldout.features, heldout.labels)
-                outbounds[process.name] = []
+        # The reported accuracy: the held-out test split, which reaches no strategy.
+        results = {process.name: process.driver.evaluate(heldout.features, heldout.labels) for process in evaluated}
+        # What strategies decide from: each running process's score on the validation split.
+        validation = self.streams.data.validation
+        for process in self.processes:
+            if process.gone or validation is None or not process.driver.strategy.uses_validation:
                 continue
-            results[process.name], outbounds[process.name] = process.driver.evaluate(heldout.features, heldout.labels)
-        for process in evaluated:
-            if process.gone:
-                continue
+            _, outbound = process.driver.validate(validation.features, validation.labels)
             if process.busy:
-                process.held.extend(outbounds[process.name])  # after the step's own messages
+                process.held.extend(outbound)  # after the step's own messages
             else:
-                self._publish(process, outbounds[process.name])
+                self._publish(process, outbound)
                 self._service(process)
         if self.config.evaluate_workers:
             for worker in self.workers:

@@ -76,8 +76,8 @@ class DatasetSource(DataSource):
     def auto_value_range(self, data: FleetData) -> tuple[tuple[np.ndarray, np.ndarray], bool]:
         """``data.value_range = "auto"``: ``((lo, hi), from_data)``; by default the min/max of
         every row, which ``declared_value_range`` widens by ``data.value_margin``."""
-        every = np.concatenate([data.train.features, data.heldout.features]).reshape(
-            len(data.train) + len(data.heldout), -1)
+        parts = [data.train, data.heldout] + ([data.validation] if data.validation is not None else [])
+        every = np.concatenate([p.features for p in parts]).reshape(sum(len(p) for p in parts), -1)
         return (every.min(axis=0), every.max(axis=0)), True
 
     def fleet_data(self, cfg: JobConfig) -> FleetData:
@@ -87,6 +87,7 @@ class DatasetSource(DataSource):
             scheme=cfg.data.partition,
             seed=cfg.job.seed,
             heldout_fraction=cfg.data.heldout_fraction,
+            validation_fraction=cfg.data.validation_fraction,
             dirichlet_alpha=cfg.data.dirichlet_alpha,
             classes_per_device=cfg.data.classes_per_device,
             source_params=self.dataset_params(cfg),

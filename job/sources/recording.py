@@ -31,9 +31,9 @@ from edgestream.job.importer import (
     import_command,
 )
 from edgestream.job.sources.base import DataSource, declared_value_range, register
-from edgestream.streams.datasets import Dataset
+from edgestream.streams.datasets import Dataset, stratified_mask
 from edgestream.streams.recording import MANIFEST_NAME, ReplayError, parse_speed
-from edgestream.streams.simulator import FleetData
+from edgestream.streams.simulator import VALIDATION_SEED_OFFSET, FleetData
 
 if TYPE_CHECKING:
     from edgestream.job.config import JobConfig
@@ -282,7 +282,19 @@ class RecordingSource(DataSource):
                               f"{cfg.data.recording}; load the job with job.config.load_config")
         value_range = declared_value_range(cfg, (info.stats.min, info.stats.max), from_data=True)
         return FleetData(train, heldout, shares, value_range=value_range,
-                         input_stats=(info.stats.mean, info.stats.std))
+                         input_stats=(info.stats.mean, info.stats.std),
+                         validation=self.validation(cfg, train))
+
+    @staticmethod
+    def validation(cfg: JobConfig, train: Dataset) -> Dataset | None:
+        """A stratified ``data.validation_fraction`` of the streamed rows. A recording's
+        device topics are replayed as recorded, so these rows are streamed too (unlike a
+        generated source's, which are carved out): the split overlaps the training data but
+        is never the held-out test split."""
+        if cfg.data.validation_fraction == 0:
+            return None
+        mask = stratified_mask(train.labels, cfg.data.validation_fraction, cfg.job.seed + VALIDATION_SEED_OFFSET)
+        return train.subset(np.flatnonzero(mask))
 
     def replay_directory(self, cfg: JobConfig) -> Path | None:
         return read_recording_info(cfg.data.recording).directory

@@ -142,6 +142,11 @@ class SyncStrategy(ABC):
     #: Whether each worker holds one stage of a split model (``train.stages``; its trainer is a
     #: ``trainers.stages.StageTrainer``, one worker per stage, stage 0 reads every device).
     stage_split: ClassVar[bool] = False
+    #: Whether the strategy decides from a score of its own model (:meth:`on_evaluation`:
+    #: EdgeGossip's mixing and plateau decay, DLion's knowledge transfer). The adapters then
+    #: score the model on the job's validation split (``Driver.validate``) at every
+    #: evaluation; the held-out test split never reaches a strategy.
+    uses_validation: ClassVar[bool] = False
 
     def compression_signal_ratio(self) -> float | None:
         """Top-k ratio at which the driver computes the compression signal of every new
@@ -207,7 +212,8 @@ class SyncStrategy(ABC):
         return 0
 
     def on_evaluation(self, accuracy: float, loss: float) -> list[Outgoing]:
-        """The held-out evaluation of this process's model (accuracy-aware mixing:
+        """The score of this process's model on the validation split (never the held-out
+        test split), for a strategy with ``uses_validation`` (accuracy-aware mixing:
         EdgeGossip). Default: nothing."""
         return []
 

@@ -34,7 +34,7 @@ paper's ideas, not its code; see docs/training.md):
    up to more than the worker's own uplink carries in the compute time (its estimate:
    bytes of a step's messages so far over the time the latest took, ``on_transfer``),
    they are scaled down together.
-3. **Direct knowledge transfer** (``knowledge_transfer``). The held-out accuracy of
+3. **Direct knowledge transfer** (``knowledge_transfer``). The validation accuracy of
    the worker's last evaluation (``on_evaluation``) rides in ``meta.score``. Every
    ``transfer_every`` iterations, the worker whose score is the best it knows (ties:
    the smallest id) sends its parameters (a ``model`` message) to every peer scoring
@@ -253,6 +253,7 @@ class DLionStrategy(SyncStrategy):
     role = "worker"
     subscribes = ("inbox",)
     background_sends = True
+    uses_validation = True
 
     def __init__(
         self,

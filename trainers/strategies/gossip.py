@@ -78,11 +78,11 @@ each a parameter):
    stochastic**: it is reversible with stationary distribution ``pi``, so pure mixing
    drives the workers to the ``pi``-weighted (sample-weighted) mean instead of the
    plain mean. With equal ``pi`` it is exactly ``W``.
-3. Accuracy-aware mixing. :meth:`on_evaluation` takes the held-out score; every
+3. Accuracy-aware mixing. :meth:`on_evaluation` takes the validation score; every
    ``score_every`` (K) iterations it rides in message metadata. ``pi_k`` is multiplied
    by ``exp(accuracy_bias * (acc_k - best known acc))`` (in ``(e^-bias, 1]``: bounded),
    so the mix leans towards more accurate neighbours with the same guarantees as 2.
-4. Plateau: when the held-out accuracy has not improved by more than
+4. Plateau: when the validation accuracy has not improved by more than
    ``plateau_eps`` for ``plateau_patience`` evaluations, the step's learning-rate scale
    is multiplied by ``lr_decay`` (not below ``min_lr_scale``); with
    ``stop_after_decays`` set, the worker stops training after that many decays.
@@ -765,6 +765,7 @@ class EdgeGossipStrategy(GossipStrategy):
 
     name = "edgegossip"
     balanced = True
+    uses_validation = True
 
     def __init__(
         self,

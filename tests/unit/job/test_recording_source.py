@@ -127,7 +127,7 @@ def test_value_range_of_each_source_kind(recording):
     synth = job_fleet_data(load_config(overrides=["data.source=synthetic", "data.synthetic_samples=240",
                                                   "data.value_margin=0.5"], env={}))
     lo, hi = synth.value_range
-    every = np.concatenate([synth.train.features, synth.heldout.features]).reshape(240, -1)
+    every = np.concatenate([synth.train.features, synth.heldout.features, synth.validation.features]).reshape(240, -1)
     assert lo.shape == (every.shape[1],) and lo.dtype == np.float32
     span = every.max(axis=0).astype(np.float64) - every.min(axis=0)
     np.testing.assert_allclose(lo, every.min(axis=0) - 0.5 * span, rtol=1e-6, atol=1e-6)

@@ -113,6 +113,6 @@ def test_the_generated_sources_declare_their_value_range():
                                                   "devices.count=2", "data.value_margin=0"], env={}))
 
     assert (float(digits.value_range[0]), float(digits.value_range[1])) == (0.0, 1.0)
-    every = np.concatenate([synth.train.features, synth.heldout.features]).reshape(120, -1)
+    every = np.concatenate([synth.train.features, synth.heldout.features, synth.validation.features]).reshape(120, -1)
     assert np.array_equal(synth.value_range[0], every.min(axis=0))
     assert np.array_equal(synth.value_range[1], every.max(axis=0))
