@@ -22,6 +22,7 @@ default ``CostModel()``'s value)::
     slowdowns = [1, 1, 2, 4]          # per worker ([] or absent: all 1)
     links_mbit = [1000, 1000, 100]    # per worker host link ([] or absent: none, downloads free)
     fill = "error"                    # a list shorter than the workers: "error", "cycle", "ones"
+    eval_fraction = 0.333             # scoring a model on n records: eval_fraction x a step on n
 
 Overrides take the same keys. Unknown keys, values of the wrong type, non-finite or
 negative numbers, a zero bandwidth and an unknown ``fill`` are refused with a
@@ -65,7 +66,7 @@ MBIT = 1e6 / 8
 """Bytes per second in one Mbit/s."""
 
 #: The keys a file (and an override) may set: the model's numbers, its lists, and its label.
-NUMBER_KEYS = ("compute_base_s", "compute_per_record_s", "latency_s", "bandwidth_mbit")
+NUMBER_KEYS = ("compute_base_s", "compute_per_record_s", "latency_s", "bandwidth_mbit", "eval_fraction")
 LIST_KEYS = ("slowdowns", "links_mbit")
 TEXT_KEYS = ("fill", "name", "description")
 FILE_KEYS = (*NUMBER_KEYS, *LIST_KEYS, *TEXT_KEYS)
@@ -316,6 +317,7 @@ def to_table(model: CostModel) -> dict[str, Any]:
         "compute_per_record_s": model.compute_per_record_s,
         "latency_s": model.latency_s,
         "bandwidth_mbit": _mbit(model.bandwidth_bytes_per_s),
+        "eval_fraction": model.eval_fraction,
         "slowdowns": list(model.slowdowns),
         "links_mbit": [_mbit(b) for b in model.link_bandwidths_bytes_per_s],
         "fill": model.fill,

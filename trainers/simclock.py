@@ -56,17 +56,19 @@ docs/simclock.md for the model and its assumptions.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import heapq
 import importlib
 import json
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from edgestream.streams.batching import AdaptiveBatcher, Batch, BatchQueue
 from edgestream.streams.buffering import StreamBuffer, concat
@@ -349,9 +351,13 @@ class CostModel:
     link_bandwidths_bytes_per_s: tuple[float, ...] = ()
     link_changes: tuple[tuple[float, int, float], ...] = ()
     fill: str = "error"
+    #: An evaluation's cost as a share of a training step's on as many records (a forward
+    #: pass without the backward one, which takes about twice the forward's work): what
+    #: scoring a model on the validation split costs the node (``eval_s``).
+    eval_fraction: float = 1 / 3
 
     def __post_init__(self) -> None:
-        values = (self.compute_base_s, self.compute_per_record_s, self.latency_s, *self.slowdowns)
+        values = (self.compute_base_s, self.compute_per_record_s, self.latency_s, self.eval_fraction, *self.slowdowns)
         links = (self.bandwidth_bytes_per_s, *self.link_bandwidths_bytes_per_s, *(c[2] for c in self.link_changes))
         if any(not v >= 0 or math.isnan(v) for v in values) or any(not b > 0 for b in links):
             raise CostModelError(f"cost model values must be >= 0 and bandwidths > 0: {self}")
@@ -405,6 +411,10 @@ class CostModel:
     def compute_s(self, worker_index: int, batch_size: int) -> float:
         slowdown = self.slowdowns[worker_index] if worker_index < len(self.slowdowns) else 1.0
         return (self.compute_base_s + self.compute_per_record_s * batch_size) * slowdown
+
+    def eval_s(self, worker_index: int, records: int) -> float:
+        """Seconds worker ``worker_index`` takes to score its model on ``records`` records."""
+        return self.compute_s(worker_index, records) * self.eval_fraction
 
     def link_bandwidth(self, worker_index: int | None, at: float | None = None) -> float:
         """Bytes/s of worker ``worker_index``'s host link (None: the server's), at simulated
@@ -686,6 +696,8 @@ class ProcessReport:
     checkpoints: int = 0
     restores: list[RestoreReport] = field(default_factory=list)
     lost_messages: int = 0
+    scorings: int = 0
+    scoring_s: float = 0.0
 
     @property
     def idle_fraction(self) -> float:
@@ -942,8 +954,8 @@ class StreamInjection:
 # Order of events at the same simulated time: data first, then what data enables,
 # then messages, then finished steps; observers (depth samples, evaluation) last; then
 # membership: leaves, joins, crashes, their detection, restarts.
-(_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SAMPLE, _EVAL, _LEAVE,
- _JOIN, _CRASH, _DETECT, _RESTART) = range(12)
+(_ARRIVALS, _WINDOW, _APPEND, _DELIVER, _STEP_DONE, _SCORE_DONE, _SAMPLE, _EVAL, _LEAVE,
+ _JOIN, _CRASH, _DETECT, _RESTART) = range(13)
 
 
 class _EventQueue:
@@ -998,6 +1010,38 @@ class _Checkpoint:
     log_position: int
 
 
+def _snapshot(driver: TrainingDriver) -> tuple[dict[str, torch.Tensor], int]:
+    """The model's state and version before a step (what others see until the step ends)."""
+    trainer = driver.trainer
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, trainer.version
+
+
+@contextlib.contextmanager
+def _visible_models(processes: Sequence[_Worker]) -> Iterator[None]:
+    """Within: every busy process's model as it was when its step started
+    (``_Worker.visible``); after: exactly as it was (copied back in place)."""
+    swapped = []
+    for process in processes:
+        if process.busy and process.visible is not None:
+            model = process.driver.trainer.model
+            swapped.append((model, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+            with torch.no_grad():
+                model.load_state_dict(process.visible[0])
+    try:
+        yield
+    finally:
+        for model, state in swapped:
+            with torch.no_grad():
+                model.load_state_dict(state)
+
+
+def _visible_version(process: _Worker) -> int:
+    """The model version an evaluation sees now (a step in progress counts at its end)."""
+    if process.busy and process.visible is not None:
+        return process.visible[1]
+    return process.driver.trainer.version
+
+
 class _Worker:
     """One process: a worker (its device backlog and its training driver) or the server
     (``backlog`` None, ``index`` None: no device, never trains).
@@ -1007,8 +1051,12 @@ class _Worker:
     ``Stepped`` is held in ``stepped`` and its messages leave at ``_STEP_DONE``.
     Log records delivered meanwhile wait in ``pending`` and are handed to the driver, in
     log order, right after that publication (as the live runtime's single training
-    thread does); messages an evaluation returns meanwhile wait in ``held``. The server
-    is never busy.
+    thread does). ``visible``: the model's state when the step in progress started (and its
+    version): what an evaluation during the step's compute sees, since its result exists
+    only at the step's end. Scoring the model on the validation split (a strategy with
+    ``uses_validation``) also keeps a worker busy, ``CostModel.eval_s``; one due while a
+    step computes (``score_due``) is taken after it, and its messages wait in ``held``
+    until the scoring's end. The server is never busy.
 
     ``state`` (``busy`` / ``blocked`` / ``starved`` / ``absent``) is what a worker has been
     doing since ``state_since``; :meth:`enter` charges that interval to ``time_in`` and switches.
@@ -1032,6 +1080,10 @@ class _Worker:
         self.busy = False
         self.stepped: Stepped | None = None
         self.held: list[Outbound] = []
+        self.visible: tuple[dict[str, torch.Tensor], int] | None = None
+        self.score_due = False
+        self.scorings = 0
+        self.scoring_s = 0.0
         self.pending: deque[_LogEntry] = deque()
         self.uplink_free_at = 0.0
         self.downlink_free_at = 0.0
@@ -1102,6 +1154,8 @@ class _Worker:
             checkpoints=self.checkpoints,
             restores=list(self.restores),
             lost_messages=self.lost_messages,
+            scorings=self.scorings,
+            scoring_s=self.scoring_s,
         )
 
 
@@ -1244,6 +1298,7 @@ class _Simulation:
         handlers: dict[int, Callable[[Any], Any]] = {
             _ARRIVALS: self._on_arrivals, _WINDOW: self._on_window, _APPEND: self._on_append,
             _DELIVER: lambda p: self._on_deliver(*p), _STEP_DONE: lambda p: self._on_step_done(*p),
+            _SCORE_DONE: lambda p: self._on_score_done(*p),
             _SAMPLE: self._on_sample, _LEAVE: self._on_leave, _JOIN: self._on_join, _CRASH: self._on_crash,
             _DETECT: lambda p: self._on_detect(*p), _RESTART: self._on_restart,
         }
@@ -1291,6 +1346,7 @@ class _Simulation:
             # taken before any stream step, as the live runtime's ``next_step()`` orders them.
             worker.enter("busy", self.now)
             worker.step_starts.append(self.now)
+            worker.visible = _snapshot(driver)
             stepped = driver.step_queued()
             if stepped.rejection is not None:
                 worker.rejected_steps[stepped.rejection.reason] += 1
@@ -1306,6 +1362,7 @@ class _Simulation:
         worker.step_starts.append(self.now)
         batches = worker.backlog.take(driver.batch_limit())
         records = concat([b.records for b in batches]) if len(batches) > 1 else batches[0].records
+        worker.visible = _snapshot(driver)
         stepped = driver.step(records.features, records.labels)
         worker.backlog.settle(batches, dead_lettered=stepped.rejection is not None)
         worker.step_batches = (batches, stepped.rejection is not None)
@@ -1332,6 +1389,7 @@ class _Simulation:
         assert stepped is not None
         worker.stepped = None
         worker.busy = False
+        worker.visible = None  # the step's result is the model now
         if worker.step_batches is not None and worker.checkpoint is not None:
             worker.since_checkpoint.append(worker.step_batches)  # re-read if it restarts
         worker.step_batches = None
@@ -1341,6 +1399,42 @@ class _Simulation:
         if stepped.rejection is None:
             worker.local_steps += 1
             self._count_towards_checkpoint(worker)
+        if worker.leaving:
+            self._leave(worker)
+            return
+        while worker.pending:
+            self._deliver(worker, worker.pending.popleft())
+        if worker.score_due:
+            worker.score_due = False
+            if self._score(worker):
+                return
+        self._service(worker)
+
+    def _score(self, process: _Worker) -> bool:
+        """Score ``process``'s model on the validation split and hand it to its strategy;
+        True when that keeps it busy (``CostModel.eval_s`` of its node; the server's is free)
+        until ``_SCORE_DONE``, which publishes what the strategy answered."""
+        validation = self.streams.data.validation
+        assert validation is not None
+        _, outbound = process.driver.validate(validation.features, validation.labels)
+        process.scorings += 1
+        seconds = 0.0 if process.index is None else self.costs.eval_s(process.index, len(validation))
+        if seconds <= 0:
+            self._publish(process, outbound)
+            return False
+        process.enter("busy", self.now)
+        process.busy = True
+        process.scoring_s += seconds
+        process.held.extend(outbound)
+        self.events.push(self.now + seconds, _SCORE_DONE, (process, process.incarnation))
+        return True
+
+    def _on_score_done(self, worker: _Worker, incarnation: int) -> None:
+        if incarnation != worker.incarnation:
+            return  # the scoring of a process that crashed meanwhile
+        worker.busy = False
+        held, worker.held = worker.held, []
+        self._publish(worker, held)
         if worker.leaving:
             self._leave(worker)
             return
@@ -1435,6 +1529,7 @@ class _Simulation:
             worker.backlog.requeue([worker.step_batches])
             worker.step_batches = None
         worker.busy, worker.stepped, worker.leaving = False, None, False
+        worker.visible, worker.score_due = None, False
         worker.held, worker.pending = [], deque()
         worker.incarnation += 1
         worker.status = "crashed"
@@ -1647,27 +1742,28 @@ class _Simulation:
         # then what they make the processes do. The job's models are the running workers'
         # (one that has not joined, left or crashed is no part of it; all, if none runs).
         running = [w for w in self.workers if not w.gone] or self.workers
-        self.consensus_timeline.append(
-            (self.now, consensus_distance([w.driver.trainer.get_parameters() for w in running]))
-        )
         evaluated = self.evaluated_processes
-        # The reported accuracy: the held-out test split, which reaches no strategy.
-        results = {process.name: process.driver.evaluate(heldout.features, heldout.labels) for process in evaluated}
-        # What strategies decide from: each running process's score on the validation split.
-        validation = self.streams.data.validation
-        for process in self.processes:
-            if process.gone or validation is None or not process.driver.strategy.uses_validation:
-                continue
-            _, outbound = process.driver.validate(validation.features, validation.labels)
-            if process.busy:
-                process.held.extend(outbound)  # after the step's own messages
-            else:
-                self._publish(process, outbound)
-                self._service(process)
+        # Every model as it is visible now: a step in progress shows its result at its end.
+        with _visible_models(self.processes):
+            self.consensus_timeline.append(
+                (self.now, consensus_distance([w.driver.trainer.get_parameters() for w in running]))
+            )
+            # The reported accuracy: the held-out test split, which reaches no strategy.
+            results = {p.name: p.driver.evaluate(heldout.features, heldout.labels) for p in evaluated}
+            version = _visible_version(self.evaluated)
+        # What strategies decide from: each running process's score on the validation split,
+        # taken by its training thread (after the step in progress, if one is), at its cost.
+        if self.streams.data.validation is not None:
+            for process in self.processes:
+                if process.gone or not process.driver.strategy.uses_validation:
+                    continue
+                if process.busy:
+                    process.score_due = True
+                elif not self._score(process):
+                    self._service(process)
         if self.config.evaluate_workers:
             for worker in self.workers:
                 self.worker_timelines[worker.name].append((self.now, results[worker.name].accuracy))
-        version = self.evaluated.driver.trainer.version
         if self.evaluated.name in results and self.evaluated_name != "workers":
             job = results[self.evaluated.name]
             accuracy, loss = job.accuracy, job.loss
@@ -1690,9 +1786,11 @@ class _Simulation:
         """A split model's evaluation: its stages put together (``trainers.stages.compose``),
         as ``edgestream run`` evaluates a stage-split job; no stage evaluates alone."""
         heldout = self.streams.data.heldout
-        result: EvalResult = evaluate(compose([w.driver.trainer.model for w in self.workers]),
-                                      heldout.features, heldout.labels)
-        self.timeline.append((self.now, result.accuracy, self.workers[0].driver.trainer.version))
+        with _visible_models(self.workers):
+            result: EvalResult = evaluate(compose([w.driver.trainer.model for w in self.workers]),
+                                          heldout.features, heldout.labels)
+            version = _visible_version(self.workers[0])
+        self.timeline.append((self.now, result.accuracy, version))
         self.loss_timeline.append((self.now, result.loss))
         return self._after_eval(tick)
 
