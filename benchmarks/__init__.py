@@ -3,7 +3,9 @@ what it measures.
 
 A benchmark is a module with a ``main`` that parses ``sys.argv``: `edgestream bench NAME`
 imports it and calls ``main`` (``python -m benchmarks.NAME`` runs it too); it prints a table and writes ``benchmarks/results/NAME.json``. Adding
-one is one module and one line in ``BENCHMARKS``. This package lives in the repository
+one is one module and one line in ``BENCHMARKS``; a module shared by several benchmarks
+(``tuning``: the learning-rate tuning of ``--tune-lr``; ``censored``: ratios and medians of times
+to target with misses; ``claims``: the matrix's claims judged across cost models) is named in ``HELPERS``. This package lives in the repository
 only: an installed ``edgestream`` without it refuses ``bench``.
 """
 
@@ -45,6 +47,10 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("ddp_peer", "edgestream.benchmarks.ddp_peer",
               "the PyTorch DDP (gloo) peer time_to_accuracy starts, one rank per device (not run alone)"),
 )}
+
+
+#: Modules of this package that are not benchmarks: shared by several of them (no ``main``).
+HELPERS = frozenset({"edgestream.benchmarks.tuning", "edgestream.benchmarks.censored", "edgestream.benchmarks.claims"})
 
 
 def names() -> list[str]:

@@ -23,9 +23,20 @@ benchmarks/results/adsp.{json,md} and adsp_loss.png, adsp_speedup.png. Never ass
     python -m edgestream bench adsp [--repeats 3] [--jobs 2] [--budget 60] [--acc-budget 30]
         [--levels 1.0,1.45,2.2,3.2] [--rows adsp,bsp,...] [--adsp period_s=10,commit_rate=10]
         [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+        [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
 
 ``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and bandwidth replace
 the default cost model's; each level's slowdowns stay unless it sets its own.
+
+``--tune-lr`` (benchmarks/tuning.py, as ``bench strategies``): every (H, row) cell, bsp and the
+``adsp[C=k]`` ablation included, runs at each multiplier of ``--lr-grid`` on the tuning seed
+(``--tune-seed``, default 1000 + the first seed, never a reporting seed); the chooser picks one
+by time to the target **accuracy** (if all missed: accuracy at ``--acc-budget``, then loss;
+ties towards x1, then the smaller), and the reporting seeds run at it, so both the loss and the
+accuracy ratios are against tuned BSP. A multiplier scales each row's own LR rule (ADSP's and
+local SGD's local LR, ASP's and SSP's per-update LR). JSON: ``tuning`` (grid, seeds, rule,
+``choices`` by ``H/ROW``, the tuning runs) and each cell's ``tuning`` record; the markdown has a
+table of the chosen multipliers.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from edgestream.benchmarks import strategies as matrix  # strategies.py: the rows' configurations
+from edgestream.benchmarks import tuning
 from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.evaluation import time_to_target
 
@@ -119,6 +131,12 @@ class Task:
     h: float
     seed: int
     row: str
+    lr_mult: float = 1.0  # scales every learning rate of the row (--tune-lr; benchmarks/tuning.py)
+
+
+def _cell(d: dict[str, Any]) -> tuple[Any, ...]:
+    """A task's or run's tuning cell: H and row."""
+    return (d["h"], d["row"])
 
 
 def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) -> dict[str, Any]:
@@ -126,17 +144,18 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
     any, replace the level's."""
     started = time.monotonic()
     streams = _streams(task.seed, (s.rate_hz, s.partition, s.message_interval_s))
-    config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
+    config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=s.target_accuracy,
                                 stop_at_target=False, time_budget_s=s.budget_s)
     costs = costmodels.with_worker_lists(simclock.CostModel() if base is None else base, slowdowns(task.h))
-    report = simclock.run(mode_for(task.row, streams, s), streams, costs, config)
+    mode = tuning.scaled_mode(mode_for(task.row, streams, s), task.lr_mult)
+    report = simclock.run(mode, streams, costs, config)
     acc = [(t, a) for t, a, _ in report.timeline]
     loss = report.loss_timeline
     counters = (report.server or {}).get("counters", {})
     commits = [counters.get(f"commits:w{i}", 0) for i in range(WORKERS)] if task.row.startswith("adsp") else None
     return {
-        **asdict(task), "slowdowns": list(slowdowns(task.h)),
+        **asdict(task), "slowdowns": list(slowdowns(task.h)), "lr": config.lr if mode.lr is None else mode.lr,
         "tta_s": report.tta_s,
         "ttl_s": time_to_target([(t, -v) for t, v in loss], -s.target_loss),
         "acc_at_budget": _at(acc, s.acc_budget_s), "loss_at_budget": _at(loss, s.acc_budget_s),
@@ -171,13 +190,14 @@ def _init() -> None:
     limit_torch_threads(1)
 
 
-def run_all(tasks: list[Task], s: Settings, jobs: int, base: simclock.CostModel | None = None) -> list[dict[str, Any]]:
+def run_all(tasks: list[Task], s: Settings, jobs: int, base: simclock.CostModel | None = None,
+            label: str = "") -> list[dict[str, Any]]:
     out = []
     if jobs <= 1:
         _init()
         for i, task in enumerate(tasks, 1):
             out.append(run_task(task, s, base))
-            print(_line(i, len(tasks), out[-1]), flush=True)
+            print(label + _line(i, len(tasks), out[-1]), flush=True)
     else:
         import multiprocessing
 
@@ -185,14 +205,15 @@ def run_all(tasks: list[Task], s: Settings, jobs: int, base: simclock.CostModel 
             futures = [pool.submit(run_task, task, s, base) for task in tasks]
             for i, future in enumerate(as_completed(futures), 1):
                 out.append(future.result())
-                print(_line(i, len(tasks), out[-1]), flush=True)
-    order = {(t.h, t.seed, t.row): i for i, t in enumerate(tasks)}
-    return sorted(out, key=lambda r: order[(r["h"], r["seed"], r["row"])])
+                print(label + _line(i, len(tasks), out[-1]), flush=True)
+    order = {(t.h, t.seed, t.row, t.lr_mult): i for i, t in enumerate(tasks)}
+    return sorted(out, key=lambda r: order[(r["h"], r["seed"], r["row"], r["lr_mult"])])
 
 
 def _line(i: int, n: int, r: dict[str, Any]) -> str:
     extra = f", commits CV {r['commit_cv']:.1%} {r['commits_per_worker']}" if r["commit_cv"] is not None else ""
-    return (f"[{i}/{n}] H {r['h']:g} seed {r['seed']} {r['row']}: time to loss {_s(r['ttl_s'])}, to accuracy "
+    lr = f" lr x{r['lr_mult']:g} ({r['lr']:.3g})" if r.get("lr_mult", 1.0) != 1.0 else ""
+    return (f"[{i}/{n}] H {r['h']:g} seed {r['seed']} {r['row']}{lr}: time to loss {_s(r['ttl_s'])}, to accuracy "
             f"{_s(r['tta_s'])}, acc@{'budget'} {_f3(r['acc_at_budget'])}, version {r['steps']}{extra} "
             f"({r['wall_s']:.1f} s)")
 
@@ -208,7 +229,10 @@ def _f3(v: float | None) -> str:
 # -- summary ---------------------------------------------------------------------------------
 
 
-def summarise(raw: list[dict[str, Any]], s: Settings, levels: list[float], rows: list[str]) -> dict[str, Any]:
+def summarise(raw: list[dict[str, Any]], s: Settings, levels: list[float], rows: list[str],
+              tuned: dict[tuple[Any, ...], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Per H and row: medians over the seeds and ratios to BSP on the same seed (``tuned``:
+    each cell's tuning record, by :func:`_cell`)."""
     by = {(r["h"], r["seed"], r["row"]): r for r in raw}
     seeds = sorted({r["seed"] for r in raw})
     cells: dict[str, Any] = {}
@@ -237,6 +261,8 @@ def summarise(raw: list[dict[str, Any]], s: Settings, levels: list[float], rows:
             cell["mean_staleness"] = statistics.median(r["mean_staleness"] for r in runs)
             cell["steps"] = statistics.median(r["steps"] for r in runs)
             cell["local_steps"] = statistics.median(r["local_steps"] for r in runs)
+            cell["lr_mult"], cell["lr"] = runs[0].get("lr_mult", 1.0), runs[0].get("lr")
+            cell["tuning"] = (tuned or {}).get((h, row))
             cells[f"{h}/{row}"] = cell
     return cells
 
@@ -459,6 +485,7 @@ def main() -> None:
                              + "), a .toml file, either with :KEY=VALUE,... overrides; its compute, latency and "
                                "bandwidth replace the default's, each level's slowdowns stay unless it sets its own")
     parser.add_argument("--out", default=str(RESULTS / "adsp"), help="output path without suffix")
+    tuning.add_arguments(parser)
     args = parser.parse_args()
     named = matrix.resolve_cost_model(parser, args.cost_model, (WORKERS,))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -479,17 +506,36 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}; choose from {', '.join(matrix.ROWS)}")
     seeds = [s.first_seed + i for i in range(s.repeats)]
+    tune = tuning.from_args(parser, args, seeds)
     # Interleaved: every row of a (seed, H) back to back, the slowest levels first.
     tasks = [Task(h, seed, row) for seed in seeds for h in sorted(levels, reverse=True) for row in rows]
     ablation = [f"adsp[C={int(c)}]" for c in args.commit_ablation.split(",") if c and int(c) != s.adsp_commit_rate]
     tasks += [Task(max(levels), seed, row) for seed in seeds for row in ablation]
+    tuned, tune_raw, tune_seconds = None, [], 0.0
+    if tune is not None:
+        # Every (H, row) cell, bsp and the commit ablation included, on the tuning seeds at each
+        # multiplier (chosen by time to the target accuracy), then the reporting seeds at its choice.
+        grid = tuning.grid_tasks(tasks, tune, _cell)
+        print(f"tuning the learning rate: {len(grid)} simulated runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, "
+              f"tuning seed {', '.join(map(str, tune.seeds))}) on {args.jobs} processes ...", flush=True)
+        started = time.monotonic()
+        tune_raw = run_all(grid, s, args.jobs, named.model, label="tuning ")
+        tune_seconds = time.monotonic() - started
+        tuned = tuning.choose_cells(tune_raw, tune, _cell)
+        for (h, row), rec in tuned.items():
+            print(f"chosen: H {h:g} {row} {tuning.mult_text(rec)}", flush=True)
+        tasks = tuning.at_chosen(tasks, tuned, _cell)
     print(f"{len(tasks)} simulated runs on {args.jobs} processes ...", flush=True)
     started = time.monotonic()
     raw = run_all(tasks, s, args.jobs, named.model)
     seconds = time.monotonic() - started
-    cells = summarise(raw, s, levels, rows)
+    cells = summarise(raw, s, levels, rows, tuned)
     verdicts = goals(cells, s, levels, rows)
     md = markdown(cells, s, levels, rows, seeds, seconds, named)
+    if tuned is not None:
+        md += "\n\n" + "\n".join(tuning.markdown_table(
+            {(row, f"H {h:g}"): rec for (h, row), rec in tuned.items()}, list(dict.fromkeys(r for _, r in tuned)),
+            [f"H {h:g}" for h in levels], tune))
     if ablation:
         md += "\n\n" + ablation_markdown(raw, s, max(levels), ["adsp", *ablation])
     print(md)
@@ -509,6 +555,9 @@ def main() -> None:
         "cost_model": asdict(named.model), "cost_model_name": named.name, "cost_model_source": named.source,
         "sweep_seconds": seconds, "jobs": args.jobs, "goals": verdicts,
         "runs": raw, "cells": cells,
+        "tuning": None if tune is None else {
+            **tune.to_json(), "seconds": tune_seconds,
+            "choices": {f"{h}/{row}": rec for (h, row), rec in (tuned or {}).items()}, "runs": tune_raw},
     }, indent=1, default=str))
     # The markdown: the generated tables; the hand-written summary at its top is kept.
     md_path = out.with_suffix(".md")

@@ -44,9 +44,19 @@ benchmarks/results/byzantine.{json,md}. Never asserts.
     python -m edgestream bench byzantine [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
         [--attacks sign_flip,scale100,noise] [--byzantine 1,2] [--clip 1.0] [--trim 2] [--out PATH]
         [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+        [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
 
 ``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and bandwidth replace
 the default cost model's; the slowdowns stay unless it sets its own.
+
+``--tune-lr`` (benchmarks/tuning.py, as ``bench strategies``): every (strategy, aggregation)
+pair's **clean** run runs at each multiplier of ``--lr-grid`` on the tuning seed (``--tune-seed``,
+default 1000 + the first seed, never a reporting seed); the chooser picks one (smallest time to
+90 %; if all missed, the accuracy read at the budget, then the held-out loss; ties towards x1,
+then the smaller), and every run of the pair, clean and attacked, runs at it: the LR is tuned
+as an operator would, without knowing the attack, and each gap is to a tuned clean run. JSON:
+``tuning`` (grid, seeds, rule, ``choices`` by ``STRATEGY/AGGREGATION``, the tuning runs); every
+run and cell records ``lr_mult`` and ``lr``; the markdown has a table of the chosen multipliers.
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ from typing import Any
 
 import numpy as np
 
+from edgestream.benchmarks import tuning
 from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.byzantine import ATTACKS, register_byzantine
 
@@ -115,10 +126,17 @@ class Task:
     attack: str  # CLEAN for no attacker
     byzantine: int
     seed: int
+    lr_mult: float = 1.0  # scales every learning rate of the run (--tune-lr; benchmarks/tuning.py)
 
     @property
     def key(self) -> tuple[str, str, str, int, int]:
         return (self.strategy, self.aggregation, self.attack, self.byzantine, self.seed)
+
+
+def _cell(d: dict[str, Any]) -> tuple[str, str]:
+    """A task's or run's tuning cell: strategy and aggregation (every attack of the pair takes
+    the choice made on its clean runs)."""
+    return (d["strategy"], d["aggregation"])
 
 
 def aggregation_params(aggregation: str, s: Settings) -> dict[str, Any]:
@@ -170,18 +188,24 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
     started = time.monotonic()
     streams = _streams(task.seed, s.workers, s.rate_hz, s.message_interval_s)
     momentum = s.asp_momentum if task.strategy == "asp" else s.momentum
-    config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=momentum, seed=task.seed,
+    config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=0.9, stop_at_target=False,
                                 time_budget_s=s.budget_s, max_grad_norm=s.max_grad_norm)
     costs = costmodels.with_worker_lists(simclock.CostModel() if base is None else base, s.slowdowns)
-    report = simclock.run(mode_for(task, s), streams, costs, config)
+    mode = tuning.scaled_mode(mode_for(task, s), task.lr_mult)
+    report = simclock.run(mode, streams, costs, config)
     timeline = [(t, a) for t, a, _ in report.timeline]
     server = report.server or {}
     counters = server.get("counters", {})
     return {
         **asdict(task),
         "byzantine_workers": attackers(task.byzantine) if task.attack != CLEAN else [],
+        "lr": config.lr if mode.lr is None else mode.lr,
         "accuracy_at": {f"{t:g}": _mean_over(timeline, t, s.read_window_s) for t in s.read_at_s},
+        # for --tune-lr's chooser: time to 90 % (held for 3 evaluations), accuracy as read at the
+        # budget, held-out loss at the budget
+        "tta_s": report.tta_s, "acc_at_budget": _mean_over(timeline, s.budget_s, s.read_window_s),
+        "loss_at_budget": _at(report.loss_timeline, s.budget_s),
         "last_evaluation_at": {f"{t:g}": _at(timeline, t) for t in s.read_at_s},
         "final_accuracy": report.final_accuracy,
         "steps": report.steps, "local_steps": report.local_steps,
@@ -260,6 +284,7 @@ def summarise(raw: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
                 counters = [r["server_counters"] for r in runs if r["server_counters"]]
                 if counters:
                     cell["server_counters_seed0"] = counters[0]
+                cell["lr_mult"], cell["lr"] = runs[0].get("lr_mult", 1.0), runs[0].get("lr")
                 cells[f"{strategy}/{aggregation}/{attack}/{count}"] = cell
     return cells
 
@@ -369,6 +394,7 @@ def main() -> None:
                              + "), a .toml file, either with :KEY=VALUE,... overrides; its compute, latency and "
                                "bandwidth replace the default's, the slowdowns stay unless it sets its own")
     parser.add_argument("--out", default=str(RESULTS / "byzantine"), help="output path without suffix")
+    tuning.add_arguments(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -395,20 +421,45 @@ def main() -> None:
     from edgestream.benchmarks.strategies import resolve_cost_model
     from edgestream.trainers.local import limit_torch_threads
 
+    tune = tuning.from_args(parser, args, seeds)
     named = resolve_cost_model(parser, args.cost_model, (s.workers,))
     limit_torch_threads(1)
     tasks = tasks_for(s)
+
+    def run(tasks: list[Task], label: str = "") -> list[dict[str, Any]]:
+        out = []
+        for i, task in enumerate(tasks, 1):
+            out.append(run_task(task, s, named.model))
+            r = out[-1]
+            lr = f" lr x{task.lr_mult:g} ({r['lr']:.3g})" if label or task.lr_mult != 1.0 else ""
+            print(f"{label}[{i}/{len(tasks)}] seed {task.seed} {task.strategy} {task.aggregation} "
+                  f"{_cond(task.attack, task.byzantine)}{lr}: accuracy {r['accuracy_at']} ({r['wall_s']:.1f} s)",
+                  flush=True)
+        return out
+
+    tuned, tune_raw = None, []
+    if tune is not None:
+        # Every (strategy, aggregation) pair's clean run on the tuning seeds at each multiplier;
+        # its attacked runs take the same choice (the LR is tuned without knowing the attack).
+        grid = tuning.grid_tasks([t for t in tasks if t.attack == CLEAN], tune, _cell)
+        print(f"tuning the learning rate: {len(grid)} clean runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, "
+              f"tuning seed {', '.join(map(str, tune.seeds))}) ...", flush=True)
+        tune_raw = run(grid, "tuning ")
+        tuned = tuning.choose_cells(tune_raw, tune, _cell)
+        for (strategy, aggregation), rec in tuned.items():
+            print(f"chosen: {strategy} {aggregation} {tuning.mult_text(rec)}", flush=True)
+        tasks = tuning.at_chosen(tasks, tuned, _cell)
     print(f"{len(tasks)} simulated runs, one at a time ...", flush=True)
     started = time.monotonic()
-    raw = []
-    for i, task in enumerate(tasks, 1):
-        raw.append(run_task(task, s, named.model))
-        r = raw[-1]
-        print(f"[{i}/{len(tasks)}] seed {task.seed} {task.strategy} {task.aggregation} {_cond(task.attack, task.byzantine)}: "
-              f"accuracy {r['accuracy_at']} ({r['wall_s']:.1f} s)", flush=True)
+    raw = run(tasks)
     seconds = time.monotonic() - started
     cells = summarise(raw, s)
     md = markdown(cells, s, seconds, named)
+    if tuned is not None:
+        md += "\n\n" + "\n".join(tuning.markdown_table(
+            {(strategy, aggregation): rec for (strategy, aggregation), rec in tuned.items()},
+            list(s.strategies), list(s.aggregations), tune,
+            "Learning rate chosen on the tuning seed's clean runs (row: strategy; column: aggregation)"))
     print(md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -424,6 +475,10 @@ def main() -> None:
         "cost_model_name": named.name, "cost_model_source": named.source,
         "strategy_params": {agg: aggregation_params(agg, s) for agg in s.aggregations},
         "sweep_seconds": seconds, "verdicts": verdicts(cells, s), "cells": cells, "runs": raw,
+        "tuning": None if tune is None else {
+            **tune.to_json(), "tuned_on": "clean runs; every attack of the pair runs at the pair's choice",
+            "choices": {f"{strategy}/{aggregation}": rec for (strategy, aggregation), rec in (tuned or {}).items()},
+            "runs": tune_raw},
     }, indent=1, default=list))
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}")
 

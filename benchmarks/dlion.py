@@ -55,9 +55,20 @@ dlion_degraded.png (the ratios over time). Never asserts.
         [--degrade-at 20] [--degrade-host 2] [--degrade-mbit 1] [--no-degraded]
         [--min-ratio 0.001] [--budget-safety 0.9] [--max-lag none] [--dlion-params max_lag=null,...] [--quick] [--out PATH] [--log RUNS.jsonl [--resume]]
         [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+        [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
 
 ``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and server bandwidth
 replace the default cost model's; the hosts' slowdowns and links stay unless it sets its own.
+
+``--tune-lr`` (benchmarks/tuning.py, as ``bench strategies``): every main cell (partition, N,
+row; the ablations, bsp and gossip included) runs at each multiplier of ``--lr-grid`` on the
+tuning seed (``--tune-seed``, default 1000 + the first seed, never a reporting seed), the chooser
+picks one (smallest TTA; if all missed, accuracy at ``--acc-budget``, then loss; ties towards
+x1, then the smaller), and the reporting seeds run at it, the degraded-link runs at their main
+cell's: every ratio is against tuned BSP, gossip and dlion. The tuning runs go to the log
+(``--resume`` reuses them). JSON: ``tuning`` (grid, seeds, rule, ``choices`` by
+``PARTITION/N/ROW``, the tuning runs) and each cell's ``tuning`` record; the markdown has a
+table of the chosen multipliers.
 """
 
 from __future__ import annotations
@@ -82,6 +93,7 @@ from edgestream.benchmarks import (
     gossip as gossip_bench,  # gossip.py: per-node idle figures, spreads
 )
 from edgestream.benchmarks import strategies as matrix  # strategies.py: the rows, censored medians
+from edgestream.benchmarks import tuning
 from edgestream.trainers import costmodels, simclock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,6 +209,13 @@ class Task:
     nodes: int
     seed: int
     row: str
+    lr_mult: float = 1.0  # scales every learning rate of the row (--tune-lr; benchmarks/tuning.py)
+
+
+def _cell(d: dict[str, Any]) -> tuple[Any, ...]:
+    """A task's or run's tuning cell: partition, N and row (a degraded-link run takes its main
+    cell's choice)."""
+    return (d["partition"], d["nodes"], d["row"])
 
 
 def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) -> dict[str, Any]:
@@ -204,8 +223,8 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
     base = simclock.CostModel() if base is None else base
     streams = _streams(task.partition, task.nodes, task.seed, s.scale, s.message_interval_s)
     degraded = task.kind == "degraded"
-    mode = mode_for(task.row, streams, s, traced=degraded)
-    config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
+    mode = tuning.scaled_mode(mode_for(task.row, streams, s, traced=degraded), task.lr_mult)
+    config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=s.target, time_budget_s=s.budget_s,
                                 min_time_s=s.budget_s if degraded else s.acc_budget_s,
                                 evaluate_workers=task.row in matrix.MEAN_OF_NODES_ROWS)
@@ -224,7 +243,9 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
         TRACES.clear()
     return {
         **asdict(task), "settings": asdict(s), "cost_model": asdict(base),
+        "lr": config.lr if mode.lr is None else mode.lr,
         "tta_s": report.tta_s, "acc_at_budget": matrix.accuracy_at(report.timeline, s.acc_budget_s),
+        "loss_at_budget": matrix.loss_at(report.loss_timeline, s.acc_budget_s),
         "final_accuracy": report.final_accuracy, "sim_time_s": report.sim_time_s, "stopped": report.stopped,
         "local_steps": report.local_steps, "bytes_sent": report.bytes_sent,
         "rejected_messages": report.rejected_messages, "rejected_steps": report.rejected_steps,
@@ -241,7 +262,7 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["kind"], r["partition"], r["nodes"], r["seed"], r["row"])
+    return (r["kind"], r["partition"], r["nodes"], r["seed"], r["row"], r.get("lr_mult", 1.0))
 
 
 def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dict[str, Any]],
@@ -251,7 +272,8 @@ def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dic
 
     def line(i: int, count: int, r: dict[str, Any], begun: float) -> str:
         elapsed = time.monotonic() - begun
-        return (f"[{i}/{count}] {r['kind']} {r['partition']} N={r['nodes']} seed {r['seed']} {r['row']}: TTA "
+        lr = f" lr x{r['lr_mult']:g} ({r['lr']:.3g})" if r.get("lr_mult", 1.0) != 1.0 else ""
+        return (f"[{i}/{count}] {r['kind']} {r['partition']} N={r['nodes']} seed {r['seed']} {r['row']}{lr}: TTA "
                 f"{gossip_bench._s(r['tta_s'])}, acc@{s.acc_budget_s:g}s {gossip_bench._f3(r['acc_at_budget'])}, "
                 f"blocked {r['blocked_mean']:.0%} ({r['wall_s']:.1f} s; {elapsed / 60:.1f} min, "
                 f"~{elapsed / i * (count - i) / 60:.1f} min left)")
@@ -262,9 +284,11 @@ def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dic
 # -- summary -------------------------------------------------------------------------------------
 
 
-def summarise(raw: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
+def summarise(raw: list[dict[str, Any]], s: Settings,
+              tuned: dict[tuple[Any, ...], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per (partition, N, row) of the main runs: TTA and accuracy, and per seed their ratio /
-    gap to BSP, gossip and (ablations) dlion on the same seed."""
+    gap to BSP, gossip and (ablations) dlion on the same seed (``tuned``: each cell's tuning
+    record, by :func:`_cell`)."""
     main = [r for r in raw if r["kind"] == "main"]
     by = {(r["partition"], r["nodes"], r["seed"], r["row"]): r for r in main}
     cells: dict[str, Any] = {}
@@ -275,7 +299,9 @@ def summarise(raw: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
                                 "tta_median": matrix.censored_median([r["tta_s"] for r in runs], s.budget_s),
                                 "acc": [r["acc_at_budget"] for r in runs],
                                 "blocked": [r["blocked_mean"] for r in runs],
-                                "bytes_sent": [r["bytes_sent"] for r in runs]}
+                                "bytes_sent": [r["bytes_sent"] for r in runs],
+                                "lr_mult": runs[0].get("lr_mult", 1.0), "lr": runs[0].get("lr"),
+                                "tuning": (tuned or {}).get((partition, n, row))}
         for base in ("bsp", "gossip", "dlion"):
             ratios, gaps = [], []
             for r in runs:
@@ -627,6 +653,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "dlion"), help="output path without suffix")
     parser.add_argument("--log", help="JSON lines of finished runs (default: $TMPDIR/edgestream-bench-NAME.runs.jsonl)")
     parser.add_argument("--resume", action="store_true", help="reuse the runs of the log with the same settings")
+    tuning.add_arguments(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     s = Settings(budget_s=args.budget, acc_budget_s=min(args.acc_budget, args.budget), scale=args.scale,
@@ -644,6 +671,7 @@ def main() -> None:
     if args.seeds:
         seeds = [int(x) for x in args.seeds.split(",") if x]
         s = replace(s, repeats=len(seeds), first_seed=seeds[0])
+    tune = tuning.from_args(parser, args, seeds)
     for needed in ("bsp", "gossip", "dlion"):  # the baselines of every ratio
         if needed not in rows:
             rows.insert(0, needed)
@@ -653,7 +681,6 @@ def main() -> None:
              for row in rows + (list(ABLATIONS) if n in ablation_nodes else [])]
     if not args.no_degraded:
         tasks += [Task("degraded", partitions[0], nodes[0], seed, row) for seed in seeds for row in DEGRADED_ROWS]
-    print(f"{len(tasks)} simulated runs on {args.jobs} process(es) ...", flush=True)
     log = Path(args.log) if args.log else Path(tempfile.gettempdir()) / f"edgestream-bench-{Path(args.out).name}.runs.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     done: list[dict[str, Any]] = []
@@ -662,15 +689,33 @@ def main() -> None:
                 if r.get("settings") == asdict(s) and gossip_bench.same_cost_model(r, named.model)]
     elif log.exists():
         log.unlink()
+    tuned, tune_raw = None, []
+    if tune is not None:
+        # Every main cell (bsp, gossip and dlion included) on the tuning seeds at each multiplier,
+        # then the reporting seeds (and the degraded-link runs) at its chosen one; logged and resumed.
+        grid = tuning.grid_tasks([t for t in tasks if t.kind == "main"], tune, _cell)
+        print(f"tuning the learning rate: {len(grid)} runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, tuning "
+              f"seed {', '.join(map(str, tune.seeds))}) on {args.jobs} process(es) ...", flush=True)
+        tune_raw = run_all(grid, s, args.jobs, log, done, named.model)
+        tuned = tuning.choose_cells(tune_raw, tune, _cell)
+        for (partition, n, row), rec in tuned.items():
+            print(f"chosen: {partition} N={n} {row} {tuning.mult_text(rec)}", flush=True)
+        tasks = tuning.at_chosen(tasks, tuned, _cell)
+    print(f"{len(tasks)} simulated runs on {args.jobs} process(es) ...", flush=True)
     raw = run_all(tasks, s, args.jobs, log, done, named.model)
     seconds = sum(r["wall_s"] for r in raw) / max(1, args.jobs)
-    cells = summarise(raw, s)
+    cells = summarise(raw, s, tuned)
     verdicts = goals(cells, s)
     command = "python -m edgestream bench dlion " + " ".join(sys.argv[1:])
     versions = sorted({r.get("dlion_code") or "not recorded" for r in raw})
     md = (f"## DLion vs BSP and gossip (simulated clock)\n\nCommand: `{command}`; trainers/strategies/dlion.py at "
           f"{'; '.join(versions)}\n\n" + main_markdown(cells, s, seeds, seconds, named)
           + "\n\n" + ablation_markdown(cells, s) + "\n\n" + degraded_markdown(raw, s)
+          + ("" if tune is None else "\n\n" + "\n".join(tuning.markdown_table(
+              {(row, f"{partition} N={n}"): rec for (partition, n, row), rec in tuned.items()},
+              list(dict.fromkeys(row for _, _, row in tuned)),
+              list(dict.fromkeys(f"{partition} N={n}" for partition, n, _ in tuned)), tune))
+             + " The degraded-link runs use their main cell's choice.")
           + "\n\n### The paper's claims (SEEDS.md section 4) against the medians\n\n"
           + "\n".join(f"- {v}" for v in verdicts) + "\n")
     print(md)
@@ -690,6 +735,9 @@ def main() -> None:
         "cost_model": asdict(named.model), "cost_model_name": named.name, "cost_model_source": named.source,
         "accuracy": "mean of the nodes' held-out accuracies (each node evaluates its own model); BSP: its model",
         "sweep_seconds": seconds, "jobs": args.jobs, "goals": verdicts, "runs": raw, "cells": cells,
+        "tuning": None if tune is None else {
+            **tune.to_json(), "choices": {f"{p}/{n}/{row}": rec for (p, n, row), rec in (tuned or {}).items()},
+            "runs": tune_raw},
     }, indent=1, default=str))
     md_path = out.with_suffix(".md")
     marker = "<!-- generated below -->"

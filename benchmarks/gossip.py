@@ -42,9 +42,19 @@ time), gossip_traffic.png. Never asserts.
         [--scale 2] [--partitions iid,dirichlet] [--lags 1] [--rows ...] [--topology ring] [--edge-window 0.3]
         [--quick] [--no-traffic] [--no-main] [--out PATH] [--log RUNS.jsonl [--resume]]
         [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
+        [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
 
 ``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and bandwidth replace
 the default cost model's; the slowdowns stay unless it sets its own.
+
+``--tune-lr`` (benchmarks/tuning.py, as ``bench strategies``): every row of the main comparison
+(bsp and gossip included) per partition runs at each multiplier of ``--lr-grid`` on the tuning
+seed (``--tune-seed``, default 1000 + the first seed, never a reporting seed), the chooser picks
+one (smallest TTA; if all missed, accuracy at ``--acc-budget``, then loss; ties towards x1, then
+the smaller), and the reporting seeds run at it: the ratios are against tuned gossip and tuned
+BSP. The tuning runs go to the log too (``--resume`` reuses them). JSON: ``tuning`` (grid, seeds,
+rule, ``choices`` by ``PARTITION/ROW``, the tuning runs) and each cell's ``tuning`` record; the
+markdown has a table of the chosen multipliers. The traffic sweep is not tuned.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ from typing import Any
 import numpy as np
 
 from edgestream.benchmarks import strategies as matrix  # strategies.py: BSP's row, censored medians
+from edgestream.benchmarks import tuning
 from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.evaluation import time_to_target
 
@@ -143,6 +154,12 @@ class Task:
     row: str
     topology: str
     workers: int
+    lr_mult: float = 1.0  # scales every learning rate of the row (--tune-lr; benchmarks/tuning.py)
+
+
+def _cell(d: dict[str, Any]) -> tuple[Any, ...]:
+    """A task's or run's cell: everything but the seed and the LR multiplier."""
+    return (d["kind"], d["partition"], d["row"], d["topology"], d["workers"])
 
 
 def _iteration_stats(starts: list[float], after: float) -> tuple[float, float, int]:
@@ -176,17 +193,17 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
     if task.kind == "traffic":
         streams = simclock.StreamSet.from_fleet("digits", (s.traffic_rate_hz,) * task.workers, partition="iid",
                                                 seed=task.seed, message_interval_s=s.message_interval_s)
-        config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
+        config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                     eval_every_s=1.0, target_accuracy=None, time_budget_s=s.traffic_budget_s,
                                     evaluate_workers=True)
         costs = base
     else:
         streams = _streams(task.partition, task.seed, s.scale, s.message_interval_s)
-        config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
+        config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                     eval_every_s=s.eval_every_s, target_accuracy=s.target,
                                     time_budget_s=s.budget_s, min_time_s=s.acc_budget_s, evaluate_workers=True)
         costs = costmodels.with_worker_lists(base, matrix.SLOWDOWN)
-    mode = mode_for(task.row, streams, s, task.topology)
+    mode = tuning.scaled_mode(mode_for(task.row, streams, s, task.topology), task.lr_mult)
     report = simclock.run(mode, streams, costs, config)
     workers = [p for p in report.processes if p.name != simclock.SERVER_NAME]
     nodes = [_node(p, report.sim_time_s, s.warmup_s if task.kind == "main" else 1.0) for p in workers]
@@ -196,7 +213,9 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
                 for w, tl in report.worker_timelines.items()}
     return {
         **asdict(task), "settings": asdict(s), "cost_model": asdict(base),
+        "lr": config.lr if mode.lr is None else mode.lr,
         "tta_s": report.tta_s, "acc_at_budget": matrix.accuracy_at(report.timeline, s.acc_budget_s),
+        "loss_at_budget": matrix.loss_at(report.loss_timeline, s.acc_budget_s),
         "final_accuracy": report.final_accuracy, "sim_time_s": report.sim_time_s, "stopped": report.stopped,
         "node_acc_at_budget": node_acc,
         "w0_tta_s": time_to_target(report.worker_timelines.get("w0", []), s.target) if report.worker_timelines
@@ -279,7 +298,7 @@ def run_logged(run: Callable[[Any, Any], dict[str, Any]], tasks: list[Any], s: A
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["kind"], r["partition"], r["seed"], r["row"], r["topology"], r["workers"])
+    return (r["kind"], r["partition"], r["seed"], r["row"], r["topology"], r["workers"], r.get("lr_mult", 1.0))
 
 
 def _line(i: int, n: int, r: dict[str, Any], begun: float) -> str:
@@ -290,7 +309,8 @@ def _line(i: int, n: int, r: dict[str, Any], begun: float) -> str:
                 f"{r['consumed_per_iteration_mean'] / 1e3:.1f} kB/node/iteration (max "
                 f"{r['consumed_per_iteration_max'] / 1e3:.1f}), produced {r['produced_per_iteration_mean'] / 1e3:.1f}")
     else:
-        what = (f"{r['partition']} seed {r['seed']} {r['row']}: TTA {_s(r['tta_s'])}, acc@budget "
+        lr = f" lr x{r['lr_mult']:g} ({r['lr']:.3g})" if r.get("lr_mult", 1.0) != 1.0 else ""
+        what = (f"{r['partition']} seed {r['seed']} {r['row']}{lr}: TTA {_s(r['tta_s'])}, acc@budget "
                 f"{_f3(r['acc_at_budget'])}, idle {r['idle_mean']:.0%} (blocked {r['blocked_mean']:.0%}), "
                 f"iteration CV {r['iteration_cv_mean']:.2f}, across nodes {r['cross_node_cv']:.2f}")
     return f"[{i}/{n}] {what} ({r['wall_s']:.1f} s; {elapsed / 60:.1f} min so far, ~{eta / 60:.1f} min left)"
@@ -317,7 +337,10 @@ def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
     return text
 
 
-def summarise(raw: list[dict[str, Any]], s: Settings, rows: list[str], partitions: list[str]) -> dict[str, Any]:
+def summarise(raw: list[dict[str, Any]], s: Settings, rows: list[str], partitions: list[str],
+              tuned: dict[tuple[Any, ...], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Per partition and row: medians over the seeds (``tuned``: each cell's tuning record,
+    by :func:`_cell`)."""
     main = [r for r in raw if r["kind"] == "main"]
     by = {(r["partition"], r["seed"], r["row"]): r for r in main}
     seeds = sorted({r["seed"] for r in main})
@@ -360,6 +383,8 @@ def summarise(raw: list[dict[str, Any]], s: Settings, rows: list[str], partition
                 "produced_per_iteration": [r["produced_per_iteration_mean"] for r in runs],
                 "consensus_at_budget": [_at(r["consensus_timeline"], s.acc_budget_s) for r in runs],
                 "local_steps": [r["local_steps"] for r in runs],
+                "lr_mult": runs[0].get("lr_mult", 1.0), "lr": runs[0].get("lr"),
+                "tuning": (tuned or {}).get(_cell(runs[0])),
             }
     return cells
 
@@ -601,6 +626,7 @@ def main() -> None:
                                       "(default: $TMPDIR/edgestream-bench-NAME.runs.jsonl)")
     parser.add_argument("--resume", action="store_true",
                         help="reuse the runs already in the log (same settings) instead of running them again")
+    tuning.add_arguments(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     s = Settings(budget_s=args.budget, acc_budget_s=min(args.acc_budget, args.budget), repeats=args.repeats,
@@ -620,6 +646,9 @@ def main() -> None:
     if args.seeds:
         seeds = [int(x) for x in args.seeds.split(",") if x]
         s = replace(s, repeats=len(seeds), first_seed=seeds[0])
+    tune = tuning.from_args(parser, args, seeds)
+    if tune is not None and args.no_main:
+        parser.error("--tune-lr tunes the main comparison's rows: not with --no-main (the traffic sweep is not tuned)")
     named = matrix.resolve_cost_model(parser, args.cost_model, (WORKERS, *([] if args.no_traffic else sizes)))
     tasks: list[Task] = []
     if not args.no_main:
@@ -632,7 +661,6 @@ def main() -> None:
             for topo in TRAFFIC_TOPOLOGIES:
                 for row in ("gossip", "edgegossip"):
                     tasks.append(Task("traffic", "iid", s.first_seed, row, topo, n))
-    print(f"{len(tasks)} simulated runs on {args.jobs} process(es) ...", flush=True)
     log = Path(args.log) if args.log else Path(tempfile.gettempdir()) / f"edgestream-bench-{Path(args.out).name}.runs.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     done = []
@@ -641,13 +669,30 @@ def main() -> None:
         done = [r for r in lines if r.get("settings") == asdict(s) and same_cost_model(r, named.model)]
     elif log.exists():
         log.unlink()
+    tuned, tune_raw = None, []
+    if tune is not None:
+        # Every main row (gossip and BSP included) on the tuning seeds at each multiplier, then the
+        # reporting seeds at the chosen one; logged (and resumed) like the rest.
+        grid = tuning.grid_tasks([t for t in tasks if t.kind == "main"], tune, _cell)
+        print(f"tuning the learning rate: {len(grid)} runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, tuning "
+              f"seed {', '.join(map(str, tune.seeds))}) ...", flush=True)
+        tune_raw = run_all(grid, s, args.jobs, log, done, named.model)
+        tuned = tuning.choose_cells(tune_raw, tune, _cell)
+        for key, rec in tuned.items():
+            print(f"chosen: {key[1]} {key[2]} {tuning.mult_text(rec)}", flush=True)
+        tasks = tuning.at_chosen(tasks, tuned, _cell)
+    print(f"{len(tasks)} simulated runs on {args.jobs} process(es) ...", flush=True)
     raw = run_all(tasks, s, args.jobs, log, done, named.model)
     seconds = sum(r["wall_s"] for r in raw) / max(1, args.jobs)  # also right for resumed runs
-    cells = summarise(raw, s, rows, partitions)
+    cells = summarise(raw, s, rows, partitions, tuned)
     verdicts = goals(cells, partitions, lags)
     md = ""
     if not args.no_main:
         md += main_markdown(cells, s, rows, partitions, seeds, seconds, named)
+        if tune is not None:
+            md += "\n\n" + "\n".join(tuning.markdown_table(
+                {(row, p): cells[f"{p}/{row}"]["tuning"] for p in partitions for row in rows
+                 if cells.get(f"{p}/{row}", {}).get("tuning")}, rows, partitions, tune))
         for partition in partitions:
             md += "\n\n" + node_markdown(raw, rows, partition, seeds[0])
     if not args.no_traffic:
@@ -670,6 +715,9 @@ def main() -> None:
         "accuracy": "mean of the nodes' held-out accuracies (each node evaluates its own model)",
         "sweep_seconds": seconds, "jobs": args.jobs, "goals": verdicts,
         "runs": raw, "cells": cells,
+        "tuning": None if tune is None else {
+            **tune.to_json(), "choices": {f"{k[1]}/{k[2]}": rec for k, rec in (tuned or {}).items()},
+            "runs": tune_raw},
     }, indent=1, default=str))
     md_path = out.with_suffix(".md")
     marker = "<!-- generated below -->"

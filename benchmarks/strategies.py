@@ -80,6 +80,24 @@ Never asserts.
         [--cost-model default --cost-model calibrated --cost-model edge-network --cost-model my.toml ...]
         [--real both/iid:bsp,scadles,asp] [--real-repeats 1] [--real-workers 10] [--bootstrap HOST:PORT]
         [--reuse-matrix results/strategies.json [--rerun ROWS]] [--real-from OLD.json] [--real-first-seed N]
+        [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
+
+``--tune-lr`` (off by default) tunes every cell's learning rate before the reporting runs
+(benchmarks/tuning.py): each (cost model, regime, partition, row) cell, BSP and the oracle
+included, runs once per multiplier of ``--lr-grid`` (default 0.5, 1, 2) on the tuning seed
+(``--tune-seed``, default 1000 + the first seed; a reporting seed is refused). A multiplier
+scales the run's LR and the row's own LR where it sets one (ASP's and SSP's per-update
+``lr * 64 / (64 N)``), so every row's LR rule keeps its shape. The chooser takes the smallest
+TTA on the tuning seed; if every multiplier missed, the highest accuracy at ``--acc-budget``,
+then the lowest held-out loss; ties towards x1, then the smaller multiplier. The reporting
+seeds then run at the chosen multiplier: every ratio is against tuned BSP and the tuned
+oracle. The JSON's ``tuning`` holds the grid, seeds, rule, every tuning run and the choice
+per cell (``choices``, keyed ``COST/REGIME/PARTITION/ROW``, ``zero/...`` for the oracle),
+and each cell its ``tuning`` record (``points``: every multiplier's TTA, accuracy and loss;
+``chosen_mult``, ``lr``); every run records ``lr_mult`` and its trainer ``lr``. The markdown
+has a table of the chosen multipliers per cost model. ``--reuse-matrix`` of a tuned file needs
+the same ``--tune-lr --lr-grid --tune-seed`` (its tuning runs are reused; ``--rerun`` rows are
+tuned again); ``--real`` is refused with it, and the stage-split table is not tuned.
 
 ``--real-workers N`` runs the real subset on the regime's first N devices (e.g. ``--real
 both/iid:bsp,adsp --real-workers 4``). Real-broker entries are kept across invocations: those
@@ -115,6 +133,8 @@ from typing import Any
 
 import numpy as np
 
+from edgestream.benchmarks import claims, tuning
+from edgestream.benchmarks.censored import censored_median, censored_ratio, median_bound
 from edgestream.streams.profiles import SCADLES_RATES
 from edgestream.trainers import costmodels, simclock, strategies
 
@@ -484,28 +504,42 @@ class Task:
     seed: int
     row: str  # a row name, or "oracle"
     cost: str | None  # None for the oracle (zero cost)
+    lr_mult: float = 1.0  # scales every learning rate of the row (``--tune-lr``; benchmarks/tuning.py)
+
+
+def _task_key(t: Task) -> tuple[Any, ...]:
+    return (t.regime, t.partition, t.seed, t.row, t.cost, t.lr_mult)
+
+
+def _run_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A run's key (runs written before ``lr_mult`` existed were at multiplier 1)."""
+    return (r["regime"], r["partition"], r["seed"], r["row"], r["cost"], r.get("lr_mult", 1.0))
 
 
 def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None,
              models: dict[str, simclock.CostModel] | None = None) -> dict[str, Any]:
     """One simulated run; a JSON-able dict of its raw figures (``models``: the cost models by
-    name, see :func:`cost_model`)."""
+    name, see :func:`cost_model`). ``task.lr_mult`` scales the run's LR and the row's own LR
+    if it sets one (``lr``: the trainer LR the run used)."""
     started = time.monotonic()
     streams = _streams(task.regime, task.partition, task.seed, s.scale, s.message_interval_s)
-    config = simclock.RunConfig(model="mlp", lr=s.lr, momentum=s.momentum, seed=task.seed,
+    config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=s.target,
                                 time_budget_s=s.budget_s, min_time_s=s.acc_budget_s,
                                 evaluate_workers=task.row in MEAN_OF_NODES_ROWS)
     if task.row == "oracle":
         base = simclock.oracle_mode(streams, window_s=s.window_s, max_batch=MAX_BATCH, reference_per_worker=BATCH)
         report = simclock.oracle(streams, config, base)
+        lr = config.lr
     else:
-        mode = row_modes(streams, s)[task.row]
+        mode = tuning.scaled_mode(row_modes(streams, s)[task.row], task.lr_mult)
         report = simclock.run(mode, streams, cost_model(task.cost, regimes()[task.regime], calibration, models),
                               config)
+        lr = config.lr if mode.lr is None else mode.lr
     return {
-        **asdict(task), "tta_s": report.tta_s,
+        **asdict(task), "lr": lr, "tta_s": report.tta_s,
         "acc_at_budget": accuracy_at(report.timeline, s.acc_budget_s),
+        "loss_at_budget": loss_at(report.loss_timeline, s.acc_budget_s),
         "acc_at": {str(t): accuracy_at(report.timeline, t) for t in (15, 30, 45, 60, 90, 120) if t <= s.budget_s},
         "final_accuracy": report.final_accuracy, "sim_time_s": report.sim_time_s, "stopped": report.stopped,
         "steps": report.steps, "local_steps": report.local_steps, "bytes_sent": report.bytes_sent,
@@ -530,6 +564,11 @@ def accuracy_at(timeline: list[tuple[float, float, int]], t: float) -> float | N
     return best
 
 
+def loss_at(timeline: list[tuple[float, float]], t: float) -> float | None:
+    """Held-out loss of the last evaluation at or before ``t`` (None if the run ended earlier)."""
+    return accuracy_at([(at, loss, 0) for at, loss in timeline], t)
+
+
 def _worker_init() -> None:
     from edgestream.trainers.local import limit_torch_threads
 
@@ -537,13 +576,16 @@ def _worker_init() -> None:
 
 
 def run_matrix(tasks: list[Task], s: Settings, calibration: dict[str, Any] | None, jobs: int,
-               progress=print, models: dict[str, simclock.CostModel] | None = None) -> list[dict[str, Any]]:
+               progress=print, models: dict[str, simclock.CostModel] | None = None,
+               show_lr: bool = False) -> list[dict[str, Any]]:
+    """Every task's run, in the order of ``tasks`` (``jobs`` > 1: a pool of spawned processes);
+    a progress line per run as it ends (``show_lr``: with its LR multiplier and LR)."""
     out: list[dict[str, Any]] = []
     if jobs <= 1:
         _worker_init()
         for i, task in enumerate(tasks, 1):
             out.append(run_task(task, s, calibration, models))
-            progress(_progress_line(i, len(tasks), out[-1]))
+            progress(_progress_line(i, len(tasks), out[-1], show_lr))
         return out
     import multiprocessing
 
@@ -551,15 +593,54 @@ def run_matrix(tasks: list[Task], s: Settings, calibration: dict[str, Any] | Non
         futures = [pool.submit(run_task, task, s, calibration, models) for task in tasks]
         for i, future in enumerate(as_completed(futures), 1):
             out.append(future.result())
-            progress(_progress_line(i, len(tasks), out[-1]))
-    key = {(t.regime, t.partition, t.seed, t.row, t.cost): i for i, t in enumerate(tasks)}
-    return sorted(out, key=lambda r: key[(r["regime"], r["partition"], r["seed"], r["row"], r["cost"])])
+            progress(_progress_line(i, len(tasks), out[-1], show_lr))
+    key = {_task_key(t): i for i, t in enumerate(tasks)}
+    return sorted(out, key=lambda r: key[_run_key(r)])
 
 
-def _progress_line(i: int, n: int, r: dict[str, Any]) -> str:
+def _progress_line(i: int, n: int, r: dict[str, Any], show_lr: bool = False) -> str:
     tta = f"{r['tta_s']:.1f} s" if r["tta_s"] is not None else "missed"
-    return (f"[{i}/{n}] {r['cost'] or 'zero'} {r['regime']}/{r['partition']} seed {r['seed']} {r['row']}: "
+    lr = f" lr x{r['lr_mult']:g} ({r['lr']:.3g})" if show_lr or r.get("lr_mult", 1.0) != 1.0 else ""
+    return (f"[{i}/{n}] {r['cost'] or 'zero'} {r['regime']}/{r['partition']} seed {r['seed']} {r['row']}{lr}: "
             f"TTA {tta}, acc@budget {_f3(r['acc_at_budget'])} ({r['wall_s']:.1f} s)")
+
+
+# -- learning-rate tuning (--tune-lr; benchmarks/tuning.py) ---------------------------------
+
+
+def tuning_tasks(spec: tuning.TuneSpec, columns: list[tuple[str, str]], costs: list[str], rows: list[str]
+                 ) -> list[Task]:
+    """Every cell's grid on the tuning seeds: the oracle per column (zero cost), every row per
+    column and cost model."""
+    tasks = [Task(r, p, seed, "oracle", None, m) for seed in spec.seeds for r, p in columns for m in spec.grid]
+    tasks += [Task(r, p, seed, row, cost, m) for seed in spec.seeds for r, p in columns for cost in costs
+              for row in rows for m in spec.grid]
+    return tasks
+
+
+def tune_key(cost: str | None, regime: str, partition: str, row: str) -> str:
+    """A tuned cell's key: ``COST/REGIME/PARTITION/ROW``, ``zero/REGIME/PARTITION/oracle`` for the oracle."""
+    return f"{cost or 'zero'}/{regime}/{partition}/{row}"
+
+
+def choose_lrs(tune_raw: list[dict[str, Any]], spec: tuning.TuneSpec) -> dict[str, dict[str, Any]]:
+    """Per tuned cell, the record of its tuning (``tuning.record``): every grid point's TTA,
+    accuracy and loss at the accuracy budget on the tuning seeds, the chosen multiplier and LR."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in tune_raw:
+        groups.setdefault(tune_key(r["cost"], r["regime"], r["partition"], r["row"]), []).append(r)
+    out = {}
+    for key, runs in groups.items():
+        base_lr = runs[0]["lr"] / runs[0]["lr_mult"]
+        out[key] = tuning.record(tuning.choose_runs(runs), spec, base_lr)
+    return out
+
+
+def reporting_mult(tuned: dict[str, dict[str, Any]] | None, task: Task) -> float:
+    """The multiplier a reporting run of ``task``'s cell runs at (1 untuned)."""
+    if tuned is None:
+        return 1.0
+    return tuned[tune_key(task.cost, task.regime, task.partition, task.row)]["chosen_mult"]
 
 
 def _f3(v: float | None) -> str:
@@ -570,9 +651,11 @@ def _f3(v: float | None) -> str:
 
 
 def summarise(raw: list[dict[str, Any]], s: Settings, rows: list[str], columns: list[tuple[str, str]],
-              costs: list[str]) -> dict[str, Any]:
+              costs: list[str], tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per cost model, row and column: medians and min-max over seeds of TTA, its ratio to
-    BSP's on the same seed, its multiple of the oracle's on the same seed, accuracy at budget.
+    BSP's on the same seed, its multiple of the oracle's on the same seed, accuracy at budget;
+    with ``tuned`` (``--tune-lr``), the cell's tuning record (``tuning``) too: the runs are then
+    at the chosen multipliers, so the ratios are against tuned BSP and the tuned oracle.
 
     A missed target is censored at the budget: a ratio is then ``>`` (the row missed) or
     ``<`` (BSP missed) a bound, and the median is taken over the bounds with that mark.
@@ -607,38 +690,10 @@ def summarise(raw: list[dict[str, Any]], s: Settings, rows: list[str], columns: 
                     "bytes_sent": statistics.median(r["bytes_sent"] for r in runs),
                     "compressed_fraction": statistics.median(r["compressed_fraction"] for r in runs),
                     "max_backlog": max(r["max_backlog"] for r in runs),
+                    "lr_mult": runs[0].get("lr_mult", 1.0), "lr": runs[0].get("lr"),
+                    "tuning": (tuned or {}).get(tune_key(cell_cost, regime, partition, row)),
                 }
     return cells
-
-
-def censored_ratio(a: float | None, b: float | None, budget: float) -> dict[str, Any] | None:
-    """``a / b`` with a missed target counted as the budget: ``{"value", "bound": "=" | ">" | "<"}``;
-    None when neither reached it (nothing known)."""
-    if a is None and b is None:
-        return None
-    if a is None:
-        return {"value": budget / b, "bound": ">"}
-    if b is None:
-        return {"value": a / budget, "bound": "<"}
-    return {"value": a / b, "bound": "="}
-
-
-def median_bound(values: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    known = [v for v in values if v is not None]
-    if not known:
-        return None
-    ordered = sorted(known, key=lambda v: v["value"])
-    mid = ordered[(len(ordered) - 1) // 2] if len(ordered) % 2 else None
-    if mid is None:  # even count: mean of the middle two, marked if either is a bound
-        lo, hi = ordered[len(ordered) // 2 - 1], ordered[len(ordered) // 2]
-        marks = {lo["bound"], hi["bound"]} - {"="}
-        mid = {"value": (lo["value"] + hi["value"]) / 2, "bound": marks.pop() if len(marks) == 1 else "="}
-    return {"value": mid["value"], "bound": mid["bound"], "min": ordered[0]["value"], "max": ordered[-1]["value"]}
-
-
-def censored_median(ttas: list[float | None], budget: float) -> dict[str, Any] | None:
-    return median_bound([{"value": t, "bound": "="} if t is not None else {"value": budget, "bound": ">"}
-                         for t in ttas])
 
 
 def _cell(m: dict[str, Any] | None, fmt: str = "{:.2f}", spread: bool = True) -> str:
@@ -653,7 +708,7 @@ def _cell(m: dict[str, Any] | None, fmt: str = "{:.2f}", spread: bool = True) ->
 
 def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[tuple[str, str]], costs: list[str],
              calibration: dict[str, Any] | None, seconds: float, seeds: list[int], notes: list[str],
-             models: dict[str, simclock.CostModel] | None = None) -> str:
+             models: dict[str, simclock.CostModel] | None = None, tune: tuning.TuneSpec | None = None) -> str:
     reg = regimes()
     lines = [
         f"Simulated clock, digits (held-out 20 %), 10 devices, one worker each; rates x{s.scale:g}; "
@@ -671,10 +726,21 @@ def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[
             f"| {' '.join(f'{x:g}' for x in g.links_mbit)} | {heterogeneity(g.rates):.2f} "
             f"| {heterogeneity(tuple(1 / x for x in g.slowdowns)):.2f} | {heterogeneity(g.links_mbit):.2f} |")
     lines += ["", "Cost models: " + cost_line(calibration, models), "", "Rows: " + rows_line(s), ""]
+    if tune is not None:
+        lines += [tuning_line(tune), ""]
     header = "| row | " + " | ".join(f"{r} {p}" for r, p in columns) + " |"
     rule = "|---|" + "---:|" * len(columns)
+    bsp = "tuned BSP" if tune is not None else "BSP"
     for cost in costs:
-        lines += [f"### {cost} cost model: TTA / BSP's TTA (same seed; < 1 is faster than BSP)", "", header, rule]
+        if tune is not None:
+            lines += [f"### {cost} cost model: learning rate chosen on the tuning seed (multiplier of the row's own, "
+                      f"trainer LR)", "", header, rule]
+            for row in ["oracle", *rows]:
+                lines.append(f"| {row} | " + " | ".join(
+                    tuning.mult_text(cells.get(f"{cost}/{r}/{p}/{row}", {}).get("tuning")) for r, p in columns) + " |")
+            lines += ["", tuning.LEGEND, ""]
+        lines += [f"### {cost} cost model: TTA / {bsp}'s TTA (same seed; < 1 is faster than {bsp})", "", header,
+                  rule]
         for row in ["oracle", *rows]:
             lines.append(f"| {row} | " + " | ".join(
                 _cell(cells.get(f"{cost}/{r}/{p}/{row}", {}).get("vs_bsp_median")) for r, p in columns) + " |")
@@ -706,6 +772,14 @@ def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[
     ]
     lines += [f"Note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+def tuning_line(tune: tuning.TuneSpec) -> str:
+    return (f"Learning rates tuned (--tune-lr): every cell's row, BSP and the oracle included, ran at each "
+            f"multiplier {', '.join(f'x{m:g}' for m in tune.grid)} of its own learning rate(s) (the LRs below) on "
+            f"tuning seed{'s' if len(tune.seeds) > 1 else ''} {', '.join(map(str, tune.seeds))}, never reported; "
+            f"the rule: {tuning.RULE}. The reported seeds ran at the chosen multiplier, so every ratio is against "
+            f"tuned BSP and the tuned oracle. The stage-split table is not tuned.")
 
 
 def rows_line(s: Settings) -> str:
@@ -1217,6 +1291,7 @@ def main() -> None:
                              "settings instead of simulating again (e.g. to add a --real subset)")
     parser.add_argument("--rerun", metavar="ROWS",
                         help="with --reuse-matrix: simulate these rows again (comma list), reuse the others")
+    tuning.add_arguments(parser)
     parser.add_argument("--out", default=str(RESULTS / "strategies"), help="output path without suffix")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1253,6 +1328,10 @@ def main() -> None:
         parser.error(str(exc))
     columns = [(r, p) for r in regime_names for p in partitions]
     seeds = [s.first_seed + i for i in range(s.repeats)]
+    tune = tuning.from_args(parser, args, seeds)
+    if tune is not None and real is not None:
+        parser.error("--tune-lr tunes the simulated matrix only: run the --real subset in its own invocation "
+                     "(without --tune-lr; it runs at the base learning rates)")
 
     calibration = None
     previous = json.loads(Path(args.reuse_matrix).read_text()) if args.reuse_matrix else None
@@ -1263,6 +1342,19 @@ def main() -> None:
         if differ:
             parser.error(f"--reuse-matrix: settings differ: {previous['settings']} vs {asdict(s)}")
         calibration = previous["cost_models"].get("calibrated")
+        before = previous.get("tuning")
+        if tune is None and before:
+            parser.error(f"--reuse-matrix: {args.reuse_matrix} was tuned (--tune-lr --lr-grid "
+                         f"{','.join(f'{m:g}' for m in before['grid'])} --tune-seed "
+                         f"{','.join(map(str, before['seeds']))}): give the same flags to reuse it")
+        if tune is not None and not before:
+            parser.error(f"--reuse-matrix: {args.reuse_matrix} was not tuned (its runs are at the base learning "
+                         f"rates): run the tuned matrix without --reuse-matrix")
+        if tune is not None and (tuple(before["grid"]) != tune.grid or tuple(before["seeds"]) != tune.seeds):
+            parser.error(f"--reuse-matrix: {args.reuse_matrix} was tuned on grid "
+                         f"{','.join(f'{m:g}' for m in before['grid'])} and seeds "
+                         f"{','.join(map(str, before['seeds']))}, not {','.join(f'{m:g}' for m in tune.grid)} and "
+                         f"{','.join(map(str, tune.seeds))}")
     elif CALIBRATED in costs or real is not None:
         print("calibrating: timing compute_gradient (mlp, 1 torch thread) ...", flush=True)
         calibration = calibrate()
@@ -1272,10 +1364,41 @@ def main() -> None:
     tasks = [Task(r, p, seed, "oracle", None) for seed in seeds for r, p in columns]
     tasks += [Task(r, p, seed, row, cost) for seed in seeds for r, p in columns for cost in costs for row in rows]
     rerun = [r for r in (args.rerun or "").split(",") if r]
+    tuned, tune_raw, tune_seconds = None, [], 0.0
+    if tune is not None:
+        # The grid on the tuning seeds first (rows of --rerun tuned again, the rest reused), then
+        # the reporting seeds at each cell's chosen multiplier.
+        grid_tasks = tuning_tasks(tune, columns, costs, rows)
+        todo = grid_tasks
+        if previous is not None:
+            have = {_run_key(r): r for r in previous["tuning"]["runs"]}
+            wanted_grid = [t for t in grid_tasks if t.row not in rerun]
+            tune_raw = [have[_task_key(t)] for t in wanted_grid if _task_key(t) in have]
+            if len(tune_raw) < len(wanted_grid):
+                parser.error(f"--reuse-matrix: {len(wanted_grid) - len(tune_raw)} of the {len(wanted_grid)} tuning "
+                             f"runs asked for are not in {args.reuse_matrix}")
+            todo = [t for t in grid_tasks if t.row in rerun]
+        if todo:
+            print(f"tuning the learning rate: {len(todo)} simulated runs (grid "
+                  f"{', '.join(f'x{m:g}' for m in tune.grid)}, tuning seed {', '.join(map(str, tune.seeds))}) on "
+                  f"{args.jobs} processes ...", flush=True)
+            started = time.monotonic()
+            tune_raw += run_matrix(todo, s, calibration, args.jobs, progress=lambda line: print("tuning " + line,
+                                                                                                flush=True),
+                                   models=models, show_lr=True)
+            tune_seconds = time.monotonic() - started
+        if previous is not None:
+            tune_seconds += previous["tuning"].get("seconds", 0.0)
+        order = {_task_key(t): i for i, t in enumerate(grid_tasks)}
+        tune_raw.sort(key=lambda r: order[_run_key(r)])
+        tuned = choose_lrs(tune_raw, tune)
+        for key, rec in tuned.items():
+            print(f"chosen: {key} {tuning.mult_text(rec)}", flush=True)
+        tasks = [replace(t, lr_mult=reporting_mult(tuned, t)) for t in tasks]
     if previous is not None:
         again = [t for t in tasks if t.row in rerun]
-        wanted = {(t.regime, t.partition, t.seed, t.row, t.cost) for t in tasks if t.row not in rerun}
-        raw = [r for r in previous["runs"] if (r["regime"], r["partition"], r["seed"], r["row"], r["cost"]) in wanted]
+        wanted = {_task_key(t) for t in tasks if t.row not in rerun}
+        raw = [r for r in previous["runs"] if _run_key(r) in wanted]
         missing = len(wanted) - len(raw)
         if missing:
             parser.error(f"--reuse-matrix: {missing} of the {len(wanted)} runs asked for are not in {args.reuse_matrix}")
@@ -1286,20 +1409,23 @@ def main() -> None:
             print(f"simulating {len(again)} runs of {', '.join(rerun)} again on {args.jobs} processes ...", flush=True)
             started = time.monotonic()
             raw += run_matrix(again, s, calibration, args.jobs, progress=lambda line: print(line, flush=True),
-                              models=models)
+                              models=models, show_lr=tune is not None)
             notes.append(f"rows {', '.join(rerun)} simulated again ({(time.monotonic() - started) / 60:.1f} min) "
                          f"after a code change; the other rows are from the earlier run")
-            order = {(t.regime, t.partition, t.seed, t.row, t.cost): i for i, t in enumerate(tasks)}
-            raw.sort(key=lambda r: order[(r["regime"], r["partition"], r["seed"], r["row"], r["cost"])])
+            order = {_task_key(t): i for i, t in enumerate(tasks)}
+            raw.sort(key=lambda r: order[_run_key(r)])
     else:
         print(f"{len(tasks)} simulated runs on {args.jobs} processes ...", flush=True)
         started = time.monotonic()
         raw = run_matrix(tasks, s, calibration, args.jobs, progress=lambda line: print(line, flush=True),
-                         models=models)
+                         models=models, show_lr=tune is not None)
         seconds = time.monotonic() - started
-    cells = summarise(raw, s, rows, columns, costs)
+    cells = summarise(raw, s, rows, columns, costs, tuned)
     md = "## Strategy matrix (simulated clock)\n\n" + markdown(cells, s, rows, columns, costs, calibration, seconds,
-                                                               seeds, notes, models)
+                                                               seeds, notes, models, tune)
+    judged = claims.judge(raw, costs, s.budget_s)
+    if judged:
+        md += "\n\n" + claims.markdown(judged, costs).rstrip("\n")
     staged = stage_split_runs(s, seeds, partitions) if args.rows is None else []
     if staged:
         md += "\n\n" + stage_split_markdown(staged, s)
@@ -1345,7 +1471,9 @@ def main() -> None:
             **({"calibrated": calibration} if calibration else {})},
         "cost_model_sources": sources,
         "matrix_seconds": seconds, "jobs": args.jobs, "notes": notes,
-        "runs": raw, "cells": cells, "real": real_entries, "stage_split": staged,
+        "runs": raw, "cells": cells, "claims": judged, "real": real_entries, "stage_split": staged,
+        "tuning": None if tune is None else {**tune.to_json(), "seconds": tune_seconds, "choices": tuned,
+                                             "runs": tune_raw},
     }, indent=1, default=str))
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
 
