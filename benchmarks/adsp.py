@@ -515,15 +515,11 @@ def main() -> None:
     if tune is not None:
         # Every (H, row) cell, bsp and the commit ablation included, on the tuning seeds at each
         # multiplier (chosen by time to the target accuracy), then the reporting seeds at its choice.
-        grid = tuning.grid_tasks(tasks, tune, _cell)
-        print(f"tuning the learning rate: {len(grid)} simulated runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, "
-              f"tuning seed {', '.join(map(str, tune.seeds))}) on {args.jobs} processes ...", flush=True)
         started = time.monotonic()
-        tune_raw = run_all(grid, s, args.jobs, named.model, label="tuning ")
+        tune_raw, tuned = tuning.tune_cells(tasks, tune, _cell, lambda grid: run_all(grid, s, args.jobs, named.model,
+                                                                                     label="tuning "),
+                                            lambda key: f"H {key[0]:g} {key[1]}", f"simulated runs on {args.jobs} processes")
         tune_seconds = time.monotonic() - started
-        tuned = tuning.choose_cells(tune_raw, tune, _cell)
-        for (h, row), rec in tuned.items():
-            print(f"chosen: H {h:g} {row} {tuning.mult_text(rec)}", flush=True)
         tasks = tuning.at_chosen(tasks, tuned, _cell)
     print(f"{len(tasks)} simulated runs on {args.jobs} processes ...", flush=True)
     started = time.monotonic()

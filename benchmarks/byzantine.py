@@ -441,13 +441,9 @@ def main() -> None:
     if tune is not None:
         # Every (strategy, aggregation) pair's clean run on the tuning seeds at each multiplier;
         # its attacked runs take the same choice (the LR is tuned without knowing the attack).
-        grid = tuning.grid_tasks([t for t in tasks if t.attack == CLEAN], tune, _cell)
-        print(f"tuning the learning rate: {len(grid)} clean runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, "
-              f"tuning seed {', '.join(map(str, tune.seeds))}) ...", flush=True)
-        tune_raw = run(grid, "tuning ")
-        tuned = tuning.choose_cells(tune_raw, tune, _cell)
-        for (strategy, aggregation), rec in tuned.items():
-            print(f"chosen: {strategy} {aggregation} {tuning.mult_text(rec)}", flush=True)
+        tune_raw, tuned = tuning.tune_cells([t for t in tasks if t.attack == CLEAN], tune, _cell,
+                                            lambda grid: run(grid, "tuning "), lambda key: f"{key[0]} {key[1]}",
+                                            "clean runs")
         tasks = tuning.at_chosen(tasks, tuned, _cell)
     print(f"{len(tasks)} simulated runs, one at a time ...", flush=True)
     started = time.monotonic()

@@ -693,13 +693,9 @@ def main() -> None:
     if tune is not None:
         # Every main cell (bsp, gossip and dlion included) on the tuning seeds at each multiplier,
         # then the reporting seeds (and the degraded-link runs) at its chosen one; logged and resumed.
-        grid = tuning.grid_tasks([t for t in tasks if t.kind == "main"], tune, _cell)
-        print(f"tuning the learning rate: {len(grid)} runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, tuning "
-              f"seed {', '.join(map(str, tune.seeds))}) on {args.jobs} process(es) ...", flush=True)
-        tune_raw = run_all(grid, s, args.jobs, log, done, named.model)
-        tuned = tuning.choose_cells(tune_raw, tune, _cell)
-        for (partition, n, row), rec in tuned.items():
-            print(f"chosen: {partition} N={n} {row} {tuning.mult_text(rec)}", flush=True)
+        tune_raw, tuned = tuning.tune_cells([t for t in tasks if t.kind == "main"], tune, _cell,
+                                            lambda grid: run_all(grid, s, args.jobs, log, done, named.model),
+                                            lambda key: f"{key[0]} N={key[1]} {key[2]}", f"runs on {args.jobs} process(es)")
         tasks = tuning.at_chosen(tasks, tuned, _cell)
     print(f"{len(tasks)} simulated runs on {args.jobs} process(es) ...", flush=True)
     raw = run_all(tasks, s, args.jobs, log, done, named.model)

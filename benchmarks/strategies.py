@@ -626,14 +626,7 @@ def tune_key(cost: str | None, regime: str, partition: str, row: str) -> str:
 def choose_lrs(tune_raw: list[dict[str, Any]], spec: tuning.TuneSpec) -> dict[str, dict[str, Any]]:
     """Per tuned cell, the record of its tuning (``tuning.record``): every grid point's TTA,
     accuracy and loss at the accuracy budget on the tuning seeds, the chosen multiplier and LR."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in tune_raw:
-        groups.setdefault(tune_key(r["cost"], r["regime"], r["partition"], r["row"]), []).append(r)
-    out = {}
-    for key, runs in groups.items():
-        base_lr = runs[0]["lr"] / runs[0]["lr_mult"]
-        out[key] = tuning.record(tuning.choose_runs(runs), spec, base_lr)
-    return out
+    return tuning.choose_cells(tune_raw, spec, lambda r: tune_key(r["cost"], r["regime"], r["partition"], r["row"]))
 
 
 def reporting_mult(tuned: dict[str, dict[str, Any]] | None, task: Task) -> float:

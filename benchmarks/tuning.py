@@ -270,6 +270,21 @@ def choose_cells(runs: Sequence[dict[str, Any]], spec: TuneSpec, cell: Callable[
     return out
 
 
+def tune_cells(tasks: Sequence[Any], spec: TuneSpec, cell: Callable[[dict[str, Any]], Hashable],
+               run: Callable[[list[Any]], list[dict[str, Any]]], label: Callable[[Hashable], str],
+               what: str = "runs", **keys: str) -> tuple[list[dict[str, Any]], dict[Hashable, dict[str, Any]]]:
+    """Run the grid of ``tasks``' cells (:func:`grid_tasks`) with ``run``, printing progress,
+    and choose per cell (:func:`choose_cells`): ``(the tuning runs, the choices)``."""
+    grid = grid_tasks(tasks, spec, cell)
+    print(f"tuning the learning rate: {len(grid)} {what} (grid {', '.join(f'x{m:g}' for m in spec.grid)}, "
+          f"tuning seed {', '.join(map(str, spec.seeds))}) ...", flush=True)
+    raw = run(grid)
+    choices = choose_cells(raw, spec, cell, **keys)
+    for key, rec in choices.items():
+        print(f"chosen: {label(key)} {mult_text(rec)}", flush=True)
+    return raw, choices
+
+
 def at_chosen(tasks: Sequence[Any], choices: dict[Hashable, dict[str, Any]],
               cell: Callable[[dict[str, Any]], Hashable]) -> list[Any]:
     """``tasks`` at their cell's chosen multiplier (a task of a cell that was not tuned: unchanged)."""

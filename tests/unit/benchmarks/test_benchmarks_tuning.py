@@ -4,8 +4,6 @@ cell's choice (grid, tuning seed, every grid point) and its reported runs ran at
 from __future__ import annotations
 
 import json
-import signal
-import sys
 
 import pytest
 
@@ -27,15 +25,6 @@ CASES = {
                    "--aggregations", "mean"],
                   lambda r: f"{r['strategy']}/{r['aggregation']}"),
 }
-
-
-@pytest.fixture
-def bench_process(monkeypatch):
-    """A benchmark's ``main`` sets ``sys.argv`` and a SIGTERM handler: both put back after."""
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -16,15 +16,6 @@ TINY = ["--regimes", "rates", "--partitions", "iid", "--rows", "bsp,asp", "--rep
         "--acc-budget", "1", "--costs", "default", "--jobs", "1"]
 
 
-@pytest.fixture
-def bench_process(monkeypatch):
-    """A benchmark's ``main`` sets ``sys.argv`` and a SIGTERM handler: both put back after."""
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
-
-
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     """One tiny tuned matrix (grid x1, x2) for the module: its output path and what it printed."""

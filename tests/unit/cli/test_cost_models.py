@@ -5,8 +5,6 @@ JSON); every bad spec is one line and exit 2."""
 from __future__ import annotations
 
 import json
-import signal
-import sys
 import tomllib
 
 import pytest
@@ -17,15 +15,6 @@ from edgestream.trainers import costmodels
 
 TINY = ["--regimes", "rates", "--partitions", "iid", "--rows", "bsp", "--repeats", "1", "--budget", "2",
         "--acc-budget", "2", "--jobs", "1"]
-
-
-@pytest.fixture
-def bench_process(monkeypatch):
-    """A benchmark's ``main`` sets ``sys.argv`` and a SIGTERM handler: both put back after."""
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
 
 
 def _toml(tmp_path, text: str, name: str = "lan.toml") -> str:
