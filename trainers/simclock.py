@@ -1394,11 +1394,17 @@ class _Simulation:
             worker.since_checkpoint.append(worker.step_batches)  # re-read if it restarts
         worker.step_batches = None
         self._publish(worker, stepped.outbound)  # none for a rejected step
-        held, worker.held = worker.held, []
-        self._publish(worker, held)
         if stepped.rejection is None:
             worker.local_steps += 1
             self._count_towards_checkpoint(worker)
+        self._resume(worker)
+
+    def _resume(self, worker: _Worker) -> None:
+        """A worker's busy spell (a step or a scoring) just ended: what it held back goes out,
+        then it leaves if it is leaving, else handles the deliveries that waited, takes a
+        scoring that fell due meanwhile, and looks for its next step."""
+        held, worker.held = worker.held, []
+        self._publish(worker, held)
         if worker.leaving:
             self._leave(worker)
             return
@@ -1433,14 +1439,7 @@ class _Simulation:
         if incarnation != worker.incarnation:
             return  # the scoring of a process that crashed meanwhile
         worker.busy = False
-        held, worker.held = worker.held, []
-        self._publish(worker, held)
-        if worker.leaving:
-            self._leave(worker)
-            return
-        while worker.pending:
-            self._deliver(worker, worker.pending.popleft())
-        self._service(worker)
+        self._resume(worker)
 
     def _publish(self, worker: _Worker, outbound: list[Outbound]) -> None:
         """Put the driver's encoded messages on the process's uplink, one at a time."""
