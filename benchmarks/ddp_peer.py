@@ -843,13 +843,22 @@ def launch(
 
 
 def wait_ready(out_dir: Path, procs: list[subprocess.Popen], timeout_s: float = 120.0) -> None:
-    """Return once every rank joined the process group and assigned its consumer."""
+    """Return once every rank joined the process group and assigned its consumer.
+
+    A rank that exits first ends the start-up: the others, which would wait for it in the
+    rendezvous until its timeout, are sent SIGTERM at once (a rank not yet ready exits on
+    it), then this raises."""
     out_dir = Path(out_dir)
     deadline = time.monotonic() + timeout_s
     while len(list(out_dir.glob("ready-*"))) < len(procs):
         dead = [i for i, p in enumerate(procs) if p.poll() is not None]
         if dead:
-            raise RuntimeError(f"rank(s) {dead} exited during start-up; see {out_dir}/rank<i>.log")
+            for proc in procs:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+            raise RuntimeError(f"rank(s) {dead} exited during start-up (the others were stopped); "
+                               f"see {out_dir}/rank<i>.log")
         if time.monotonic() > deadline:
             raise TimeoutError(f"ranks not ready after {timeout_s:.0f}s; see {out_dir}/rank<i>.log")
         time.sleep(0.1)  # poll interval of a deadline wait

@@ -1,7 +1,12 @@
-"""`python -m edgestream` is the `edgestream` command."""
+"""`python -m edgestream` is the `edgestream` command.
+
+Importing this module only imports the command (``main``): the preloaded launcher
+(``pipeline/launcher.py``) imports it once and calls ``main`` in each forked process.
+"""
 
 import sys
 
 from edgestream.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,11 +8,11 @@ share. ``PreloadedLauncher`` imports that code once, in a fork server (``multipr
 process is a fresh child with its own pid, session and log, exactly as if it had been
 exec'd, only without the import time (and sharing the imported pages copy-on-write).
 
-What the process runs is the command line it would have been exec'd with:
-``edgestream.cli.main.main(argv)`` in a new session, stdout and stderr appended to its log,
-stdin on ``/dev/null``, the environment given. Its exit code is the command's (``-N`` when
-signal N ended it), as with ``subprocess.Popen``; the handle answers ``poll``, ``wait``,
-``pid`` and ``returncode`` the same way.
+What the process runs is the command line it would have been exec'd with: the
+package's ``main(argv)`` (``edgestream.__main__``) in a new session, stdout and stderr
+appended to its log, stdin on ``/dev/null``, the environment given. Its exit code is the
+command's (``-N`` when signal N ended it), as with ``subprocess.Popen``; the handle
+answers ``poll``, ``wait``, ``pid`` and ``returncode`` the same way.
 
 ``EDGESTREAM_LAUNCH=exec`` turns it off (every process is exec'd, as a process under a
 command prefix such as the testbed's ``ip netns exec`` always is).
@@ -36,6 +36,11 @@ from edgestream.pipeline.exits import flush_output
 
 #: Environment variable: ``exec`` starts every process with a new interpreter.
 LAUNCH_ENV = "EDGESTREAM_LAUNCH"
+#: The package's command entry (what ``python -m edgestream`` runs, there as ``__main__``):
+#: importing it imports the command line and nothing else runs. The launcher names the
+#: command by the package's entry point, as the exec'd path does, not by the CLI modules
+#: below it.
+COMMAND_MODULE = "edgestream.__main__"
 #: What the fork server imports once: what a worker or server imports before its first step.
 PRELOAD = (
     "torch",
@@ -43,8 +48,7 @@ PRELOAD = (
     "faust",
     "aiokafka",
     "kafka",
-    "edgestream.cli.main",
-    "edgestream.cli.worker",
+    COMMAND_MODULE,
     "edgestream.pipeline.worker",
     "edgestream.pipeline.training",
     "edgestream.pipeline.app",
@@ -57,7 +61,7 @@ SESSION_TIMEOUT_S = 10.0
 
 
 #: What a forked process runs: ``module:function``, called with the argument list.
-COMMAND = "edgestream.cli.main:main"
+COMMAND = f"{COMMAND_MODULE}:main"
 
 
 def _run_command(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> None:

@@ -156,5 +156,11 @@ class SeqWindow:
 
 
 def _as_int64(seq: np.ndarray) -> np.ndarray:
-    """Sequence numbers (uint64 on the wire) as int64, for arithmetic with -1 and the window."""
-    return np.asarray(seq).astype(np.int64, copy=False)
+    """Sequence numbers (uint64 on the wire) as int64, for arithmetic with -1 and the window.
+
+    uint64 is reinterpreted in place (a view: the same two's-complement values a cast
+    gives, numbers from 2**63 up negative), so the hot path copies nothing."""
+    numbers = np.asarray(seq)
+    if numbers.dtype == np.uint64:
+        return numbers.view(np.int64)
+    return numbers.astype(np.int64, copy=False)

@@ -11,6 +11,7 @@ literal module name.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,6 +183,23 @@ def test_cli_is_the_top_floor_imported_only_by_python_m_edgestream():
     bad = [v for v in violations(below, ("cli",)) if not v.startswith(CLI_ENTRY + ":")]
     assert not bad, "only the top floor (cli/) and edgestream/__main__.py may import cli:\n" + "\n".join(bad)
     assert violations(("edgestream",), ("cli",)), f"{CLI_ENTRY} should delegate to cli.main"
+
+
+def test_no_module_below_the_cli_names_a_cli_module_in_a_string():
+    """An import by name (``importlib.import_module("edgestream.cli.x")``, a ``module:function``
+    entry, a preload list) points up as surely as an ``import`` does, but the import checks
+    above cannot see it. Below the top floor, the command is named by the package's entry
+    point (``edgestream.__main__``), as ``python -m edgestream`` names it."""
+    pattern = re.compile(r"^edgestream\.cli(\.|:|$)")
+    bad = []
+    for package in (p for p in top_level_packages() if p != "cli"):
+        for path in python_files(package):
+            if path.relative_to(REPO).as_posix() == CLI_ENTRY:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.match(node.value):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert not bad, "CLI modules named in strings below the top floor:\n" + "\n".join(bad)
 
 
 def test_every_import_of_the_house_is_spelled_under_the_edgestream_namespace():
