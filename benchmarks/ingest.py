@@ -24,6 +24,7 @@ import argparse
 import json
 import platform
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,9 +84,9 @@ BARE_FAUST = r"""
 import os, sys, tempfile, time, uuid
 import faust
 
-bootstrap, topic, expected, result_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+bootstrap, topic, expected, result_fd, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 app = faust.App("bare-" + uuid.uuid4().hex[:6], broker="kafka://" + bootstrap, store="memory://",
-                datadir=tempfile.mkdtemp(prefix="bare-faust-"), web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
+                datadir=tempfile.mkdtemp(prefix="bare-faust-", dir=work), web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
                 autodiscover=False, consumer_max_fetch_size=16 * 1024 * 1024)
 source = app.topic(topic, key_serializer="raw", value_serializer="raw")
 state = {"n": 0, "first": None}
@@ -189,14 +190,14 @@ def run_plain(bootstrap: str, device: str, messages: int) -> dict:
     return {"records": result["messages"] * RECORDS_PER_MESSAGE, "seconds": result["seconds"]}
 
 
-def run_bare_faust(bootstrap: str, device: str, messages: int) -> dict:
+def run_bare_faust(bootstrap: str, device: str, messages: int, work: Path) -> dict:
     """A Faust agent that only iterates and counts events: the framework's own ceiling."""
     import os
 
     read_fd, write_fd = os.pipe()
-    log = tempfile.NamedTemporaryFile(prefix="bare-faust-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile(prefix="bare-faust-", suffix=".log", dir=work, delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-c", BARE_FAUST, bootstrap, topics.sensor_topic(device), str(messages), str(write_fd)],
+        [sys.executable, "-c", BARE_FAUST, bootstrap, topics.sensor_topic(device), str(messages), str(write_fd), str(work)],
         pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
     )
     os.close(write_fd)
@@ -240,7 +241,7 @@ def main() -> None:
                  lambda: run_edgestream(bootstrap, device, args.messages, work, "direct", UNCHECKED)),
                 ("edgestream_faust", lambda: run_edgestream(bootstrap, device, args.messages, work, "faust")),
                 ("plain_aiokafka", lambda: run_plain(bootstrap, device, args.messages)),
-                ("bare_faust", lambda: run_bare_faust(bootstrap, device, args.messages)),
+                ("bare_faust", lambda: run_bare_faust(bootstrap, device, args.messages, work)),
             ):
                 res = fn()
                 res["records_per_s"] = res["records"] / res["seconds"]
@@ -249,6 +250,7 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
+    shutil.rmtree(work, ignore_errors=True)  # its broker's log and the processes' logs; a run that failed keeps them (it raised above)
 
     def summary(name: str) -> dict:
         rates = [x["records_per_s"] for x in runs[name]]

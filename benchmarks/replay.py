@@ -26,6 +26,7 @@ import os
 import platform
 import re
 import statistics
+import shutil
 import subprocess
 import tempfile
 import time
@@ -219,6 +220,7 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
+    shutil.rmtree(work, ignore_errors=True)  # its broker's log and the processes' logs; a run that failed keeps them (it raised above)
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
     fid = {k: spread([run[k] for run in fidelity_runs])

@@ -122,6 +122,7 @@ import platform
 import signal
 import statistics
 import sys
+import shutil
 import tempfile
 import time
 import uuid
@@ -1092,6 +1093,8 @@ def real_runs(spec: RealSpec, s: Settings, repeats: int, bootstrap: str | None, 
     finally:
         if broker is not None:
             broker.stop()
+    if not any("error" in entry for entry in out):
+        shutil.rmtree(work, ignore_errors=True)  # the broker's log and the processes' logs: kept when a run failed
     return out
 
 

@@ -48,6 +48,7 @@ import os
 import platform
 import signal
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -611,6 +612,7 @@ def main() -> None:
                 runs.append(e)
     finally:
         broker.stop()
+    shutil.rmtree(work, ignore_errors=True)  # its broker's log and the processes' logs; a run that failed keeps them (it raised above)
     import torch
 
     loads = [e["loadavg_after"][0] for e in runs]

@@ -30,6 +30,7 @@ import platform
 import signal
 import statistics
 import sys
+import shutil
 import tempfile
 import threading
 import time
@@ -404,6 +405,7 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
+    shutil.rmtree(work, ignore_errors=True)  # its broker's log and the processes' logs; a run that failed keeps them (it raised above)
     table = summarise(runs, partitions, modes)
     md = markdown(table, s)
     if sim is not None:
