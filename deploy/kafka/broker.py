@@ -12,6 +12,7 @@ whole process group) on ``stop()``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -168,9 +169,19 @@ def ensure_class_archive(jar_dir: Path, timeout_s: float = 180.0) -> Path | None
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: every socket stays bound until all are picked, so the
+    kernel cannot hand the same port out twice (it may once a socket is closed)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -537,8 +548,9 @@ class LocalBroker:
         saved = saved_address(self.work_dir)
         if saved.get("host", host) != host:
             saved = {}
-        self.port = port or saved.get("port") or free_port()
-        self.controller_port = controller_port or saved.get("controller_port") or free_port()
+        spare = free_ports(2)
+        self.port = port or saved.get("port") or spare[0]
+        self.controller_port = controller_port or saved.get("controller_port") or spare[1]
         self.quorum_voters = quorum_voters or f"{node_id}@{host}:{self.controller_port}"
         self.heap = heap
         self.message_max_bytes = message_max_bytes
@@ -847,9 +859,9 @@ class LocalCluster:
         self.security = security
         fixed = hosts is not None
         hosts = hosts or ["127.0.0.1"] * brokers
-        ports = ports or ([9092] * brokers if fixed else [free_port() for _ in range(brokers)])
-        controller_ports = controller_ports or (
-            [9093] * brokers if fixed else [free_port() for _ in range(brokers)])
+        picked = free_ports(2 * brokers) if not fixed and (ports is None or controller_ports is None) else []
+        ports = ports or ([9092] * brokers if fixed else picked[:brokers])
+        controller_ports = controller_ports or ([9093] * brokers if fixed else picked[brokers:])
         addresses = [*zip(hosts, ports, strict=True), *zip(hosts, controller_ports, strict=True)]
         if len(set(addresses)) != len(addresses):
             raise ValueError(f"two listeners of the cluster share an address ({sorted(addresses)}); "

@@ -51,12 +51,13 @@ def quiet() -> Console:
     return Console(file=io.StringIO(), width=200)
 
 
-def wait_until(predicate, timeout_s: float, what: str):
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``."""
+def wait_until(predicate, timeout_s: float, what: str, detail=None):
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``, with
+    ``detail()`` (what was last seen) in the message when given."""
     deadline = time.monotonic() + timeout_s
     while not (value := predicate()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}" + (f"; last seen: {detail()}" if detail else ""))
         time.sleep(0.2)  # poll interval of a deadline wait
     return value
 
