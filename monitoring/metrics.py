@@ -219,6 +219,17 @@ class Metrics:
             "edgestream_model_version", "Model version the worker currently trains on",
             ["worker"], registry=r,
         )
+        # End of run: every reader of an update topic has handled what was written to it.
+        self.update_log_written = Gauge(
+            "edgestream_update_log_written_messages",
+            "One past the offset of the last update message (gradient, model, inbox) this process wrote to the partition",
+            ["worker", "topic", "partition"], registry=r,
+        )
+        self.update_log_handled = Gauge(
+            "edgestream_update_log_handled_messages",
+            "One past the offset of the last update message this process handled from the partition",
+            ["worker", "topic", "partition"], registry=r,
+        )
         self.staleness_versions = Histogram(
             "edgestream_staleness_versions",
             "Versions between the model a gradient was computed on and the one it is applied to",

@@ -437,7 +437,7 @@ class IngestCore:
         whose sequence number the device sent before are dropped (``duplicate``), the rest
         on to the buffer (``_accept``)."""
         clock = state.clock
-        if clock is not None and timestamp_s is not None:
+        if clock is not None and timestamp_s is not None and not clock.accept_if_clean(batch.event_time, timestamp_s):
             verdict = clock.verdict(batch.event_time, timestamp_s)
             if verdict.count:
                 actions.dead_letters.append(DeadLetter(
@@ -449,7 +449,9 @@ class IngestCore:
                     return
                 batch = _select(batch, ~verdict.bad)
             clock.accept(batch.event_time)
-        if state.seen is not None:
+        if state.seen is not None and state.seen.add_if_new(batch.seq):
+            self._open[token].seqs = batch.seq
+        elif state.seen is not None:
             duplicate = state.seen.check_and_add(batch.seq)
             n_duplicate = int(duplicate.sum())
             if n_duplicate:

@@ -502,7 +502,9 @@ def run_job(
                 except ProcessFailed:
                     raise
                 except RunError:
-                    pass  # not settled in time: the summary's versions and digests show it
+                    # Not settled in time: the summary's versions and digests show it.
+                    log.warning("training did not settle within 30 s of the drain: updates in flight: %s",
+                                ", ".join(updates_in_flight(scrape_all(ctx.workers))) or "none")
         if not console.is_terminal:
             console.line()  # rich ends a live view on a non-terminal without a newline
     except KeyboardInterrupt as exc:
@@ -763,8 +765,39 @@ def uncommitted(scrapes: dict[str, Scrape]) -> list[str]:
     return out
 
 
+def updates_in_flight(scrapes: dict[str, Scrape]) -> list[str]:
+    """The update partitions some process wrote past what one of its readers has handled,
+    as ``topic[partition] (reader at handled of written)``: a reader is a process that handled anything from that topic
+    (``edgestream_update_log_handled_messages``), and it must be at the highest end any process
+    wrote there (``edgestream_update_log_written_messages``). A process restarted mid-run reports
+    its own writes only, but offsets are the log's, so the highest end still holds."""
+    written: dict[tuple[str, str], float] = {}
+    handled: dict[str, dict[tuple[str, str], float]] = {}
+    for w, s in scrapes.items():
+        for sample in s.samples:
+            if sample.name not in ("edgestream_update_log_written_messages", "edgestream_update_log_handled_messages"):
+                continue
+            labels = dict(sample.labels)
+            if labels.get("worker") != w:
+                continue
+            at = (labels.get("topic", ""), labels.get("partition", ""))
+            if sample.name == "edgestream_update_log_written_messages":
+                written[at] = max(written.get(at, 0.0), sample.value)
+            else:
+                handled.setdefault(w, {})[at] = sample.value
+    behind = []
+    for reader, positions in sorted(handled.items()):
+        readers_topics = {topic for topic, _ in positions}
+        for (topic, partition), end in sorted(written.items()):
+            at = positions.get((topic, partition), 0.0)
+            if topic in readers_topics and at < end:
+                behind.append(f"{topic}[{partition}] ({reader} at {at:.0f} of {end:.0f})")
+    return behind
+
+
 class VersionsQuiet:
-    """The end-of-run check that training settled: no worker holds local steps it has not
+    """The end-of-run check that training settled: no update is in flight (every reader of
+    an update topic handled what was written there), no worker holds local steps it has not
     committed (ADSP), and every worker is at one model version, or no process's version
     (the server's included) moved for ``quiet_s`` seconds (ADSP and local SGD workers end
     at versions of their own)."""
@@ -776,6 +809,8 @@ class VersionsQuiet:
         self._since = clock()
 
     def settled(self, scrapes: dict[str, Scrape]) -> bool:
+        if updates_in_flight(scrapes):
+            return False  # a gradient or model written and not yet handled by a reader
         if uncommitted(scrapes):
             return False  # local steps not committed yet (ADSP): their commit is due within an interval
         versions = {w: s.get("edgestream_model_version", -1.0, worker=w) for w, s in scrapes.items()}

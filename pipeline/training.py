@@ -235,6 +235,9 @@ class TrainingRuntime:
         self._ready_since: float | None = None
         self.sensor_offsets = OffsetTracker()
         self.update_offsets: dict[str, int] = {}  # "topic:partition" -> next offset to handle
+        #: The update topics this process reads (its strategy's subscriptions; not heartbeats).
+        self._reads = set(read_topics(cfg.job.name, name, self.strategy.subscribes)) - {
+            channel_topic(cfg.job.name, "control")}
         self.resume_offsets: dict[str, int] = {}
         #: The ingest ledger of the restored checkpoint (``IngestCore(restored=...)``).
         self.restored_ledger: dict[str, dict[str, Any]] = {}
@@ -306,6 +309,7 @@ class TrainingRuntime:
         self.sensor_offsets = OffsetTracker(start=sensors, done=offsets.get("sensors_done", {}))
         self.update_offsets = {k: int(v) for k, v in offsets.get("updates", {}).items()}
         self.resume_offsets = {**sensors, **self.update_offsets}
+        self._show_handled(self.update_offsets)
         self.restored_ledger = dict(checkpoint.meta.get("ledger", {}))
         self.stats.steps = int(checkpoint.meta.get("steps", 0))
         self.stats.trained_records = int(checkpoint.meta.get("trained_records", 0))
@@ -321,6 +325,15 @@ class TrainingRuntime:
         log.warning("%s restored checkpoint %s at model version %d (step %d)", self.name,
                     checkpoint.path.name, self.trainer.version, self.stats.steps)
 
+    def _show_handled(self, positions: dict[str, int]) -> None:
+        """Export where this process reads each update partition from (``"topic:partition" ->
+        next offset``; positions of topics it does not read are left out): it is a reader of
+        its topics from the start, whether or not a message has come yet."""
+        for key, end in positions.items():
+            topic, _, partition = key.rpartition(":")
+            if topic in self._reads:
+                self.metrics.update_log_handled.labels(self.name, topic, partition).set(end)
+
     def start_fresh(self, sensors: dict[str, int], updates: dict[str, int]) -> None:
         """No checkpoint was restored: write checkpoint 0 (the initial model at the positions
         this process starts reading from: ``"topic:partition" -> offset``), so that a restart
@@ -330,6 +343,7 @@ class TrainingRuntime:
         self.sensor_offsets = OffsetTracker(start=sensors)
         self.update_offsets = dict(updates)
         self.resume_offsets = {**sensors, **updates}
+        self._show_handled(self.update_offsets)
         offsets = {"sensors": dict(sensors), "sensors_done": {}, "updates": dict(updates)}
         meta = {"steps": 0, "trained_records": 0, "worker": self.name, "saved_at": time.time(), "ledger": {}}
         self.executor.submit(self.checkpoints.save, self.trainer, self.strategy, offsets, meta).result()
@@ -421,8 +435,11 @@ class TrainingRuntime:
             else:
                 target = publish_topics[channel]
             fut = await target.send(key=key, value=value, headers=headers, timestamp=timestamp)
-            await fut
+            written = await fut
             self.stats.count_out(channel, len(value))
+            if channel != "control" and getattr(written, "offset", None) is not None:
+                self.metrics.update_log_written.labels(self.name, written.topic, str(written.partition)).set(
+                    written.offset + 1)
 
         async def dead_letter(value: bytes, headers: dict[str, bytes]) -> None:
             fut = await dlq.send(value=value[:1 << 20], headers=headers)
@@ -628,6 +645,8 @@ class TrainingRuntime:
             if offset < self.update_offsets.get(key, 0):
                 continue  # already handled before the checkpoint we restored
             self.update_offsets[key] = offset + 1
+            if topic in self._reads:
+                self.metrics.update_log_handled.labels(self.name, topic, str(partition)).set(offset + 1)
             to = headers.get(HEADER_TO)
             # Produce (the record's CreateTime, seconds) to consume (its arrival here).
             transit_s = arrival - timestamp_s if timestamp_s else None

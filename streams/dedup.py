@@ -51,13 +51,25 @@ class SeqWindow:
         return number >= 0 and self.high - self.size < number <= self.high and bool(self._bits[number % self.size])
 
     # --- updates --------------------------------------------------------------------
+    def add_if_new(self, seq: np.ndarray) -> bool:
+        """The common case of one message, in a few operations: if ``seq`` is all new
+        (``all_new``), mark it seen and return True; otherwise change nothing and return
+        False (``check_and_add`` then says which are duplicates)."""
+        numbers = _as_int64(seq)
+        n = len(numbers)
+        if n == 0:
+            return True
+        if int(numbers[0]) <= self.high or (n > 1 and not (numbers[1:] > numbers[:-1]).all()):
+            return False
+        self._advance(numbers)
+        return True
+
     def check_and_add(self, seq: np.ndarray) -> np.ndarray:
         """Mark ``seq`` seen; returns the mask of those seen before (duplicates, also of
         an earlier number in ``seq`` itself)."""
         numbers = _as_int64(seq)
         duplicate = np.zeros(len(numbers), dtype=bool)
-        if self.all_new(numbers):
-            self._advance(numbers)
+        if self.add_if_new(numbers):
             return duplicate
         for i, number in enumerate(numbers.tolist()):
             if number > self.high:
@@ -79,7 +91,8 @@ class SeqWindow:
 
     def add(self, seq: np.ndarray) -> None:
         """Mark ``seq`` seen (in any order)."""
-        self.check_and_add(seq)
+        if not self.add_if_new(seq):
+            self.check_and_add(seq)
 
     def add_new(self, seq: np.ndarray) -> None:
         """Mark ``seq`` seen, where ``all_new(seq)`` was true (not checked again)."""

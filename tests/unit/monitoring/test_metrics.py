@@ -21,8 +21,9 @@ from edgestream.monitoring.scrape import scrape
 # ``param``: a parameter of the ADSP server's fitted loss curve (``LOSS_FIT_PARAMS``).
 # ``peer``: a process a gossip worker mixes with or holds a model of (itself included).
 # ``index``: a component of the model sketch (0 .. dim - 1).
+# ``topic``, ``partition``: a partition of an update topic (how far a process wrote or read it).
 ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "state", "member", "param",
-                  "peer", "index"}
+                  "peer", "index", "topic", "partition"}
 # ``_fit``: the fitted loss curve, each ``param`` in its own unit. ``_sketch``: the model
 # sketch, in the model's parameter units.
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",

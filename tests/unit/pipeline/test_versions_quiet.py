@@ -1,9 +1,9 @@
-"""The end of a run: equal worker versions or versions that stopped moving; a drain that timed out names the workers a staleness bound kept waiting."""
+"""The end of a run: no update in flight, then equal worker versions or versions that stopped moving; a drain that timed out names the workers a staleness bound kept waiting."""
 
 from __future__ import annotations
 
 from edgestream.monitoring.scrape import Sample, Scrape
-from edgestream.pipeline.run import BlockedWatch, VersionsQuiet
+from edgestream.pipeline.run import BlockedWatch, VersionsQuiet, updates_in_flight
 
 
 def scrapes(**versions: float) -> dict[str, Scrape]:
@@ -60,3 +60,39 @@ def test_local_steps_not_yet_committed_keep_the_run_from_settling():
     assert not quiet.settled(adsp(committed=68, steps=69))  # its commit is due within an interval
     assert quiet.settled(adsp(committed=69, steps=69))
     assert quiet.settled(scrapes(w0=3, w1=3))  # strategies without commits are not held back
+
+
+def offsets(worker: str, version: float, written: dict[tuple[str, int], float] | None = None,
+            handled: dict[tuple[str, int], float] | None = None) -> Scrape:
+    def samples(name: str, ends: dict[tuple[str, int], float] | None) -> list[Sample]:
+        return [Sample(name, (("partition", str(p)), ("topic", t), ("worker", worker)), end)
+                for (t, p), end in (ends or {}).items()]
+
+    return Scrape([Sample("edgestream_model_version", (("worker", worker),), version),
+                   *samples("edgestream_update_log_written_messages", written),
+                   *samples("edgestream_update_log_handled_messages", handled)])
+
+
+def test_a_gradient_written_and_not_yet_handled_by_its_reader_keeps_the_run_from_settling():
+    # SSP: both workers pulled version 12; w1's last gradient (offset 41 of partition 1)
+    # is on its way to the server. Equal worker versions alone would settle here.
+    quiet = VersionsQuiet(clock=Clock())
+    in_flight = {"server": offsets("server", 13, handled={("g", 0): 30, ("g", 1): 41}),
+                 "w0": offsets("w0", 12, written={("g", 0): 30}),
+                 "w1": offsets("w1", 12, written={("g", 1): 42})}
+    assert updates_in_flight(in_flight) == ["g[1] (server at 41 of 42)"]
+    assert not quiet.settled(in_flight)
+
+    handled = {**in_flight, "server": offsets("server", 14, handled={("g", 0): 30, ("g", 1): 42})}
+    assert updates_in_flight(handled) == []
+    assert quiet.settled(handled)
+
+
+def test_a_reader_is_held_to_every_partition_of_its_topics_and_only_to_those():
+    # w0 reads the models topic "m" (from its start positions, nothing handled on partition
+    # 1 yet); nobody reads w1's inbox "i-w1" any more (w1 left): it holds nothing back.
+    scr = {"server": offsets("server", 5, written={("m", 0): 3, ("m", 1): 2}),
+           "w0": offsets("w0", 5, written={("i-w1", 0): 9}, handled={("m", 0): 3, ("m", 1): 0})}
+    assert updates_in_flight(scr) == ["m[1] (w0 at 0 of 2)"]
+    scr["w0"] = offsets("w0", 5, written={("i-w1", 0): 9}, handled={("m", 0): 3, ("m", 1): 2})
+    assert updates_in_flight(scr) == []

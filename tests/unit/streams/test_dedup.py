@@ -154,3 +154,28 @@ def test_add_new_equals_check_and_add_across_ring_wraps():
         assert fast.high == reference.high == top
         np.testing.assert_array_equal(fast._bits, reference._bits)
         assert all(fast.seen(n) == (n in set(numbers.tolist()) or reference.seen(n)) for n in range(top - 9, top + 1))
+
+
+def test_add_if_new_adds_exactly_when_all_new_and_otherwise_changes_nothing():
+    rng = np.random.default_rng(11)
+    window, twin = SeqWindow(32), SeqWindow(32)
+    added = refused = 0
+    for _ in range(300):
+        start = int(rng.integers(max(0, window.high - 40), window.high + 20))
+        numbers = np.arange(start, start + int(rng.integers(1, 9)), dtype=np.uint64)
+        if rng.random() < 0.2:
+            rng.shuffle(numbers)
+        before = window.copy()
+        expected = window.all_new(numbers)
+        assert window.add_if_new(numbers) == expected
+        if expected:
+            added += 1
+            twin.check_and_add(numbers)
+            assert window.high == twin.high and np.array_equal(window._bits, twin._bits)
+        else:
+            refused += 1
+            assert window.high == before.high and np.array_equal(window._bits, before._bits)
+            window.add(numbers)  # the caller's slow path
+            twin.add(numbers)
+    assert added > 50 and refused > 50
+    assert window.add_if_new(np.array([], dtype=np.uint64))

@@ -147,3 +147,29 @@ def test_run_passes_only_when_no_reference_within_the_bounds_could_reject_a_reco
     assert passed > 50 and failed > 50
     assert not check.run_passes(np.array([broker(), float("nan")]), broker(), broker())
     assert check.run_passes(np.array([]), broker(), broker())
+
+
+def test_accept_if_clean_accepts_exactly_what_verdict_would_pass_whole(broker):
+    """The one-message shortcut: true (and the newest moved, as ``accept`` would) only
+    when ``verdict`` rejects no record, and whenever it rejects one false, leaving the
+    check as it was."""
+    rng = np.random.default_rng(9)
+    check, twin = EventTimeCheck(100), EventTimeCheck(100)
+    clean = dirty = 0
+    for _ in range(400):
+        broker.advance(float(rng.uniform(0, 20)))
+        event_time = broker() + rng.normal(0, 60, int(rng.integers(1, 10)))
+        verdict = twin.verdict(event_time, broker())
+        before = check.newest_s
+        if check.accept_if_clean(event_time, broker()):
+            clean += 1
+            assert not verdict.bad.any()
+        else:
+            dirty += 1
+            assert check.newest_s == before
+            check.accept(event_time[~verdict.bad])
+        twin.accept(event_time[~verdict.bad])
+        assert check.newest_s == twin.newest_s
+    assert clean > 50 and dirty > 50
+    assert not check.accept_if_clean(np.array([broker(), float("nan")]), broker())
+    assert check.accept_if_clean(np.array([]), broker())
