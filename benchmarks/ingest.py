@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile

@@ -25,8 +25,8 @@ import json
 import os
 import platform
 import re
-import statistics
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time

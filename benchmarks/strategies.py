@@ -119,10 +119,10 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import statistics
 import sys
-import shutil
 import tempfile
 import time
 import uuid

@@ -46,9 +46,9 @@ import io
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
-import shutil
 import subprocess
 import sys
 import tempfile

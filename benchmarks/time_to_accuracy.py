@@ -27,10 +27,10 @@ import argparse
 import io
 import json
 import platform
+import shutil
 import signal
 import statistics
 import sys
-import shutil
 import tempfile
 import threading
 import time
