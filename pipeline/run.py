@@ -767,10 +767,11 @@ def uncommitted(scrapes: dict[str, Scrape]) -> list[str]:
 
 def updates_in_flight(scrapes: dict[str, Scrape]) -> list[str]:
     """The update partitions some process wrote past what one of its readers has handled,
-    as ``topic[partition] (reader at handled of written)``: a reader is a process that handled anything from that topic
-    (``edgestream_update_log_handled_messages``), and it must be at the highest end any process
-    wrote there (``edgestream_update_log_written_messages``). A process restarted mid-run reports
-    its own writes only, but offsets are the log's, so the highest end still holds."""
+    as ``topic[partition] (reader at handled of written)``. A reader of a topic exports
+    where it is in each partition it reads (``edgestream_update_log_handled_messages``,
+    from the position it starts at) and must be at the highest end any process wrote there
+    (``edgestream_update_log_written_messages``). A restarted process reports only its
+    own writes since, but offsets are the log's, so the highest end still holds."""
     written: dict[tuple[str, str], float] = {}
     handled: dict[str, dict[tuple[str, str], float]] = {}
     for w, s in scrapes.items():
