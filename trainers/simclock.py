@@ -1055,8 +1055,9 @@ class _Worker:
     version): what an evaluation during the step's compute sees, since its result exists
     only at the step's end. Scoring the model on the validation split (a strategy with
     ``uses_validation``) also keeps a worker busy, ``CostModel.eval_s``; one due while a
-    step computes (``score_due``) is taken after it, and its messages wait in ``held``
-    until the scoring's end. The server is never busy.
+    step computes (``score_due``) is taken after it, one due while a scoring runs after
+    the next step (or at once if no step can start: the live loop steps, then scores if
+    due), and its messages wait in ``held`` until the scoring's end. The server is never busy.
 
     ``state`` (``busy`` / ``blocked`` / ``starved`` / ``absent``) is what a worker has been
     doing since ``state_since``; :meth:`enter` charges that interval to ``time_in`` and switches.
@@ -1399,10 +1400,13 @@ class _Simulation:
             self._count_towards_checkpoint(worker)
         self._resume(worker)
 
-    def _resume(self, worker: _Worker) -> None:
+    def _resume(self, worker: _Worker, after_scoring: bool = False) -> None:
         """A worker's busy spell (a step or a scoring) just ended: what it held back goes out,
         then it leaves if it is leaving, else handles the deliveries that waited, takes a
-        scoring that fell due meanwhile, and looks for its next step."""
+        scoring that fell due meanwhile, and looks for its next step. After a scoring the
+        next step comes first, as in the live loop (a step, then an evaluation if one is
+        due): a node whose scoring lasts longer than the evaluation interval alternates
+        steps and scorings instead of scoring on and on."""
         held, worker.held = worker.held, []
         self._publish(worker, held)
         if worker.leaving:
@@ -1410,11 +1414,15 @@ class _Simulation:
             return
         while worker.pending:
             self._deliver(worker, worker.pending.popleft())
-        if worker.score_due:
+        if worker.score_due and not after_scoring:
             worker.score_due = False
             if self._score(worker):
                 return
         self._service(worker)
+        if worker.score_due and not worker.busy and not worker.gone:
+            worker.score_due = False  # no step could start: the due scoring now
+            if not self._score(worker):
+                self._service(worker)
 
     def _score(self, process: _Worker) -> bool:
         """Score ``process``'s model on the validation split and hand it to its strategy;
@@ -1439,7 +1447,7 @@ class _Simulation:
         if incarnation != worker.incarnation:
             return  # the scoring of a process that crashed meanwhile
         worker.busy = False
-        self._resume(worker)
+        self._resume(worker, after_scoring=True)
 
     def _publish(self, worker: _Worker, outbound: list[Outbound]) -> None:
         """Put the driver's encoded messages on the process's uplink, one at a time."""

@@ -4,7 +4,8 @@ A local step's result is visible to evaluations only when its modelled compute e
 evaluation in the middle of a step sees the model as it was at the step's start, and
 leaves the model exactly as it found it. Scoring a model on the validation split (a
 strategy with ``uses_validation``) costs its node ``CostModel.eval_s`` of busy time, taken
-by the node between steps, never during one.
+by the node between steps, never during one, and a node whose scoring outlasts the
+evaluation interval still steps between two scorings.
 """
 
 from __future__ import annotations
@@ -134,3 +135,17 @@ def test_without_a_validation_split_nothing_is_scored(streams):
 def test_eval_fraction_must_be_a_finite_share():
     with pytest.raises(ValueError, match="cost model values"):
         CostModel(eval_fraction=-0.1)
+
+
+def test_a_node_whose_scoring_outlasts_the_evaluation_interval_still_steps_between_scorings(streams, monkeypatch):
+    # w1 (slowdown 4) scores for about 1.3 s, every 0.5 s a scoring falls due: like the live
+    # loop (a step, then an evaluation if due), it alternates instead of scoring on and on.
+    costs, report, calls = _scoring_run(streams, 1.0, monkeypatch)
+    w1 = next(p for p in report.processes if p.name == "w1")
+    eval_s = costs.eval_s(1, len(streams.data.validation))
+    assert eval_s > 2 * 0.5
+    scorings = sorted(t for who, t, _, kept in calls if who == "w1" and kept)
+    assert len(scorings) >= 3
+    for earlier, later in zip(scorings, scorings[1:]):
+        assert any(earlier < start < later for start in w1.step_starts), (earlier, later, w1.step_starts)
+    assert w1.local_steps >= len(scorings) - 1
