@@ -548,9 +548,12 @@ class LocalBroker:
         saved = saved_address(self.work_dir)
         if saved.get("host", host) != host:
             saved = {}
-        spare = free_ports(2)
-        self.port = port or saved.get("port") or spare[0]
-        self.controller_port = controller_port or saved.get("controller_port") or spare[1]
+        port = port or saved.get("port")
+        controller_port = controller_port or saved.get("controller_port")
+        if not port or not controller_port:
+            spare = free_ports(2)
+            port, controller_port = port or spare[0], controller_port or spare[1]
+        self.port, self.controller_port = port, controller_port
         self.quorum_voters = quorum_voters or f"{node_id}@{host}:{self.controller_port}"
         self.heap = heap
         self.message_max_bytes = message_max_bytes
