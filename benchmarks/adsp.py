@@ -50,16 +50,15 @@ import signal
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgestream.benchmarks import parallel, tuning
 from edgestream.benchmarks import strategies as matrix  # strategies.py: the rows' configurations
-from edgestream.benchmarks import tuning
 from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.evaluation import time_to_target
 
@@ -184,30 +183,11 @@ def _cv(values: list[int]) -> float:
     return statistics.pstdev(values) / mean if mean else math.inf
 
 
-def _init() -> None:
-    from edgestream.trainers.local import limit_torch_threads
-
-    limit_torch_threads(1)
-
-
 def run_all(tasks: list[Task], s: Settings, jobs: int, base: simclock.CostModel | None = None,
             label: str = "") -> list[dict[str, Any]]:
-    out = []
-    if jobs <= 1:
-        _init()
-        for i, task in enumerate(tasks, 1):
-            out.append(run_task(task, s, base))
-            print(label + _line(i, len(tasks), out[-1]), flush=True)
-    else:
-        import multiprocessing
-
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init) as pool:
-            futures = [pool.submit(run_task, task, s, base) for task in tasks]
-            for i, future in enumerate(as_completed(futures), 1):
-                out.append(future.result())
-                print(label + _line(i, len(tasks), out[-1]), flush=True)
-    order = {(t.h, t.seed, t.row, t.lr_mult): i for i, t in enumerate(tasks)}
-    return sorted(out, key=lambda r: order[(r["h"], r["seed"], r["row"], r["lr_mult"])])
+    """Every task's run, in the order of ``tasks`` (benchmarks/parallel.py), a line per run as it ends."""
+    return parallel.map_in_order(partial(run_task, s=s, base=base), tasks, jobs,
+                                 lambda i, r: print(label + _line(i, len(tasks), r), flush=True))
 
 
 def _line(i: int, n: int, r: dict[str, Any]) -> str:

@@ -44,8 +44,9 @@ benchmarks/results/byzantine.{json,md}. Never asserts.
     python -m edgestream bench byzantine [--seeds 0,1,2] [--budget 60] [--strategies bsp,asp,adsp]
         [--attacks sign_flip,scale100,noise] [--byzantine 1,2] [--clip 1.0] [--trim 2] [--out PATH]
         [--cost-model default|edge-compute|edge-network|FILE.toml[:KEY=VALUE,...]]
-        [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
+        [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]] [--jobs 2]
 
+``--jobs N`` runs N simulated runs at once (benchmarks/parallel.py; the figures do not depend on it).
 ``--cost-model`` (docs/simclock.md, "Cost models"): its compute, latency and bandwidth replace
 the default cost model's; the slowdowns stay unless it sets its own.
 
@@ -70,13 +71,13 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgestream.benchmarks import tuning
+from edgestream.benchmarks import parallel, tuning
 from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.byzantine import ATTACKS, register_byzantine
 
@@ -311,7 +312,12 @@ def _gap(key: str) -> Any:
     return render
 
 
-def markdown(cells: dict[str, Any], s: Settings, seconds: float, costs: costmodels.NamedCostModel | None = None) -> str:
+def _jobs_text(jobs: int) -> str:
+    return "one process" if jobs <= 1 else f"{jobs} processes"
+
+
+def markdown(cells: dict[str, Any], s: Settings, seconds: float, costs: costmodels.NamedCostModel | None = None,
+             jobs: int = 1) -> str:
     conditions = [(CLEAN, 0)] + [(a, c) for a in s.attacks for c in s.byzantine]
     header = "| strategy | aggregation | " + " | ".join(_cond(a, c) for a, c in conditions) + " |"
     rule = "|---|---|" + "---:|" * len(conditions)
@@ -331,7 +337,7 @@ def markdown(cells: dict[str, Any], s: Settings, seconds: float, costs: costmode
         f"trimmed_mean, median and krum collect a window of one slot per worker ({s.workers}). Accuracy at t: mean of the held-out "
         f"evaluations (every {s.eval_every_s:g} s) in the last {s.read_window_s:g} s before t. Seeds "
         f"{', '.join(map(str, s.seeds))} (streams, shares, initial weights, noise); medians with min-max over "
-        f"seeds. {seconds / 60:.1f} min for the whole sweep (one process, one torch thread).",
+        f"seeds. {seconds / 60:.1f} min for the whole sweep ({_jobs_text(jobs)}, one torch thread each).",
     ]
     for t in reversed(s.read_at_s):
         t_key = f"{t:g}"
@@ -394,6 +400,9 @@ def main() -> None:
                              + "), a .toml file, either with :KEY=VALUE,... overrides; its compute, latency and "
                                "bandwidth replace the default's, the slowdowns stay unless it sets its own")
     parser.add_argument("--out", default=str(RESULTS / "byzantine"), help="output path without suffix")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="simulated runs at once, one process and one torch thread each (the figures do "
+                             "not depend on it; 2 on two cores)")
     tuning.add_arguments(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -419,23 +428,20 @@ def main() -> None:
     if not seeds or any(c < 1 or c >= s.workers for c in counts):
         parser.error(f"need at least one seed and attacker counts in 1..{s.workers - 1}")
     from edgestream.benchmarks.strategies import resolve_cost_model
-    from edgestream.trainers.local import limit_torch_threads
-
     tune = tuning.from_args(parser, args, seeds)
     named = resolve_cost_model(parser, args.cost_model, (s.workers,))
-    limit_torch_threads(1)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     tasks = tasks_for(s)
 
     def run(tasks: list[Task], label: str = "") -> list[dict[str, Any]]:
-        out = []
-        for i, task in enumerate(tasks, 1):
-            out.append(run_task(task, s, named.model))
-            r = out[-1]
-            lr = f" lr x{task.lr_mult:g} ({r['lr']:.3g})" if label or task.lr_mult != 1.0 else ""
-            print(f"{label}[{i}/{len(tasks)}] seed {task.seed} {task.strategy} {task.aggregation} "
-                  f"{_cond(task.attack, task.byzantine)}{lr}: accuracy {r['accuracy_at']} ({r['wall_s']:.1f} s)",
+        def show(i: int, r: dict[str, Any]) -> None:
+            lr = f" lr x{r['lr_mult']:g} ({r['lr']:.3g})" if label or r["lr_mult"] != 1.0 else ""
+            print(f"{label}[{i}/{len(tasks)}] seed {r['seed']} {r['strategy']} {r['aggregation']} "
+                  f"{_cond(r['attack'], r['byzantine'])}{lr}: accuracy {r['accuracy_at']} ({r['wall_s']:.1f} s)",
                   flush=True)
-        return out
+
+        return parallel.map_in_order(partial(run_task, s=s, base=named.model), tasks, args.jobs, show)
 
     tuned, tune_raw = None, []
     if tune is not None:
@@ -445,12 +451,12 @@ def main() -> None:
                                             lambda grid: run(grid, "tuning "), lambda key: f"{key[0]} {key[1]}",
                                             "clean runs")
         tasks = tuning.at_chosen(tasks, tuned, _cell)
-    print(f"{len(tasks)} simulated runs, one at a time ...", flush=True)
+    print(f"{len(tasks)} simulated runs, {args.jobs} at a time ...", flush=True)
     started = time.monotonic()
     raw = run(tasks)
     seconds = time.monotonic() - started
     cells = summarise(raw, s)
-    md = markdown(cells, s, seconds, named)
+    md = markdown(cells, s, seconds, named, args.jobs)
     if tuned is not None:
         md += "\n\n" + "\n".join(tuning.markdown_table(
             {(strategy, aggregation): rec for (strategy, aggregation), rec in tuned.items()},
@@ -470,7 +476,7 @@ def main() -> None:
         "settings": asdict(s), "cost_model": asdict(costmodels.with_worker_lists(named.model, s.slowdowns)),
         "cost_model_name": named.name, "cost_model_source": named.source,
         "strategy_params": {agg: aggregation_params(agg, s) for agg in s.aggregations},
-        "sweep_seconds": seconds, "verdicts": verdicts(cells, s), "cells": cells, "runs": raw,
+        "sweep_seconds": seconds, "jobs": args.jobs, "verdicts": verdicts(cells, s), "cells": cells, "runs": raw,
         "tuning": None if tune is None else {
             **tune.to_json(), "tuned_on": "clean runs; every attack of the pair runs at the pair's choice",
             "choices": {f"{strategy}/{aggregation}": rec for (strategy, aggregation), rec in (tuned or {}).items()},

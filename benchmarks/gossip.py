@@ -70,7 +70,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
@@ -78,8 +77,8 @@ from typing import Any
 
 import numpy as np
 
+from edgestream.benchmarks import parallel, tuning
 from edgestream.benchmarks import strategies as matrix  # strategies.py: BSP's row, censored medians
-from edgestream.benchmarks import tuning
 from edgestream.trainers import costmodels, simclock
 from edgestream.trainers.evaluation import time_to_target
 
@@ -241,12 +240,6 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
     }
 
 
-def _init() -> None:
-    from edgestream.trainers.local import limit_torch_threads
-
-    limit_torch_threads(1)
-
-
 def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path | None = None,
             done: list[dict[str, Any]] | None = None, base: simclock.CostModel | None = None) -> list[dict[str, Any]]:
     """Every task's result; each one is also appended to ``log`` (JSON lines) as it ends, and
@@ -282,17 +275,7 @@ def run_logged(run: Callable[[Any, Any], dict[str, Any]], tasks: list[Any], s: A
                 f.write(json.dumps(result, default=str) + "\n")
         print(line(i, len(todo), result, begun), flush=True)
 
-    if jobs <= 1:
-        _init()
-        for i, task in enumerate(todo, 1):
-            keep(i, run(task, s))
-    else:
-        import multiprocessing
-
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init) as pool:
-            futures = [pool.submit(run, task, s) for task in todo]
-            for i, future in enumerate(as_completed(futures), 1):
-                keep(i, future.result())
+    parallel.map_in_order(partial(run, s=s), todo, jobs, keep)
     order = {key(asdict(t)): i for i, t in enumerate(tasks)}
     return sorted(out, key=lambda r: order[key(r)])
 

@@ -126,15 +126,14 @@ import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgestream.benchmarks import claims, tuning
+from edgestream.benchmarks import claims, parallel, tuning
 from edgestream.benchmarks.censored import censored_median, censored_ratio, median_bound
 from edgestream.streams.profiles import SCADLES_RATES
 from edgestream.trainers import costmodels, simclock, strategies
@@ -570,33 +569,13 @@ def loss_at(timeline: list[tuple[float, float]], t: float) -> float | None:
     return accuracy_at([(at, loss, 0) for at, loss in timeline], t)
 
 
-def _worker_init() -> None:
-    from edgestream.trainers.local import limit_torch_threads
-
-    limit_torch_threads(1)
-
-
 def run_matrix(tasks: list[Task], s: Settings, calibration: dict[str, Any] | None, jobs: int,
                progress=print, models: dict[str, simclock.CostModel] | None = None,
                show_lr: bool = False) -> list[dict[str, Any]]:
     """Every task's run, in the order of ``tasks`` (``jobs`` > 1: a pool of spawned processes);
     a progress line per run as it ends (``show_lr``: with its LR multiplier and LR)."""
-    out: list[dict[str, Any]] = []
-    if jobs <= 1:
-        _worker_init()
-        for i, task in enumerate(tasks, 1):
-            out.append(run_task(task, s, calibration, models))
-            progress(_progress_line(i, len(tasks), out[-1], show_lr))
-        return out
-    import multiprocessing
-
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init) as pool:
-        futures = [pool.submit(run_task, task, s, calibration, models) for task in tasks]
-        for i, future in enumerate(as_completed(futures), 1):
-            out.append(future.result())
-            progress(_progress_line(i, len(tasks), out[-1], show_lr))
-    key = {_task_key(t): i for i, t in enumerate(tasks)}
-    return sorted(out, key=lambda r: key[_run_key(r)])
+    return parallel.map_in_order(partial(run_task, s=s, calibration=calibration, models=models), tasks, jobs,
+                                 lambda i, r: progress(_progress_line(i, len(tasks), r, show_lr)))
 
 
 def _progress_line(i: int, n: int, r: dict[str, Any], show_lr: bool = False) -> str:
