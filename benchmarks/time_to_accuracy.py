@@ -15,10 +15,21 @@ held-out evaluations >= ``--target``. Also reported: accuracy at the budget, max
 backlog per device (records produced but not yet trained on), gradient bytes sent,
 fraction of compressed steps, mean staleness. The same comparison runs in the
 simulated-clock runner (seconds, no Kafka) with its oracle (zero compute, zero transfer)
-as the lower bound. Writes benchmarks/results/time_to_accuracy.{json,md,png}. Never asserts.
+as the lower bound. Repeat r runs seed ``r`` (streams, shares, initial weights), real and
+simulated alike; medians over the seeds. Writes benchmarks/results/time_to_accuracy.{json,md,png}.
+Never asserts.
 
     python -m edgestream bench time_to_accuracy [--repeats 3] [--partitions iid,dirichlet]
         [--modes bsp,scadles,...] [--budget 60] [--scale 2] [--bootstrap HOST:PORT]
+        [--sim-only | --no-sim] [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
+
+``--tune-lr`` (benchmarks/tuning.py, as ``bench strategies``) tunes on the simulated clock:
+every simulated row, the oracle and BSP included, runs at each multiplier of ``--lr-grid`` on
+the tuning seed (default 1000, never a reporting seed); the chooser picks one per (partition,
+row), and the simulated reporting seeds run at it. The real runs take the simulated choice
+for their (partition, mode), DDP BSP's (the same synchronous algorithm): tuning on the real
+broker would cost the grid's size in hour-long sweeps, and the simulated clock is this
+comparison's model of them (its costs are fitted to these runs). Not with ``--no-sim``.
 """
 
 from __future__ import annotations
@@ -42,6 +53,8 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from edgestream.benchmarks import tuning
+from edgestream.benchmarks.censored import censored_median, censored_ratio, median_bound
 from edgestream.job.config import JobConfig, load_config
 from edgestream.monitoring.scrape import scrape
 from edgestream.pipeline.run import RunContext, run_job
@@ -78,6 +91,8 @@ class ModeRun:
     mode: str
     partition: str
     repeat: int
+    seed: int = 0
+    lr: float = 0.3
     tta_s: float | None = None
     final_accuracy: float = 0.0
     steps: int = 0
@@ -91,17 +106,19 @@ class ModeRun:
     error: str | None = None
 
 
-def job_config(mode: str, partition: str, s: Settings, state: Path, tag: str) -> JobConfig:
-    """The job of one run: same streams for every mode, differing only in what is compared."""
+def job_config(mode: str, partition: str, s: Settings, state: Path, tag: str, seed: int | None = None,
+               lr: float | None = None) -> JobConfig:
+    """The job of one run: same streams for every mode, differing only in what is compared
+    (``seed``: streams, shares and initial weights, default ``s.seed``; ``lr``: default ``s.lr``)."""
     overrides = [
-        f"job.name=tta{tag}", f"job.seed={s.seed}", f"run.state_dir={state / tag}",
+        f"job.name=tta{tag}", f"job.seed={s.seed if seed is None else seed}", f"run.state_dir={state / tag}",
         "devices.count=10", f"devices.ids={','.join(f'tta{tag}d{i}' for i in range(10))}",
         f"devices.rates_hz={','.join(str(r) for r in SCADLES_RATES)}", f"devices.time_scale={s.scale}",
         "devices.profile=poisson", "devices.message_interval_s=0.05",
         "workers.count=10", f"workers.slowdown={','.join(str(f) for f in s.slowdown)}",
         "data.source=digits", f"data.partition={partition}", "data.dirichlet_alpha=0.3",
         "buffer.policy=persist", "buffer.capacity=1000000",
-        "train.enabled=true", "train.model=mlp", f"train.lr={s.lr}", f"train.momentum={s.momentum}",
+        "train.enabled=true", "train.model=mlp", f"train.lr={s.lr if lr is None else lr}", f"train.momentum={s.momentum}",
         f"train.eval_every_s={s.eval_every_s}", "train.checkpoint_every_steps=1000000",
         f"train.max_step_batch={MAX_BATCH}",
         f"run.duration_s={s.budget_s}", "run.drain_timeout_s=30",
@@ -145,9 +162,10 @@ class Sampler:
             self.sample(ctx)
 
 
-def run_pipeline_mode(mode: str, partition: str, repeat: int, s: Settings, bootstrap: str, state: Path) -> ModeRun:
+def run_pipeline_mode(mode: str, partition: str, repeat: int, s: Settings, bootstrap: str, state: Path,
+                      seed: int = 0, lr: float | None = None) -> ModeRun:
     tag = uuid.uuid4().hex[:6]
-    cfg = job_config(mode, partition, s, state, tag)
+    cfg = job_config(mode, partition, s, state, tag, seed, lr)
     sampler = Sampler()
     result = run_job(cfg, bootstrap, console=Console(file=io.StringIO()), live=False,
                      on_streaming=sampler, drain=False)
@@ -158,7 +176,7 @@ def run_pipeline_mode(mode: str, partition: str, repeat: int, s: Settings, boots
     workers = [t for name, t in result.training.items() if name != "server"]
     steps = workers[0]["steps"]
     staleness = [t["staleness"].get("mean", 0.0) for t in workers if t.get("staleness")]
-    run = ModeRun(mode, partition, repeat, timeline=timeline, steps=steps,
+    run = ModeRun(mode, partition, repeat, seed, cfg.train.lr, timeline=timeline, steps=steps,
                   tta_s=time_to_target(timeline, s.target),
                   final_accuracy=timeline[-1][1] if timeline else 0.0,
                   bytes_sent=sum(t.get("bytes_sent", 0) for t in workers),
@@ -176,7 +194,8 @@ def fill_backlog(run: ModeRun, samples: dict[str, list[float]]) -> None:
         run.p99_backlog[device] = float(np.percentile(values, 99)) if values else 0.0
 
 
-def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Path) -> ModeRun:
+def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Path, seed: int = 0,
+            lr: float | None = None) -> ModeRun:
     """The DDP peer: the same simulators, one gloo rank per device reading its topic."""
     from edgestream.benchmarks import ddp_peer
     from edgestream.job.topics import sensor_topics_for
@@ -184,7 +203,7 @@ def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Pat
     from edgestream.pipeline.simulate import simulate
 
     tag = uuid.uuid4().hex[:6]
-    cfg = job_config("ddp", partition, s, state, tag)
+    cfg = job_config("ddp", partition, s, state, tag, seed, lr)
     out = cfg.state_path() / "ddp"
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = cfg.state_path() / "job.json"
@@ -204,7 +223,7 @@ def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Pat
                 p.kill()
     origin = report.started_at
     timeline = [(t - origin, acc) for t, acc, _step in result["timeline_wall"] if t - origin <= s.budget_s]
-    run = ModeRun("ddp", partition, repeat, timeline=timeline, steps=int(result["steps"]),
+    run = ModeRun("ddp", partition, repeat, seed, cfg.train.lr, timeline=timeline, steps=int(result["steps"]),
                   tta_s=time_to_target(timeline, s.target),
                   final_accuracy=timeline[-1][1] if timeline else 0.0,
                   bytes_sent=int(result["bytes_sent"]))
@@ -214,45 +233,185 @@ def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Pat
 
 def simulated(s: Settings, partitions: list[str], modes: list[str],
               rates: list[float] | None = None) -> dict[str, Any]:
-    """The same comparison on the simulated clock (plus its oracle); other base ``rates`` if given."""
-    from edgestream.trainers import simclock
-
+    """The comparison on the simulated clock (plus its oracle) on ``s.seed`` at ``s.lr``, other base
+    ``rates`` if given: ``{partition: [run, ...], "seconds": wall time}`` (benchmarks/scadles_rate_sweep.py)."""
     started = time.monotonic()
-    out: dict[str, Any] = {}
-    for partition in partitions:
-        reports = simclock.benchmark_comparison(
-            partition=partition, scale=s.scale, window_s=s.window_s, batch=BATCH, target=s.target,
-            budget_s=s.budget_s, slowdown=list(s.slowdown), lr=s.lr, momentum=s.momentum, seed=s.seed,
-            delta=s.delta, modes=[m for m in modes], eval_every_s=s.eval_every_s,
-            max_batch=MAX_BATCH, epoch_steps=10, message_interval_s=0.05, rates=rates,
-            # Per step on this machine: ~1 ms of torch, but ~20 ms of executor hops and Kafka
-            # round trips with ten workers sharing two cores; a 100 Mbit/s, 10 ms link.
-            # A --slowdown shorter than the devices repeats, as the real run's workers.slowdown
-            # does (the default gives one per device; "1" is all 1 either way).
-            costs=simclock.CostModel(compute_base_s=0.02, compute_per_record_s=2e-5,
-                                     slowdowns=tuple(s.slowdown), latency_s=0.01,
-                                     bandwidth_bytes_per_s=12.5e6, fill="cycle"),
-        )
-        out[partition] = reports
+    out: dict[str, Any] = {p: sim_runs(s, p, modes, s.seed, 1.0, True, rates) for p in partitions}
     out["seconds"] = time.monotonic() - started
     return out
 
 
-def summarise(runs: list[ModeRun], partitions: list[str], modes: list[str]) -> dict[str, Any]:
+#: The simulated comparison's rows: the oracle (zero compute, zero transfer) and every mode but DDP.
+SIM_ROWS = ("oracle",) + tuple(m for m in MODES if m != "ddp")
+
+
+def sim_runs(s: Settings, partition: str, modes: list[str], seed: int, mult: float, with_oracle: bool,
+             rates: list[float] | None = None) -> list[dict[str, Any]]:
+    """The simulated comparison's runs of ``modes`` (and the oracle) on one seed at ``mult`` x the LR."""
+    from edgestream.trainers import simclock
+
+    if not modes and not with_oracle:
+        return []
+    reports = simclock.benchmark_comparison(
+        partition=partition, scale=s.scale, window_s=s.window_s, batch=BATCH, target=s.target,
+        budget_s=s.budget_s, slowdown=list(s.slowdown), lr=s.lr * mult, momentum=s.momentum, seed=seed,
+        delta=s.delta, modes=modes, eval_every_s=s.eval_every_s, max_batch=MAX_BATCH, epoch_steps=10,
+        message_interval_s=0.05, rates=rates, with_oracle=with_oracle, costs=sim_costs(s))
+    return [{**r, "partition": partition, "seed": seed, "lr_mult": mult, "lr": s.lr * mult,
+             "acc_at_budget": r["final_accuracy"]} for r in reports]
+
+
+def sim_costs(s: Settings) -> Any:
+    """The real runs' costs on this machine, as the simulated clock models them."""
+    from edgestream.trainers import simclock
+
+    # Per step on this machine: ~1 ms of torch, but ~20 ms of executor hops and Kafka round
+    # trips with ten workers sharing two cores; a 100 Mbit/s, 10 ms link. A --slowdown
+    # shorter than the devices repeats, as the real run's workers.slowdown does (the default
+    # gives one per device; "1" is all 1 either way).
+    return simclock.CostModel(compute_base_s=0.02, compute_per_record_s=2e-5, slowdowns=tuple(s.slowdown),
+                              latency_s=0.01, bandwidth_bytes_per_s=12.5e6, fill="cycle")
+
+
+def _sim_cell(r: dict[str, Any]) -> tuple[str, str]:
+    return (r["partition"], r["mode"])
+
+
+def simulated_seeds(s: Settings, partitions: list[str], modes: list[str], seeds: list[int],
+                    tune: tuning.TuneSpec | None = None, progress=print) -> dict[str, Any]:
+    """The simulated comparison on every seed, each row (the oracle included) at its learning rate:
+    with ``tune``, the multiplier chosen per (partition, row) on the tuning seeds (benchmarks/tuning.py)."""
+    started = time.monotonic()
+    rows = [m for m in SIM_ROWS if m == "oracle" or m in modes]
+    tune_raw: list[dict[str, Any]] = []
+    choices: dict[Any, dict[str, Any]] = {}
+    if tune is not None:
+        for partition in partitions:
+            for seed in tune.seeds:
+                for mult in tune.grid:
+                    tune_raw += sim_runs(s, partition, rows[1:], seed, mult, True)
+                    progress(f"tuning {partition} seed {seed} lr x{mult:g}: " + ", ".join(
+                        f"{r['mode']} {_tta_text(r['tta_s'])}" for r in tune_raw[-len(rows):]))
+        choices = tuning.choose_cells(tune_raw, tune, _sim_cell)
+    raw: list[dict[str, Any]] = []
+    for partition in partitions:
+        mults = {row: choices.get((partition, row), {}).get("chosen_mult", 1.0) for row in rows}
+        for seed in seeds:
+            for mult in sorted(set(mults.values())):
+                at = [row for row in rows[1:] if mults[row] == mult]
+                raw += sim_runs(s, partition, at, seed, mult, mults["oracle"] == mult)
+            progress(f"{partition} seed {seed}: " + ", ".join(
+                f"{r['mode']} {_tta_text(r['tta_s'])}" for r in raw if r["partition"] == partition
+                and r["seed"] == seed))
+    return {"seeds": seeds, "rows": rows, "partitions": partitions, "runs": raw,
+            "summary": sim_summary(raw, partitions, rows, seeds, s.budget_s),
+            "tuning": None if tune is None else {
+                **tune.to_json(), "choices": {f"{p}/{row}": rec for (p, row), rec in choices.items()},
+                "runs": tune_raw},
+            "seconds": time.monotonic() - started}
+
+
+def _tta_text(tta: float | None) -> str:
+    return "missed" if tta is None else f"{tta:.1f} s"
+
+
+def sim_summary(raw: list[dict[str, Any]], partitions: list[str], rows: list[str], seeds: list[int],
+                budget_s: float) -> dict[str, Any]:
+    """Per (partition, row): the median over seeds of the TTA, of its ratio to BSP's and of its
+    multiple of the oracle's on the same seed (misses kept as bounds), and of the other figures."""
+    by = {(r["partition"], r["mode"], r["seed"]): r for r in raw}
+    out: dict[str, Any] = {}
+    for partition in partitions:
+        for row in rows:
+            runs = [by[k] for seed in seeds if (k := (partition, row, seed)) in by]
+            if not runs:
+                continue
+
+            out[f"{partition}/{row}"] = {
+                "partition": partition, "mode": row, "seeds": [r["seed"] for r in runs],
+                "lr_mult": runs[0]["lr_mult"], "lr": runs[0]["lr"],
+                "tta": censored_median([r["tta_s"] for r in runs], budget_s),
+                "tta_all": [r["tta_s"] for r in runs],
+                "speedup_vs_bsp": _per_seed_ratio(by, runs, "bsp", budget_s, invert=True),
+                "x_oracle": _per_seed_ratio(by, runs, "oracle", budget_s, invert=False),
+                "final_accuracy": statistics.median(r["final_accuracy"] for r in runs),
+                "max_backlog": max(max(r["max_backlog"].values(), default=0.0) for r in runs),
+                "bytes_sent": statistics.median(r["bytes_sent"] for r in runs),
+                "compressed_fraction": statistics.median(r["compressed_fraction"] for r in runs),
+            }
+    return out
+
+
+def _per_seed_ratio(by: dict[tuple[str, str, int], dict[str, Any]], runs: list[dict[str, Any]], base: str,
+                    budget_s: float, invert: bool) -> dict[str, Any] | None:
+    """The median over ``runs``' seeds of their TTA / ``base``'s on the same seed (``invert``: the
+    other way round), a miss counted as the budget and marked."""
+    values = []
+    for r in runs:
+        other = by.get((r["partition"], base, r["seed"]))
+        if other is r:  # the base itself: 1, even when it missed
+            values.append({"value": 1.0, "bound": "="})
+        elif other is not None:
+            a, b = (other["tta_s"], r["tta_s"]) if invert else (r["tta_s"], other["tta_s"])
+            values.append(censored_ratio(a, b, budget_s))
+    return median_bound(values)
+
+
+def _tta_cell(tta: dict[str, Any] | None) -> str:
+    """A censored median TTA with its min-max: ``>60.0`` when most runs missed."""
+    if tta is None:
+        return "-"
+    mark = "" if tta["bound"] == "=" else tta["bound"]
+    return f"{mark}{tta['value']:.1f}" + (f" ({tta['min']:.1f}-{tta['max']:.1f})" if tta["min"] != tta["max"] else "")
+
+
+def _bound_text(v: dict[str, Any] | None, suffix: str = "") -> str:
+    if v is None:
+        return "-"
+    mark = "" if v["bound"] == "=" else v["bound"]
+    spread = f" ({v['min']:.2f}-{v['max']:.2f})" if v["min"] != v["max"] else ""
+    return f"{mark}{v['value']:.2f}{suffix}{spread}"
+
+
+def sim_seeds_markdown(sim: dict[str, Any], s: Settings) -> str:
+    seeds = ", ".join(map(str, sim["seeds"]))
+    lines = [f"Simulated clock (no Kafka), {sim['seconds']:.0f} s for all runs; same streams and settings; seeds "
+             f"{seeds} (streams, shares, initial weights); medians over the seeds with the min-max. \"vs BSP\": "
+             "BSP's TTA / the row's on the same seed (> 1 is faster than BSP); \"x oracle\": the row's TTA / the "
+             "oracle's; `>` / `<`: a seed missed the target within the budget (counted as the budget).", "",
+             "| partition | mode | LR | TTA s | vs BSP | x oracle | acc @ budget | max backlog | MB sent | compressed |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in sim["summary"].values():
+        lines.append(f"| {row['partition']} | {row['mode']} | {row['lr']:.3g} | {_tta_cell(row['tta'])} | "
+                     f"{_bound_text(row['speedup_vs_bsp'], 'x')} | {_bound_text(row['x_oracle'])} | "
+                     f"{row['final_accuracy']:.3f} | {row['max_backlog']:.0f} | {row['bytes_sent'] / 1e6:.1f} | "
+                     f"{row['compressed_fraction']:.0%} |")
+    if sim.get("tuning"):
+        tune = tuning.TuneSpec(tuple(sim["tuning"]["grid"]), tuple(sim["tuning"]["seeds"]))
+        choices = {tuple(k.split("/", 1))[::-1]: rec for k, rec in sim["tuning"]["choices"].items()}
+        lines += ["", *tuning.markdown_table(choices, sim["rows"], sim["partitions"], tune,
+                                             "Learning rate chosen on the simulated tuning seed (row: mode; column: "
+                                             "partition)")]
+    return "\n".join(lines)
+
+
+def summarise(runs: list[ModeRun], partitions: list[str], modes: list[str], budget_s: float) -> dict[str, Any]:
+    """Per (partition, mode) of the real runs: the median TTA (a miss kept as ``> budget``), the
+    median over seeds of BSP's TTA / the mode's on the same seed, and medians of the rest."""
+    ok = [r for r in runs if r.error is None]
+    by = {(r.partition, r.mode, r.seed): {"partition": r.partition, "seed": r.seed, "tta_s": r.tta_s} for r in ok}
     table: dict[str, Any] = {}
     for partition in partitions:
-        base = [r.tta_s for r in runs if r.partition == partition and r.mode == "bsp" and r.tta_s is not None]
-        base_tta = statistics.median(base) if base else None
         for mode in modes:
-            sel = [r for r in runs if r.partition == partition and r.mode == mode and r.error is None]
+            sel = [r for r in ok if r.partition == partition and r.mode == mode]
             if not sel:
                 continue
-            ttas = [r.tta_s for r in sel if r.tta_s is not None]
-            med = statistics.median(ttas) if len(ttas) == len(sel) else None
             table[f"{partition}/{mode}"] = {
-                "partition": partition, "mode": mode, "repeats": len(sel),
-                "tta_s": med, "tta_all": [r.tta_s for r in sel],
-                "speedup_vs_bsp": (base_tta / med) if (base_tta and med) else None,
+                "partition": partition, "mode": mode, "repeats": len(sel), "lr": sel[0].lr,
+                "seeds": [r.seed for r in sel],
+                "tta": censored_median([r.tta_s for r in sel], budget_s), "tta_all": [r.tta_s for r in sel],
+                "speedup_vs_bsp": _per_seed_ratio(by, [by[(partition, mode, r.seed)] for r in sel], "bsp", budget_s,
+                                                  invert=True),
                 "final_accuracy": statistics.median(r.final_accuracy for r in sel),
                 "max_backlog": max(max(r.max_backlog.values(), default=0.0) for r in sel),
                 "p99_backlog": max(max(r.p99_backlog.values(), default=0.0) for r in sel),
@@ -264,51 +423,27 @@ def summarise(runs: list[ModeRun], partitions: list[str], modes: list[str]) -> d
     return table
 
 
-def markdown(table: dict[str, Any], s: Settings) -> str:
+def markdown(table: dict[str, Any], s: Settings, seeds: list[int] | None = None, tuned: bool = False) -> str:
+    where = (" LR: the multiplier the simulated clock's tuning chose for the same partition and mode (below; "
+             "ddp: bsp's)." if tuned else f" LR {s.lr:g} for every mode.")
     lines = [
         f"Real broker, real processes. Target {s.target:.0%} held for 3 evaluations; budget {s.budget_s:.0f} s; "
-        f"rates x{s.scale:g}; window {s.window_s:g} s; slowdown {' '.join(f'{x:g}' for x in s.slowdown)}.",
+        f"rates x{s.scale:g}; window {s.window_s:g} s; slowdown {' '.join(f'{x:g}' for x in s.slowdown)}; seeds "
+        f"{', '.join(map(str, seeds or [s.seed]))} (streams, shares, initial weights), one run each; medians with the "
+        f"min-max; vs BSP: BSP's TTA / the mode's on the same seed; `>`: a run missed (counted as the budget).{where}",
         "",
-        "| partition | mode | TTA s (median) | TTA min-max | vs BSP | acc @ budget | max backlog | p99 backlog | MB sent "
-        "| compressed | staleness | steps | repeats |",
+        "| partition | mode | LR | TTA s | vs BSP | acc @ budget | max backlog | p99 backlog "
+        "| MB sent | compressed | staleness | steps | seeds |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in table.values():
-        tta = f"{row['tta_s']:.1f}" if row["tta_s"] is not None else "missed"
-        hit = [t for t in row["tta_all"] if t is not None]
-        spread = f"{min(hit):.1f}-{max(hit):.1f}" if hit else "-"
-        if hit and len(hit) < len(row["tta_all"]):
-            spread += f" ({len(row['tta_all']) - len(hit)} missed)"
-        speed = f"{row['speedup_vs_bsp']:.2f}x" if row["speedup_vs_bsp"] else "-"
         lines.append(
-            f"| {row['partition']} | {row['mode']} | {tta} | {spread} | {speed} | {row['final_accuracy']:.3f} "
+            f"| {row['partition']} | {row['mode']} | {row['lr']:.3g} | {_tta_cell(row['tta'])} | "
+            f"{_bound_text(row['speedup_vs_bsp'], 'x')} | {row['final_accuracy']:.3f} "
             f"| {row['max_backlog']:.0f} | {row['p99_backlog']:.0f} | {row['bytes_sent'] / 1e6:.1f} "
             f"| {row['compressed_fraction']:.0%} | {row['mean_staleness']:.2f} | {row['steps']:.0f} "
             f"| {row['repeats']} |"
         )
-    return "\n".join(lines)
-
-
-def sim_markdown(sim: dict[str, Any], s: Settings) -> str:
-    lines = [f"Simulated clock (no Kafka), {sim['seconds']:.0f} s for all runs; same streams and settings.", "",
-             "| partition | mode | TTA s | vs BSP | x oracle | acc @ budget | max backlog | MB sent | compressed |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for partition, reports in sim.items():
-        if partition == "seconds":
-            continue
-        by = {r["mode"]: r for r in reports}
-        bsp, oracle = by.get("bsp", {}).get("tta_s"), by.get("oracle", {}).get("tta_s")
-        for r in reports:
-            tta = r.get("tta_s")
-            lines.append(
-                f"| {partition} | {r['mode']} | {tta:.1f} |" if tta is not None else f"| {partition} | {r['mode']} | missed |"
-            )
-            lines[-1] += (
-                f" {bsp / tta:.2f}x |" if (bsp and tta) else " - |"
-            ) + (f" {tta / oracle:.2f} |" if (oracle and tta) else " - |") + (
-                f" {r.get('final_accuracy', 0):.3f} | {max(r.get('max_backlog', {}).values(), default=0):.0f} |"
-                f" {r.get('bytes_sent', 0) / 1e6:.1f} | {r.get('compressed_fraction', 0):.0%} |"
-            )
     return "\n".join(lines)
 
 
@@ -337,6 +472,19 @@ def plot(runs: list[ModeRun], partitions: list[str], s: Settings, path: Path) ->
     fig.savefig(path, dpi=110)
 
 
+def real_learning_rates(sim: dict[str, Any] | None, s: Settings, partitions: list[str],
+                        modes: list[str]) -> dict[tuple[str, str], float]:
+    """Each real run's LR: the simulated clock's choice for its (partition, mode) when it tuned
+    (ddp: bsp's, the same synchronous algorithm), else ``s.lr``."""
+    choices = (sim or {}).get("tuning") or {}
+    out = {}
+    for partition in partitions:
+        for mode in modes:
+            rec = choices.get("choices", {}).get(f"{partition}/{'bsp' if mode == 'ddp' else mode}")
+            out[(partition, mode)] = s.lr * (rec["chosen_mult"] if rec else 1.0)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode and partition (interleaved)")
@@ -355,6 +503,7 @@ def main() -> None:
     parser.add_argument("--sim-only", action="store_true", help="only the simulated-clock comparison (no Kafka)")
     parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
     parser.add_argument("--out", default=str(RESULTS / "time_to_accuracy"), help="output path without suffix")
+    tuning.add_arguments(parser)
     args = parser.parse_args()
     # A terminated benchmark still stops the broker and the processes of the run in progress.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -365,6 +514,12 @@ def main() -> None:
     unknown = set(modes) - set(MODES)
     if unknown:
         raise SystemExit(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    seeds = [s.seed + r for r in range(args.repeats)]
+    tune = tuning.from_args(parser, args, seeds)
+    if tune is not None and args.no_sim:
+        parser.error("--tune-lr tunes on the simulated clock (the real runs take its choices): not with --no-sim")
     console = Console(stderr=True)
 
     from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
@@ -377,8 +532,9 @@ def main() -> None:
     try:
         if not args.no_sim:
             console.print("[bold]simulated clock[/bold]: running the same comparison without Kafka ...")
-            sim = simulated(s, partitions, modes)
-            console.print(sim_markdown(sim, s))
+            sim = simulated_seeds(s, partitions, modes, seeds, tune, progress=console.print)
+            console.print(sim_seeds_markdown(sim, s))
+        real_lr = real_learning_rates(sim, s, partitions, modes)
         if args.sim_only:
             runs = []
         elif not bootstrap:
@@ -390,13 +546,14 @@ def main() -> None:
             for partition in partitions:
                 for mode in modes:  # modes interleaved within a repeat (A B C ... A B C)
                     done += 1
-                    console.print(f"[{done}/{total}] repeat {repeat} {partition} {mode} ...")
+                    seed, lr = seeds[repeat], real_lr[(partition, mode)]
+                    console.print(f"[{done}/{total}] seed {seed} {partition} {mode} (LR {lr:.3g}) ...")
                     try:
-                        run = (run_ddp(partition, repeat, s, bootstrap, work) if mode == "ddp"
-                               else run_pipeline_mode(mode, partition, repeat, s, bootstrap, work))
+                        run = (run_ddp(partition, repeat, s, bootstrap, work, seed, lr) if mode == "ddp"
+                               else run_pipeline_mode(mode, partition, repeat, s, bootstrap, work, seed, lr))
                     except Exception as exc:  # one failed run must not lose the others' figures
                         console.print(f"  [red]failed[/red]: {exc}")
-                        run = ModeRun(mode, partition, repeat, error=str(exc))
+                        run = ModeRun(mode, partition, repeat, seed, lr, error=str(exc))
                     else:
                         tta = f"{run.tta_s:.1f} s" if run.tta_s is not None else "missed"
                         console.print(f"  TTA {tta}, accuracy at budget {run.final_accuracy:.3f}, "
@@ -406,22 +563,26 @@ def main() -> None:
         if broker is not None:
             broker.stop()
     shutil.rmtree(work, ignore_errors=True)  # its broker's log and the processes' logs; a run that failed keeps them (it raised above)
-    table = summarise(runs, partitions, modes)
-    md = markdown(table, s)
+    table = summarise(runs, partitions, modes, s.budget_s)
+    parts = [markdown(table, s, seeds, tuned=tune is not None)] if runs else []  # --sim-only: no real table
     if sim is not None:
-        md += "\n\n" + sim_markdown(sim, s)
+        parts.append(sim_seeds_markdown(sim, s))
+    md = "\n\n".join(parts)
     print(md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    plot(runs, partitions, s, out.with_suffix(".png"))
+    if runs:
+        plot(runs, partitions, s, out.with_suffix(".png"))
     out.with_suffix(".md").write_text(md + "\n")
     out.with_suffix(".json").write_text(json.dumps({
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": __import__("os").cpu_count()},
-        "kafka": kafka_version(), "settings": s.__dict__, "partitions": partitions, "modes": modes,
+        "kafka": kafka_version(), "settings": s.__dict__, "partitions": partitions, "modes": modes, "seeds": seeds,
+        "real_lr": {f"{p}/{m}": lr for (p, m), lr in real_lr.items()},
         "table": table, "runs": [r.__dict__ for r in runs], "simulated": sim,
     }, indent=2, default=str))
-    console.print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
+    console.print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}"
+                  + (f", {out.with_suffix('.png')}" if runs else ""))
 
 
 if __name__ == "__main__":

@@ -2039,13 +2039,14 @@ def benchmark_comparison(
     max_batch: int = 256,
     epoch_steps: int = 20,
     rates: Sequence[float] | None = None,
+    with_oracle: bool = True,
 ) -> list[dict[str, Any]]:
     """BENCHMARKS.md's time-to-accuracy comparison on the simulated clock, as JSON-able dicts.
 
     Digits (held-out 20 %), ``partition`` ("iid", "dirichlet" with alpha 0.3, or
     "classes"), the ten ScaDLES rates (or ``rates``, one per device) times ``scale``,
     :func:`default_modes` (those named in ``modes``; names the runner cannot simulate,
-    such as ``ddp``, are skipped) and the oracle first. ``costs`` defaults to ``CostModel(slowdowns=slowdown)``.
+    such as ``ddp``, are skipped) and the oracle first (unless ``with_oracle`` is false). ``costs`` defaults to ``CostModel(slowdowns=slowdown)``.
     Each dict is ``asdict(RunReport)`` plus ``max_backlog`` / ``p99_backlog`` by device.
     """
     if rates is not None and not (rates and scale > 0 and all(r > 0 for r in rates)):
@@ -2073,7 +2074,7 @@ def benchmark_comparison(
     costs = CostModel(slowdowns=tuple(slowdown)) if costs is None else costs
     base = oracle_mode(streams, window_s=window_s, max_batch=max_batch, reference_per_worker=batch)
     out = []
-    for report in compare(wanted, streams, costs, config, oracle_base=base):
+    for report in compare(wanted, streams, costs, config, with_oracle=with_oracle, oracle_base=base):
         row = asdict(report)
         row["max_backlog"] = {d.device: d.max_depth for d in report.devices}
         row["p99_backlog"] = {d.device: d.p99_depth for d in report.devices}
