@@ -238,6 +238,7 @@ class TrainingRuntime:
         #: The update topics this process reads (its strategy's subscriptions; not heartbeats).
         self._reads = set(read_topics(cfg.job.name, name, self.strategy.subscribes)) - {
             channel_topic(cfg.job.name, "control")}
+        self._handled_gauges: dict[tuple[str, int], Any] = {}  # (topic, partition) -> its labelled gauge
         self.resume_offsets: dict[str, int] = {}
         #: The ingest ledger of the restored checkpoint (``IngestCore(restored=...)``).
         self.restored_ledger: dict[str, dict[str, Any]] = {}
@@ -325,14 +326,22 @@ class TrainingRuntime:
         log.warning("%s restored checkpoint %s at model version %d (step %d)", self.name,
                     checkpoint.path.name, self.trainer.version, self.stats.steps)
 
+    def _handled_gauge(self, topic: str, partition: int) -> Any:
+        """This process's ``update_log_handled`` gauge of one partition (looked up once)."""
+        gauge = self._handled_gauges.get((topic, partition))
+        if gauge is None:
+            gauge = self._handled_gauges[(topic, partition)] = self.metrics.update_log_handled.labels(
+                self.name, topic, str(partition))
+        return gauge
+
     def _show_handled(self, positions: dict[str, int]) -> None:
         """Export where this process reads each update partition from (``"topic:partition" ->
         next offset``; positions of topics it does not read are left out): it is a reader of
         its topics from the start, whether or not a message has come yet."""
         for key, end in positions.items():
-            topic, _, partition = key.rpartition(":")
+            topic, partition = OffsetTracker.split_key(key)
             if topic in self._reads:
-                self.metrics.update_log_handled.labels(self.name, topic, partition).set(end)
+                self._handled_gauge(topic, partition).set(end)
 
     def start_fresh(self, sensors: dict[str, int], updates: dict[str, int]) -> None:
         """No checkpoint was restored: write checkpoint 0 (the initial model at the positions
@@ -646,7 +655,7 @@ class TrainingRuntime:
                 continue  # already handled before the checkpoint we restored
             self.update_offsets[key] = offset + 1
             if topic in self._reads:
-                self.metrics.update_log_handled.labels(self.name, topic, str(partition)).set(offset + 1)
+                self._handled_gauge(topic, partition).set(offset + 1)
             to = headers.get(HEADER_TO)
             # Produce (the record's CreateTime, seconds) to consume (its arrival here).
             transit_s = arrival - timestamp_s if timestamp_s else None

@@ -36,6 +36,14 @@ class OffsetTracker:
     def key(topic: str, partition: int) -> str:
         return f"{topic}:{partition}"
 
+    @staticmethod
+    def split_key(key: str) -> tuple[str, int]:
+        """The inverse of :meth:`key`: ``(topic, partition)`` (a topic name has no ``:``)."""
+        topic, sep, partition = key.rpartition(":")
+        if not sep or not topic or not partition.isdigit():
+            raise ValueError(f"not a topic:partition key: {key!r}")
+        return topic, int(partition)
+
     def seen(self, key: str, offset: int) -> None:
         self.seen_range(key, offset, offset)
 

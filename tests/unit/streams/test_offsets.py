@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from edgestream.streams.offsets import OffsetTracker
 
@@ -100,3 +101,11 @@ def test_watermark_open_count_and_done_ranges_match_a_set_of_offsets_under_rando
             else:
                 expected.append([o, o])
         assert tracker.done_ranges().get(KEY, []) == expected
+
+
+def test_split_key_inverts_key_and_refuses_what_is_not_one() -> None:
+    for topic, partition in (("job.updates", 0), ("sensors.dev-1.x", 12)):
+        assert OffsetTracker.split_key(OffsetTracker.key(topic, partition)) == (topic, partition)
+    for bad in ("job.updates", "job.updates:", ":3", "job.updates:x"):
+        with pytest.raises(ValueError, match="topic:partition"):
+            OffsetTracker.split_key(bad)
