@@ -8,10 +8,13 @@ records/s in the paper's list) step by step, then runs the time-to-accuracy comp
 of ``benchmarks/time_to_accuracy.py`` on the simulated clock (same model, costs,
 window, batch and target; no Kafka) for the oracle, BSP and ScaDLES. It shows how the
 measured speed-up follows the bound, and at what spread the paper's 3.3x appears.
-Writes benchmarks/results/scadles_rate_sweep.{json,md}. Never asserts.
+Seeds 0 .. ``--repeats``-1 (streams, shares, initial weights); medians over them, each ratio
+to BSP taken on the same seed. ``--tune-lr`` (benchmarks/tuning.py, as ``bench strategies``):
+every (slowest rate, partition, row) cell, BSP and the oracle included, chooses its learning
+rate on the tuning seed first. Writes benchmarks/results/scadles_rate_sweep.{json,md}. Never asserts.
 
     python -m edgestream bench scadles_rate_sweep [--slowest 22,15,10,7,5] [--partitions iid,dirichlet]
-        [--budget 300]
+        [--budget 300] [--repeats 3] [--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]]
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import platform
 import time
 from pathlib import Path
 
-from edgestream.benchmarks.time_to_accuracy import Settings, simulated
+from edgestream.benchmarks import tuning
+from edgestream.benchmarks.time_to_accuracy import Settings, simulated_seeds
 from edgestream.streams.profiles import SCADLES_RATES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,52 +44,68 @@ def rate_bound(rates: list[float]) -> float:
     return sum(rates) / (len(rates) * min(rates))
 
 
-def sweep(slowest: list[float], partition: str, s: Settings, progress=print) -> list[dict]:
+def sweep(slowest: list[float], partition: str, s: Settings, seeds: list[int] | None = None,
+          tune: tuning.TuneSpec | None = None, progress=print) -> list[dict]:
+    """One row per slowest rate: the oracle, BSP and ScaDLES on every seed (medians; ``tune``:
+    each row at the learning rate it chose on the tuning seed of that rate and partition)."""
     rows = []
     for value in slowest:
         rates = rates_with_slowest(value)
         started = time.monotonic()
-        reports = simulated(s, [partition], ["bsp", "scadles"], rates=rates)[partition]
-        tta = {r["mode"]: r["tta_s"] for r in reports}
-        acc = {r["mode"]: r["final_accuracy"] for r in reports}
+        sim = simulated_seeds(s, [partition], ["bsp", "scadles"], seeds or [s.seed], tune,
+                              progress=lambda _line: None, rates=rates)
+        cells = {c["mode"]: c for c in sim["summary"].values()}
         row = {
             "partition": partition, "slowest_rate": value, "rates": rates, "rate_bound": rate_bound(rates),
-            "tta_s": tta, "final_accuracy": acc, "seconds": time.monotonic() - started,
+            "seeds": sim["seeds"], "tta": {m: c["tta"] for m, c in cells.items()},
+            "final_accuracy": {m: c["final_accuracy"] for m, c in cells.items()},
+            "lr": {m: c["lr"] for m, c in cells.items()},
+            "oracle_vs_bsp": cells["oracle"]["speedup_vs_bsp"], "scadles_vs_bsp": cells["scadles"]["speedup_vs_bsp"],
+            "tuning": sim["tuning"], "runs": sim["runs"], "seconds": time.monotonic() - started,
         }
-        for mode in ("oracle", "scadles"):
-            ok = tta.get("bsp") is not None and tta.get(mode) is not None
-            row[f"{mode}_vs_bsp"] = tta["bsp"] / tta[mode] if ok else None
         rows.append(row)
-        progress(f"{partition}, slowest {value:g}/s: bound {row['rate_bound']:.2f}, "
-                 f"TTA oracle {_s(tta.get('oracle'))}, bsp {_s(tta.get('bsp'))}, scadles {_s(tta.get('scadles'))} "
+        progress(f"{partition}, slowest {value:g}/s: bound {row['rate_bound']:.2f}, TTA oracle "
+                 f"{_s(row['tta'].get('oracle'))}, bsp {_s(row['tta'].get('bsp'))}, scadles "
+                 f"{_s(row['tta'].get('scadles'))}; ScaDLES vs BSP {_x(row['scadles_vs_bsp'])} "
                  f"({row['seconds']:.0f} s)")
     return rows
 
 
-def _s(value: float | None) -> str:
-    return "missed" if value is None else f"{value:.1f} s"
+def _s(value: dict | None) -> str:
+    """A censored median TTA: ``>300.0 s`` when most seeds missed."""
+    if value is None:
+        return "-"
+    return ("" if value["bound"] == "=" else value["bound"]) + f"{value['value']:.1f} s"
 
 
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+def _x(value: dict | None) -> str:
+    if value is None:
+        return "-"
+    spread = f" ({value['min']:.2f}-{value['max']:.2f})" if value["min"] != value["max"] else ""
+    return ("" if value["bound"] == "=" else value["bound"]) + f"{value['value']:.2f}x" + spread
 
 
-def markdown(rows: list[dict], s: Settings) -> str:
+def markdown(rows: list[dict], s: Settings, tune: tuning.TuneSpec | None = None) -> str:
+    seeds = ", ".join(map(str, rows[0]["seeds"])) if rows else ""
     lines = [
         f"Simulated clock, rates x{s.scale:g} (slowest device varied, others as in ScaDLES), "
-        f"window {s.window_s:g} s, BSP batch 64/device, target {s.target:.0%}, budget {s.budget_s:.0f} s.",
+        f"window {s.window_s:g} s, BSP batch 64/device, target {s.target:.0%}, budget {s.budget_s:.0f} s; seeds "
+        f"{seeds}, medians (ratios per seed, with the min-max; `>`: a missed target counted as the budget).",
         "",
         "| partition | slowest rate/s | rate bound | TTA oracle s | TTA BSP s | TTA ScaDLES s | oracle vs BSP "
-        "| ScaDLES vs BSP | acc at end BSP | acc at end ScaDLES |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ScaDLES vs BSP | acc at end BSP | acc at end ScaDLES | LR oracle / BSP / ScaDLES |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        t, a = r["tta_s"], r["final_accuracy"]
+        t, a, lr = r["tta"], r["final_accuracy"], r["lr"]
         lines.append(
-            f"| {r['partition']} | {r['slowest_rate']:g} | {r['rate_bound']:.2f} | {_s(t.get('oracle'))} | {_s(t.get('bsp'))} "
-            f"| {_s(t.get('scadles'))} | {_x(r['oracle_vs_bsp'])} | {_x(r['scadles_vs_bsp'])} "
-            f"| {a.get('bsp', 0):.3f} | {a.get('scadles', 0):.3f} |"
+            f"| {r['partition']} | {r['slowest_rate']:g} | {r['rate_bound']:.2f} | {_s(t.get('oracle'))} | "
+            f"{_s(t.get('bsp'))} | {_s(t.get('scadles'))} | {_x(r['oracle_vs_bsp'])} | {_x(r['scadles_vs_bsp'])} "
+            f"| {a.get('bsp', 0):.3f} | {a.get('scadles', 0):.3f} | "
+            f"{' / '.join(f'{lr[m]:.3g}' for m in ('oracle', 'bsp', 'scadles') if m in lr)} |"
         )
+    if tune is not None:
+        lines += ["", tuning.describe(tune) + " Chosen per (slowest rate, partition, row): the LR column."]
     return "\n".join(lines)
 
 
@@ -96,7 +116,9 @@ def main() -> None:
     parser.add_argument("--partitions", default="iid,dirichlet", help="comma list of iid, dirichlet")
     parser.add_argument("--budget", type=float, default=300.0,
                         help="simulated seconds per run (BSP slows down with the slowest device)")
+    parser.add_argument("--repeats", type=int, default=3, help="seeds 0 .. REPEATS-1 (medians)")
     parser.add_argument("--out", default=str(RESULTS / "scadles_rate_sweep"), help="output path without suffix")
+    tuning.add_arguments(parser)
     args = parser.parse_args()
     try:
         slowest = [float(x) for x in args.slowest.split(",") if x.strip()]
@@ -108,17 +130,22 @@ def main() -> None:
     unknown = sorted(set(partitions) - {"iid", "dirichlet"})
     if not partitions or unknown:
         parser.error(f"--partitions takes iid and/or dirichlet, got {args.partitions!r}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     s = Settings(budget_s=args.budget)
+    seeds = [s.seed + i for i in range(args.repeats)]
+    tune = tuning.from_args(parser, args, seeds)
     rows = []
     for partition in partitions:
-        rows += sweep(slowest, partition, s, progress=lambda line: print(line, flush=True))
-    md = markdown(rows, s)
+        rows += sweep(slowest, partition, s, seeds, tune, progress=lambda line: print(line, flush=True))
+    md = markdown(rows, s, tune)
     print(md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(md + "\n")
     out.with_suffix(".json").write_text(json.dumps({
-        "benchmark": "scadles_rate_sweep", "clock": "simulated", "partitions": partitions,
+        "benchmark": "scadles_rate_sweep", "clock": "simulated", "partitions": partitions, "seeds": seeds,
+        "tuning": None if tune is None else tune.to_json(),
         "settings": s.__dict__, "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "rows": rows,
     }, indent=1, default=list))

@@ -257,8 +257,12 @@ def sim_runs(s: Settings, partition: str, modes: list[str], seed: int, mult: flo
         budget_s=s.budget_s, slowdown=list(s.slowdown), lr=s.lr * mult, momentum=s.momentum, seed=seed,
         delta=s.delta, modes=modes, eval_every_s=s.eval_every_s, max_batch=MAX_BATCH, epoch_steps=10,
         message_interval_s=0.05, rates=rates, with_oracle=with_oracle, costs=sim_costs(s))
-    return [{**r, "partition": partition, "seed": seed, "lr_mult": mult, "lr": s.lr * mult,
-             "acc_at_budget": r["final_accuracy"]} for r in reports]
+    # Per-process and per-device detail stays out of the results (the backlog maxima are kept).
+    return [{**{k: v for k, v in r.items() if k not in _SIM_DETAIL}, "partition": partition, "seed": seed,
+             "lr_mult": mult, "lr": s.lr * mult, "acc_at_budget": r["final_accuracy"]} for r in reports]
+
+
+_SIM_DETAIL = frozenset({"processes", "devices", "worker_timelines", "consensus_timeline"})
 
 
 def sim_costs(s: Settings) -> Any:
@@ -278,9 +282,11 @@ def _sim_cell(r: dict[str, Any]) -> tuple[str, str]:
 
 
 def simulated_seeds(s: Settings, partitions: list[str], modes: list[str], seeds: list[int],
-                    tune: tuning.TuneSpec | None = None, progress=print) -> dict[str, Any]:
+                    tune: tuning.TuneSpec | None = None, progress=print,
+                    rates: list[float] | None = None) -> dict[str, Any]:
     """The simulated comparison on every seed, each row (the oracle included) at its learning rate:
-    with ``tune``, the multiplier chosen per (partition, row) on the tuning seeds (benchmarks/tuning.py)."""
+    with ``tune``, the multiplier chosen per (partition, row) on the tuning seeds (benchmarks/tuning.py);
+    other base ``rates`` (one per device, before ``s.scale``) if given."""
     started = time.monotonic()
     rows = [m for m in SIM_ROWS if m == "oracle" or m in modes]
     tune_raw: list[dict[str, Any]] = []
@@ -289,7 +295,7 @@ def simulated_seeds(s: Settings, partitions: list[str], modes: list[str], seeds:
         for partition in partitions:
             for seed in tune.seeds:
                 for mult in tune.grid:
-                    tune_raw += sim_runs(s, partition, rows[1:], seed, mult, True)
+                    tune_raw += sim_runs(s, partition, rows[1:], seed, mult, True, rates)
                     progress(f"tuning {partition} seed {seed} lr x{mult:g}: " + ", ".join(
                         f"{r['mode']} {_tta_text(r['tta_s'])}" for r in tune_raw[-len(rows):]))
         choices = tuning.choose_cells(tune_raw, tune, _sim_cell)
@@ -299,7 +305,7 @@ def simulated_seeds(s: Settings, partitions: list[str], modes: list[str], seeds:
         for seed in seeds:
             for mult in sorted(set(mults.values())):
                 at = [row for row in rows[1:] if mults[row] == mult]
-                raw += sim_runs(s, partition, at, seed, mult, mults["oracle"] == mult)
+                raw += sim_runs(s, partition, at, seed, mult, mults["oracle"] == mult, rates)
             progress(f"{partition} seed {seed}: " + ", ".join(
                 f"{r['mode']} {_tta_text(r['tta_s'])}" for r in raw if r["partition"] == partition
                 and r["seed"] == seed))
