@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -138,7 +139,7 @@ def main() -> None:
     rows = []
     for partition in partitions:
         rows += sweep(slowest, partition, s, seeds, tune, progress=lambda line: print(line, flush=True))
-    md = markdown(rows, s, tune)
+    md = f"Command: `python -m edgestream bench scadles_rate_sweep {' '.join(sys.argv[1:])}`.\n\n" + markdown(rows, s, tune)
     print(md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
