@@ -11,6 +11,7 @@ evaluation interval still steps between two scorings.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -146,6 +147,6 @@ def test_a_node_whose_scoring_outlasts_the_evaluation_interval_still_steps_betwe
     assert eval_s > 2 * 0.5
     scorings = sorted(t for who, t, _, kept in calls if who == "w1" and kept)
     assert len(scorings) >= 3
-    for earlier, later in zip(scorings, scorings[1:]):
+    for earlier, later in itertools.pairwise(scorings):
         assert any(earlier < start < later for start in w1.step_starts), (earlier, later, w1.step_starts)
     assert w1.local_steps >= len(scorings) - 1
