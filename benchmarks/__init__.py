@@ -5,7 +5,8 @@ A benchmark is a module with a ``main`` that parses ``sys.argv``: `edgestream be
 imports it and calls ``main`` (``python -m benchmarks.NAME`` runs it too); it prints a table and writes ``benchmarks/results/NAME.json``. Adding
 one is one module and one line in ``BENCHMARKS``; a module shared by several benchmarks
 (``tuning``: the learning-rate tuning of ``--tune-lr``; ``censored``: ratios and medians of times
-to target with misses; ``claims``: the matrix's claims judged across cost models) is named in ``HELPERS``. This package lives in the repository
+to target with misses; ``claims``: the matrix's claims judged across cost models; ``parallel``: ``--jobs``, the
+simulated runs in processes) is named in ``HELPERS``. This package lives in the repository
 only: an installed ``edgestream`` without it refuses ``bench``.
 """
 
@@ -50,7 +51,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
 
 
 #: Modules of this package that are not benchmarks: shared by several of them (no ``main``).
-HELPERS = frozenset({"edgestream.benchmarks.tuning", "edgestream.benchmarks.censored", "edgestream.benchmarks.claims"})
+HELPERS = frozenset({"edgestream.benchmarks.tuning", "edgestream.benchmarks.censored", "edgestream.benchmarks.claims",
+                     "edgestream.benchmarks.parallel"})
 
 
 def names() -> list[str]:
