@@ -20,14 +20,19 @@ from edgestream.cli.options import (
 from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_RUNTIME, EXIT_UNBALANCED
 
 
-def _sigterm_interrupts() -> None:
-    """SIGTERM raises KeyboardInterrupt in the main thread (the cleanup path of Ctrl-C)."""
+def _stop_signals_interrupt() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (the cleanup path of
+    Ctrl-C), whatever this process inherited: a shell without job control starts background
+    commands with SIGINT ignored, and a parent may start it with SIGINT blocked; either way
+    ``kill -INT`` would otherwise do nothing."""
     import signal
 
     def interrupt(_signum, _frame) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 #: Width of ``run``'s output when it goes to a file or a pipe: wide enough that no table is cut
@@ -48,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgestream.pipeline.testbed_run import uses_testbed
     from edgestream.pipeline.worker import check_training_config, process_topics, worker_cpus
 
-    _sigterm_interrupts()  # `kill`/`timeout` stop the run like Ctrl-C: every process it started too
+    _stop_signals_interrupt()  # `kill`/`timeout` stop the run like Ctrl-C: every process it started too
     cfg = job_config(args)
     if args.duration:
         cfg.run.duration_s = args.duration
