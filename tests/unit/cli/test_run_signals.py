@@ -15,8 +15,8 @@ import sys, time
 from edgestream.cli.run import _stop_signals_interrupt
 if sys.argv[1] == "install":
     _stop_signals_interrupt()
-print("ready", flush=True)
 try:
+    print("ready", flush=True)  # inside: a signal right after it is still caught here
     time.sleep(30)
 except KeyboardInterrupt:
     sys.exit(130)
