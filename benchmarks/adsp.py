@@ -108,10 +108,9 @@ def matrix_settings(s: Settings) -> matrix.Settings:
 
 
 @lru_cache(maxsize=4)
-def _streams(seed: int, s_key: tuple) -> simclock.StreamSet:
+def _streams(seed: int, s_key: tuple, split: str = "seed") -> simclock.StreamSet:
     rate, partition, interval = s_key
-    return simclock.StreamSet.from_fleet("digits", (rate,) * WORKERS, partition=partition, seed=seed,
-                                         message_interval_s=interval)
+    return tuning.fleet_streams(split, (rate,) * WORKERS, partition=partition, seed=seed, message_interval_s=interval)
 
 
 def mode_for(row: str, streams: simclock.StreamSet, s: Settings) -> simclock.Mode:
@@ -131,6 +130,7 @@ class Task:
     seed: int
     row: str
     lr_mult: float = 1.0  # scales every learning rate of the row (--tune-lr; benchmarks/tuning.py)
+    split: str = "seed"  # the test split and what the run is measured on (tuning.SPLITS)
 
 
 def _cell(d: dict[str, Any]) -> tuple[Any, ...]:
@@ -142,7 +142,7 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
     """One run; ``base``: the cost model (default ``CostModel()``), whose slowdowns, if it sets
     any, replace the level's."""
     started = time.monotonic()
-    streams = _streams(task.seed, (s.rate_hz, s.partition, s.message_interval_s))
+    streams = _streams(task.seed, (s.rate_hz, s.partition, s.message_interval_s), task.split)
     config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=s.target_accuracy,
                                 stop_at_target=False, time_budget_s=s.budget_s)

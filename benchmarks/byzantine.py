@@ -128,6 +128,7 @@ class Task:
     byzantine: int
     seed: int
     lr_mult: float = 1.0  # scales every learning rate of the run (--tune-lr; benchmarks/tuning.py)
+    split: str = "seed"  # the test split and what the run is measured on (tuning.SPLITS)
 
     @property
     def key(self) -> tuple[str, str, str, int, int]:
@@ -161,9 +162,8 @@ def attackers(count: int) -> list[str]:
 
 
 @lru_cache(maxsize=4)
-def _streams(seed: int, workers: int, rate_hz: float, interval: float) -> simclock.StreamSet:
-    return simclock.StreamSet.from_fleet("digits", (rate_hz,) * workers, partition="iid", seed=seed,
-                                         message_interval_s=interval)
+def _streams(seed: int, workers: int, rate_hz: float, interval: float, split: str = "seed") -> simclock.StreamSet:
+    return tuning.fleet_streams(split, (rate_hz,) * workers, partition="iid", seed=seed, message_interval_s=interval)
 
 
 def mode_for(task: Task, s: Settings) -> simclock.Mode:
@@ -187,7 +187,7 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
     """One run; ``base``: the cost model (default ``CostModel()``), whose slowdowns, if it sets
     any, replace the settings' ``slowdowns``."""
     started = time.monotonic()
-    streams = _streams(task.seed, s.workers, s.rate_hz, s.message_interval_s)
+    streams = _streams(task.seed, s.workers, s.rate_hz, s.message_interval_s, task.split)
     momentum = s.asp_momentum if task.strategy == "asp" else s.momentum
     config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=0.9, stop_at_target=False,

@@ -151,9 +151,10 @@ def costs_for(n: int, s: Settings, degraded: bool, base: simclock.CostModel | No
 
 
 @lru_cache(maxsize=4)
-def _streams(partition: str, n: int, seed: int, scale: float, interval: float) -> simclock.StreamSet:
+def _streams(partition: str, n: int, seed: int, scale: float, interval: float, split: str = "seed"
+             ) -> simclock.StreamSet:
     rates, _, _ = fleet(n, scale)
-    return simclock.StreamSet.from_fleet("digits", rates, partition=partition, seed=seed, message_interval_s=interval)
+    return tuning.fleet_streams(split, rates, partition=partition, seed=seed, message_interval_s=interval)
 
 
 def mode_for(row: str, streams: simclock.StreamSet, s: Settings, traced: bool = False) -> simclock.Mode:
@@ -210,6 +211,7 @@ class Task:
     seed: int
     row: str
     lr_mult: float = 1.0  # scales every learning rate of the row (--tune-lr; benchmarks/tuning.py)
+    split: str = "seed"  # the test split and what the run is measured on (tuning.SPLITS)
 
 
 def _cell(d: dict[str, Any]) -> tuple[Any, ...]:
@@ -221,7 +223,7 @@ def _cell(d: dict[str, Any]) -> tuple[Any, ...]:
 def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) -> dict[str, Any]:
     started = time.monotonic()
     base = simclock.CostModel() if base is None else base
-    streams = _streams(task.partition, task.nodes, task.seed, s.scale, s.message_interval_s)
+    streams = _streams(task.partition, task.nodes, task.seed, s.scale, s.message_interval_s, task.split)
     degraded = task.kind == "degraded"
     mode = tuning.scaled_mode(mode_for(task.row, streams, s, traced=degraded), task.lr_mult)
     config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
@@ -262,7 +264,8 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["kind"], r["partition"], r["nodes"], r["seed"], r["row"], r.get("lr_mult", 1.0))
+    return (r["kind"], r["partition"], r["nodes"], r["seed"], r["row"], r.get("lr_mult", 1.0),
+            r.get("split", "seed"))
 
 
 def run_all(tasks: list[Task], s: Settings, jobs: int, log: Path, done: list[dict[str, Any]],

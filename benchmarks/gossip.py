@@ -137,9 +137,9 @@ def mode_for(row: str, streams: simclock.StreamSet, s: Settings, topology: str |
 
 
 @lru_cache(maxsize=8)
-def _streams(partition: str, seed: int, scale: float, interval: float) -> simclock.StreamSet:
+def _streams(partition: str, seed: int, scale: float, interval: float, split: str = "seed") -> simclock.StreamSet:
     rates = simclock.scadles_rates(scale)
-    return simclock.StreamSet.from_fleet("digits", rates, partition=partition, seed=seed, message_interval_s=interval)
+    return tuning.fleet_streams(split, rates, partition=partition, seed=seed, message_interval_s=interval)
 
 
 # -- one run -----------------------------------------------------------------------------------
@@ -154,6 +154,7 @@ class Task:
     topology: str
     workers: int
     lr_mult: float = 1.0  # scales every learning rate of the row (--tune-lr; benchmarks/tuning.py)
+    split: str = "seed"  # the test split and what the run is measured on (tuning.SPLITS)
 
 
 def _cell(d: dict[str, Any]) -> tuple[Any, ...]:
@@ -197,7 +198,7 @@ def run_task(task: Task, s: Settings, base: simclock.CostModel | None = None) ->
                                     evaluate_workers=True)
         costs = base
     else:
-        streams = _streams(task.partition, task.seed, s.scale, s.message_interval_s)
+        streams = _streams(task.partition, task.seed, s.scale, s.message_interval_s, task.split)
         config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                     eval_every_s=s.eval_every_s, target_accuracy=s.target,
                                     time_budget_s=s.budget_s, min_time_s=s.acc_budget_s, evaluate_workers=True)
@@ -281,7 +282,8 @@ def run_logged(run: Callable[[Any, Any], dict[str, Any]], tasks: list[Any], s: A
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["kind"], r["partition"], r["seed"], r["row"], r["topology"], r["workers"], r.get("lr_mult", 1.0))
+    return (r["kind"], r["partition"], r["seed"], r["row"], r["topology"], r["workers"], r.get("lr_mult", 1.0),
+            r.get("split", "seed"))
 
 
 def _line(i: int, n: int, r: dict[str, Any], begun: float) -> str:

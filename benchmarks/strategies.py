@@ -491,10 +491,11 @@ def resolve_cost_model(parser: argparse.ArgumentParser, spec: str,
 
 
 @lru_cache(maxsize=8)
-def _streams(regime_name: str, partition: str, seed: int, scale: float, interval: float) -> simclock.StreamSet:
+def _streams(regime_name: str, partition: str, seed: int, scale: float, interval: float, split: str = "seed"
+             ) -> simclock.StreamSet:
     regime = regimes()[regime_name]
-    return simclock.StreamSet.from_fleet("digits", tuple(r * scale for r in regime.rates), partition=partition,
-                                         seed=seed, message_interval_s=interval)
+    return tuning.fleet_streams(split, [r * scale for r in regime.rates], partition=partition, seed=seed,
+                                message_interval_s=interval)
 
 
 @dataclass
@@ -505,15 +506,17 @@ class Task:
     row: str  # a row name, or "oracle"
     cost: str | None  # None for the oracle (zero cost)
     lr_mult: float = 1.0  # scales every learning rate of the row (``--tune-lr``; benchmarks/tuning.py)
+    split: str = "seed"  # the test split and what the run is measured on (tuning.SPLITS)
 
 
 def _task_key(t: Task) -> tuple[Any, ...]:
-    return (t.regime, t.partition, t.seed, t.row, t.cost, t.lr_mult)
+    return (t.regime, t.partition, t.seed, t.row, t.cost, t.lr_mult, t.split)
 
 
 def _run_key(r: dict[str, Any]) -> tuple[Any, ...]:
-    """A run's key (runs written before ``lr_mult`` existed were at multiplier 1)."""
-    return (r["regime"], r["partition"], r["seed"], r["row"], r["cost"], r.get("lr_mult", 1.0))
+    """A run's key (runs written before ``lr_mult`` existed were at multiplier 1, before
+    ``split`` on their own seed's split)."""
+    return (r["regime"], r["partition"], r["seed"], r["row"], r["cost"], r.get("lr_mult", 1.0), r.get("split", "seed"))
 
 
 def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None,
@@ -522,7 +525,7 @@ def run_task(task: Task, s: Settings, calibration: dict[str, Any] | None,
     name, see :func:`cost_model`). ``task.lr_mult`` scales the run's LR and the row's own LR
     if it sets one (``lr``: the trainer LR the run used)."""
     started = time.monotonic()
-    streams = _streams(task.regime, task.partition, task.seed, s.scale, s.message_interval_s)
+    streams = _streams(task.regime, task.partition, task.seed, s.scale, s.message_interval_s, task.split)
     config = simclock.RunConfig(model="mlp", lr=s.lr * task.lr_mult, momentum=s.momentum, seed=task.seed,
                                 eval_every_s=s.eval_every_s, target_accuracy=s.target,
                                 time_budget_s=s.budget_s, min_time_s=s.acc_budget_s,
@@ -592,8 +595,9 @@ def tuning_tasks(spec: tuning.TuneSpec, columns: list[tuple[str, str]], costs: l
                  ) -> list[Task]:
     """Every cell's grid on the tuning seeds: the oracle per column (zero cost), every row per
     column and cost model."""
-    tasks = [Task(r, p, seed, "oracle", None, m) for seed in spec.seeds for r, p in columns for m in spec.grid]
-    tasks += [Task(r, p, seed, row, cost, m) for seed in spec.seeds for r, p in columns for cost in costs
+    tasks = [Task(r, p, seed, "oracle", None, m, "tuning") for seed in spec.seeds for r, p in columns
+             for m in spec.grid]
+    tasks += [Task(r, p, seed, row, cost, m, "tuning") for seed in spec.seeds for r, p in columns for cost in costs
               for row in rows for m in spec.grid]
     return tasks
 
@@ -1369,7 +1373,7 @@ def main() -> None:
         tuned = choose_lrs(tune_raw, tune)
         for key, rec in tuned.items():
             print(f"chosen: {key} {tuning.mult_text(rec)}", flush=True)
-        tasks = [replace(t, lr_mult=reporting_mult(tuned, t)) for t in tasks]
+        tasks = [replace(t, lr_mult=reporting_mult(tuned, t), split=tuning.run_split(tune)) for t in tasks]
     if previous is not None:
         again = [t for t in tasks if t.row in rerun]
         wanted = {_task_key(t) for t in tasks if t.row not in rerun}

@@ -107,9 +107,10 @@ class ModeRun:
 
 
 def job_config(mode: str, partition: str, s: Settings, state: Path, tag: str, seed: int | None = None,
-               lr: float | None = None) -> JobConfig:
+               lr: float | None = None, heldout_seed: int | None = None) -> JobConfig:
     """The job of one run: same streams for every mode, differing only in what is compared
-    (``seed``: streams, shares and initial weights, default ``s.seed``; ``lr``: default ``s.lr``)."""
+    (``seed``: streams, shares and initial weights, default ``s.seed``; ``lr``: default ``s.lr``;
+    ``heldout_seed``: the test split's own seed, default the job's)."""
     overrides = [
         f"job.name=tta{tag}", f"job.seed={s.seed if seed is None else seed}", f"run.state_dir={state / tag}",
         "devices.count=10", f"devices.ids={','.join(f'tta{tag}d{i}' for i in range(10))}",
@@ -122,6 +123,7 @@ def job_config(mode: str, partition: str, s: Settings, state: Path, tag: str, se
         f"train.eval_every_s={s.eval_every_s}", "train.checkpoint_every_steps=1000000",
         f"train.max_step_batch={MAX_BATCH}",
         f"run.duration_s={s.budget_s}", "run.drain_timeout_s=30",
+        f"data.heldout_seed={'job' if heldout_seed is None else heldout_seed}",
     ]
     if mode in ("bsp", "ddp"):
         overrides += ["batcher.mode=fixed", f"batcher.batch_size={BATCH}", "train.strategy=bsp"]
@@ -163,9 +165,9 @@ class Sampler:
 
 
 def run_pipeline_mode(mode: str, partition: str, repeat: int, s: Settings, bootstrap: str, state: Path,
-                      seed: int = 0, lr: float | None = None) -> ModeRun:
+                      seed: int = 0, lr: float | None = None, heldout_seed: int | None = None) -> ModeRun:
     tag = uuid.uuid4().hex[:6]
-    cfg = job_config(mode, partition, s, state, tag, seed, lr)
+    cfg = job_config(mode, partition, s, state, tag, seed, lr, heldout_seed)
     sampler = Sampler()
     result = run_job(cfg, bootstrap, console=Console(file=io.StringIO()), live=False,
                      on_streaming=sampler, drain=False)
@@ -195,7 +197,7 @@ def fill_backlog(run: ModeRun, samples: dict[str, list[float]]) -> None:
 
 
 def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Path, seed: int = 0,
-            lr: float | None = None) -> ModeRun:
+            lr: float | None = None, heldout_seed: int | None = None) -> ModeRun:
     """The DDP peer: the same simulators, one gloo rank per device reading its topic."""
     from edgestream.benchmarks import ddp_peer
     from edgestream.job.topics import sensor_topics_for
@@ -203,7 +205,7 @@ def run_ddp(partition: str, repeat: int, s: Settings, bootstrap: str, state: Pat
     from edgestream.pipeline.simulate import simulate
 
     tag = uuid.uuid4().hex[:6]
-    cfg = job_config("ddp", partition, s, state, tag, seed, lr)
+    cfg = job_config("ddp", partition, s, state, tag, seed, lr, heldout_seed)
     out = cfg.state_path() / "ddp"
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = cfg.state_path() / "job.json"
@@ -246,8 +248,9 @@ SIM_ROWS = ("oracle",) + tuple(m for m in MODES if m != "ddp")
 
 
 def sim_runs(s: Settings, partition: str, modes: list[str], seed: int, mult: float, with_oracle: bool,
-             rates: list[float] | None = None) -> list[dict[str, Any]]:
-    """The simulated comparison's runs of ``modes`` (and the oracle) on one seed at ``mult`` x the LR."""
+             rates: list[float] | None = None, split: str = "seed") -> list[dict[str, Any]]:
+    """The simulated comparison's runs of ``modes`` (and the oracle) on one seed at ``mult`` x the LR,
+    its data split as ``split`` says (``tuning.SPLITS``)."""
     from edgestream.trainers import simclock
 
     if not modes and not with_oracle:
@@ -256,10 +259,12 @@ def sim_runs(s: Settings, partition: str, modes: list[str], seed: int, mult: flo
         partition=partition, scale=s.scale, window_s=s.window_s, batch=BATCH, target=s.target,
         budget_s=s.budget_s, slowdown=list(s.slowdown), lr=s.lr * mult, momentum=s.momentum, seed=seed,
         delta=s.delta, modes=modes, eval_every_s=s.eval_every_s, max_batch=MAX_BATCH, epoch_steps=10,
-        message_interval_s=0.05, rates=rates, with_oracle=with_oracle, costs=sim_costs(s))
+        message_interval_s=0.05, rates=rates, with_oracle=with_oracle, costs=sim_costs(s),
+        on_validation=split == "tuning", **tuning.split_params(split))
     # Per-process and per-device detail stays out of the results (the backlog maxima are kept).
     return [{**{k: v for k, v in r.items() if k not in _SIM_DETAIL}, "partition": partition, "seed": seed,
-             "lr_mult": mult, "lr": s.lr * mult, "acc_at_budget": r["final_accuracy"]} for r in reports]
+             "lr_mult": mult, "lr": s.lr * mult, "acc_at_budget": r["final_accuracy"], "split": split}
+            for r in reports]
 
 
 _SIM_DETAIL = frozenset({"processes", "devices", "worker_timelines", "consensus_timeline"})
@@ -295,7 +300,7 @@ def simulated_seeds(s: Settings, partitions: list[str], modes: list[str], seeds:
         for partition in partitions:
             for seed in tune.seeds:
                 for mult in tune.grid:
-                    tune_raw += sim_runs(s, partition, rows[1:], seed, mult, True, rates)
+                    tune_raw += sim_runs(s, partition, rows[1:], seed, mult, True, rates, "tuning")
                     progress(f"tuning {partition} seed {seed} lr x{mult:g}: " + ", ".join(
                         f"{r['mode']} {_tta_text(r['tta_s'])}" for r in tune_raw[-len(rows):]))
         choices = tuning.choose_cells(tune_raw, tune, _sim_cell)
@@ -305,7 +310,7 @@ def simulated_seeds(s: Settings, partitions: list[str], modes: list[str], seeds:
         for seed in seeds:
             for mult in sorted(set(mults.values())):
                 at = [row for row in rows[1:] if mults[row] == mult]
-                raw += sim_runs(s, partition, at, seed, mult, mults["oracle"] == mult, rates)
+                raw += sim_runs(s, partition, at, seed, mult, mults["oracle"] == mult, rates, tuning.run_split(tune))
             progress(f"{partition} seed {seed}: " + ", ".join(
                 f"{r['mode']} {_tta_text(r['tta_s'])}" for r in raw if r["partition"] == partition
                 and r["seed"] == seed))
@@ -541,6 +546,8 @@ def main() -> None:
             sim = simulated_seeds(s, partitions, modes, seeds, tune, progress=console.print)
             console.print(sim_seeds_markdown(sim, s))
         real_lr = real_learning_rates(sim, s, partitions, modes)
+        # Tuned, every real run is tested on the simulated runs' fixed split (benchmarks/tuning.py).
+        split_seed = tuning.split_params(tuning.run_split(tune)).get("heldout_seed")
         if args.sim_only:
             runs = []
         elif not bootstrap:
@@ -555,8 +562,9 @@ def main() -> None:
                     seed, lr = seeds[repeat], real_lr[(partition, mode)]
                     console.print(f"[{done}/{total}] seed {seed} {partition} {mode} (LR {lr:.3g}) ...")
                     try:
-                        run = (run_ddp(partition, repeat, s, bootstrap, work, seed, lr) if mode == "ddp"
-                               else run_pipeline_mode(mode, partition, repeat, s, bootstrap, work, seed, lr))
+                        run = (run_ddp(partition, repeat, s, bootstrap, work, seed, lr, split_seed) if mode == "ddp"
+                               else run_pipeline_mode(mode, partition, repeat, s, bootstrap, work, seed, lr,
+                                                      split_seed))
                     except Exception as exc:  # one failed run must not lose the others' figures
                         console.print(f"  [red]failed[/red]: {exc}")
                         run = ModeRun(mode, partition, repeat, seed, lr, error=str(exc))

@@ -9,10 +9,10 @@ its level moves. Every ratio of the benchmark is then against the tuned baseline
 
 The chooser, per row, on the tuning seed's runs:
 
-1. a multiplier that reached the target beats one that missed it; among those that reached it
-   the smallest time to the target wins;
-2. when every multiplier missed, the highest held-out accuracy at the accuracy budget wins,
-   then the lowest held-out loss there;
+1. a multiplier that reached the target (on the validation split, below) beats one that
+   missed it; among those that reached it the smallest time to the target wins;
+2. when every multiplier missed, the highest validation accuracy at the accuracy budget
+   wins, then the lowest validation loss there;
 3. ties go to the multiplier closest to the base LR (1; distance ``|log m|``), then to the
    smaller one.
 
@@ -21,14 +21,15 @@ counted as infinitely late (so the median misses when half or more of the seeds 
 Deterministic: the same runs give the same choice, whatever their order.
 
 The tuning seeds are disjoint from the reporting seeds (:func:`tune_seeds` refuses an
-overlap): the reported figures come from runs the chooser never saw. A tuning run is an
-ordinary run on its own seed (its own streams, shares, initial weights and held-out split)
-and is measured as the reported runs are (time to the target on held-out accuracy, accuracy
-at the accuracy budget): the chooser tunes on the tuning seed's reported metric. The
-validation split inside each run is for the strategies' own decisions; the chooser does not
-use it. The data set is the same, so a tuning seed's held-out split is another random draw
-from the same images as a reporting seed's (with digits' 20 %, about a fifth of one is in
-the other); what is never used is any reporting run.
+overlap), and no tuning run sees a row any reporting run is tested on. With ``--tune-lr``
+every run of the benchmark, tuning or reporting, draws its held-out test split with one
+fixed seed (:data:`TEST_SPLIT_SEED`) rather than its own, so the test rows are the same
+for every seed and no seed streams or validates on them (:data:`SPLITS`: ``"fixed"``).
+A tuning run (``"tuning"``) is then measured on its own **validation split** in place of
+the test split (``StreamSet.scored_on_validation``): the chooser reads time to the target
+and accuracy at the accuracy budget on validation rows, and the test split is not in a
+tuning run at all. Without ``--tune-lr`` each seed keeps its own split (``"seed"``), as
+every committed untuned figure was measured.
 """
 
 from __future__ import annotations
@@ -41,11 +42,19 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 DEFAULT_GRID = (0.5, 1.0, 2.0)
+#: How a run's data is split (a task's ``split``): ``"seed"``, the held-out test split drawn
+#: with the run's seed (untuned benchmarks); ``"fixed"``, drawn with ``TEST_SPLIT_SEED``
+#: whatever the seed (the reporting runs of a tuned benchmark); ``"tuning"``, as ``"fixed"``
+#: and measured on the validation split, the test split out of reach (a tuning run).
+SPLITS = ("seed", "fixed", "tuning")
+#: The held-out test split's seed under ``"fixed"`` and ``"tuning"``: seed 0's split, so a
+#: tuned benchmark's seed-0 runs are tested on the rows its untuned ones were.
+TEST_SPLIT_SEED = 0
 #: The default tuning seed is this far above the first reporting seed.
 TUNE_SEED_OFFSET = 1000
-RULE = ("smallest time to the target on the tuning seed; if every multiplier missed it, highest held-out "
-        "accuracy at the accuracy budget, then lowest held-out loss there; ties towards the base LR (x1), then "
-        "the smaller LR")
+RULE = ("smallest time to the target on the tuning seed's validation split; if every multiplier missed it, "
+        "highest validation accuracy at the accuracy budget, then lowest validation loss there; ties towards the "
+        "base LR (x1), then the smaller LR")
 
 
 @dataclass(frozen=True)
@@ -244,7 +253,32 @@ def scaled_mode(mode: Any, mult: float) -> Any:
     return replace(mode, lr=mode.lr * mult)
 
 
-# -- for a benchmark whose tasks are dataclasses with ``seed`` and ``lr_mult`` fields -------------
+def split_params(split: str) -> dict[str, Any]:
+    """``StreamSet.from_fleet`` keyword arguments of a run's ``split`` (:data:`SPLITS`)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    return {} if split == "seed" else {"heldout_seed": TEST_SPLIT_SEED}
+
+
+def fleet_streams(split: str, rates: Sequence[float], *, partition: str, seed: int, **params: Any) -> Any:
+    """A benchmark run's ``simclock.StreamSet`` over digits: ``rates`` per device, the test split
+    as ``split`` says (:func:`split_params`), measured on validation for a tuning run."""
+    from edgestream.trainers import simclock  # torch: only where a run is built
+
+    streams = simclock.StreamSet.from_fleet("digits", tuple(rates), partition=partition, seed=seed,
+                                            **split_params(split), **params)
+    return streams.scored_on_validation() if split == "tuning" else streams
+
+
+def run_split(spec: TuneSpec | None, tuning_run: bool = False) -> str:
+    """The split of a run: ``"tuning"`` for a tuning run, ``"fixed"`` for any other run of a
+    tuned benchmark, ``"seed"`` untuned."""
+    if tuning_run:
+        return "tuning"
+    return "seed" if spec is None else "fixed"
+
+
+# -- for a benchmark whose tasks are dataclasses with ``seed``, ``lr_mult`` and ``split`` fields --
 
 
 def grid_tasks(tasks: Sequence[Any], spec: TuneSpec, cell: Callable[[dict[str, Any]], Hashable]) -> list[Any]:
@@ -253,7 +287,8 @@ def grid_tasks(tasks: Sequence[Any], spec: TuneSpec, cell: Callable[[dict[str, A
     first: dict[Hashable, Any] = {}
     for t in tasks:
         first.setdefault(cell(asdict(t)), t)
-    return [replace(t, seed=seed, lr_mult=m) for t in first.values() for seed in spec.seeds for m in spec.grid]
+    return [replace(t, seed=seed, lr_mult=m, split="tuning") for t in first.values() for seed in spec.seeds
+            for m in spec.grid]
 
 
 def choose_cells(runs: Sequence[dict[str, Any]], spec: TuneSpec, cell: Callable[[dict[str, Any]], Hashable],
@@ -287,11 +322,13 @@ def tune_cells(tasks: Sequence[Any], spec: TuneSpec, cell: Callable[[dict[str, A
 
 def at_chosen(tasks: Sequence[Any], choices: dict[Hashable, dict[str, Any]],
               cell: Callable[[dict[str, Any]], Hashable]) -> list[Any]:
-    """``tasks`` at their cell's chosen multiplier (a task of a cell that was not tuned: unchanged)."""
+    """``tasks`` at their cell's chosen multiplier (a task of a cell that was not tuned keeps its
+    own), every one on the fixed test split (``"fixed"``)."""
     out = []
     for t in tasks:
         rec = choices.get(cell(asdict(t)))
-        out.append(t if rec is None else replace(t, lr_mult=rec["chosen_mult"]))
+        out.append(replace(t, split="fixed") if rec is None
+                   else replace(t, lr_mult=rec["chosen_mult"], split="fixed"))
     return out
 
 
@@ -308,5 +345,7 @@ def markdown_table(choices: dict[tuple[str, str], dict[str, Any]], rows: Sequenc
 def describe(spec: TuneSpec) -> str:
     return (f"Learning rates tuned (--tune-lr): every row, the baselines included, ran at each multiplier "
             f"{', '.join(f'x{m:g}' for m in spec.grid)} of its own learning rate(s) on tuning "
-            f"seed{'s' if len(spec.seeds) > 1 else ''} {', '.join(map(str, spec.seeds))}, never reported; the rule: "
-            f"{RULE}. The reported seeds ran at the chosen multiplier: every ratio is against the tuned baseline.")
+            f"seed{'s' if len(spec.seeds) > 1 else ''} {', '.join(map(str, spec.seeds))}, never reported, scored on "
+            f"its validation split; the rule: {RULE}. Every run was tested on the same held-out split (drawn with seed "
+            f"{TEST_SPLIT_SEED}), which no tuning run streams, validates or is scored on. The reported seeds ran at "
+            f"the chosen multiplier: every ratio is against the tuned baseline.")

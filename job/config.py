@@ -86,6 +86,10 @@ class DataSection:
     dirichlet_alpha: float = 0.3
     classes_per_device: int = 2
     heldout_fraction: float = 0.2
+    #: Seed of the held-out test split's draw: ``job`` (the job's seed) or an integer >= 0.
+    #: Fixed while ``job.seed`` varies, every seed is tested on the same rows and trains on
+    #: none of them (how a benchmark that tunes keeps its test split out of reach).
+    heldout_seed: str = "job"
     #: Share of the streamed part (stratified, seeded) kept back as the validation split:
     #: never streamed, the only data a strategy's decisions are scored on (EdgeGossip's
     #: mixing and plateau decay, DLion's knowledge transfer); 0: none (they get no score).
@@ -112,6 +116,20 @@ class DataSection:
     #: Per device, how many sequence numbers at or below the highest one seen are remembered:
     #: a record whose number is among them is dropped as ``duplicate``. 0: no check.
     duplicate_window: int = 4096
+
+    def heldout_split_seed(self, job_seed: int) -> int:
+        """``heldout_seed`` resolved: the seed the held-out test split is drawn with."""
+        text = str(self.heldout_seed).strip().lower()
+        if text == "job":
+            return job_seed
+        try:
+            seed = int(text)
+        except ValueError:
+            seed = -1
+        if seed < 0:
+            raise ConfigError(f"data.heldout_seed={self.heldout_seed!r}: use job (the job's seed) or an integer >= 0, "
+                              "e.g. --set data.heldout_seed=0 to test every seed on seed 0's split")
+        return seed
 
     def timestamp_skew_s(self) -> float | None:
         """``max_timestamp_skew_s`` resolved: seconds, or None for no check."""
@@ -431,6 +449,7 @@ class JobConfig:
         _non_negative("data.duplicate_window", self.data.duplicate_window)
         if not 0 < self.data.heldout_fraction < 1:
             raise ConfigError(f"data.heldout_fraction must lie in (0, 1) (got {self.data.heldout_fraction})")
+        self.data.heldout_split_seed(self.job.seed)
         if not 0 <= self.data.validation_fraction < 1:
             raise ConfigError(f"data.validation_fraction must lie in [0, 1) (got {self.data.validation_fraction}; "
                               "0 keeps no validation split)")

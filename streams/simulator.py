@@ -6,6 +6,7 @@ origin; ``pipeline.simulate`` does the sleeping and the producing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +93,16 @@ class FleetData:
     def feature_shape(self) -> tuple[int, ...]:
         return self.train.feature_shape
 
+    def validation_as_test(self) -> FleetData:
+        """The same job measured on its validation split: ``heldout`` replaced by
+        ``validation``, so the held-out test split is not in the result at all. For a run
+        that tunes (a benchmark's ``--tune-lr``): what it reports is a validation score,
+        and nothing in it can read the test split. ``ValueError`` without a validation split."""
+        if self.validation is None:
+            raise ValueError("this job keeps no validation split (data.validation_fraction = 0): a tuning run "
+                             "needs one to be scored on instead of the held-out test split")
+        return dataclasses.replace(self, heldout=self.validation)
+
     @property
     def num_classes(self) -> int:
         return self.train.num_classes
@@ -108,11 +119,19 @@ def fleet_data(
     dirichlet_alpha: float = 0.3,
     classes_per_device: int = 2,
     source_params: dict | None = None,
+    heldout_seed: int | None = None,
 ) -> FleetData:
     """Load a source, hold out a stratified part, carve a validation part from the rest
-    (``validation_fraction`` of it; 0: none) and partition what remains over devices."""
+    (``validation_fraction`` of it; 0: none) and partition what remains over devices.
+
+    ``heldout_seed`` draws the held-out test split (None: ``seed``). Fixed while ``seed``
+    varies, every seed is measured on the same test rows, and no seed trains or is
+    validated on a row another seed is tested on; the validation split and the shares
+    still follow ``seed``. (A source whose rows depend on the seed, such as ``synthetic``,
+    has other rows under every seed whatever the split.)"""
     dataset = load_source(source, seed=seed, **(source_params or {}))
-    train, heldout = split_heldout(dataset, fraction=heldout_fraction, seed=seed)
+    split_seed = seed if heldout_seed is None else heldout_seed
+    train, heldout = split_heldout(dataset, fraction=heldout_fraction, seed=split_seed)
     train, validation, _ = carve_validation(train, None, validation_fraction, seed)
     params: dict = {}
     if scheme == "dirichlet":

@@ -242,6 +242,12 @@ class StreamSet:
     def devices(self) -> tuple[str, ...]:
         return tuple(self.data.shares)
 
+    def scored_on_validation(self) -> StreamSet:
+        """The same streams, every evaluation on the validation split instead of the held-out
+        test split (``FleetData.validation_as_test``): a tuning run's view, which cannot
+        read the test split."""
+        return replace(self, data=self.data.validation_as_test())
+
     def simulators(self) -> list[DeviceSimulator]:
         """One simulator per device, in device order, each with its own seeded random stream."""
         rates = dict(zip(self.devices, self.rates_hz, strict=True))
@@ -2040,6 +2046,8 @@ def benchmark_comparison(
     epoch_steps: int = 20,
     rates: Sequence[float] | None = None,
     with_oracle: bool = True,
+    heldout_seed: int | None = None,
+    on_validation: bool = False,
 ) -> list[dict[str, Any]]:
     """BENCHMARKS.md's time-to-accuracy comparison on the simulated clock, as JSON-able dicts.
 
@@ -2047,6 +2055,8 @@ def benchmark_comparison(
     "classes"), the ten ScaDLES rates (or ``rates``, one per device) times ``scale``,
     :func:`default_modes` (those named in ``modes``; names the runner cannot simulate,
     such as ``ddp``, are skipped) and the oracle first (unless ``with_oracle`` is false). ``costs`` defaults to ``CostModel(slowdowns=slowdown)``.
+    ``heldout_seed``: the held-out split's own seed (``fleet_data``; None: ``seed``);
+    ``on_validation``: measure on the validation split (a tuning run, ``StreamSet.scored_on_validation``).
     Each dict is ``asdict(RunReport)`` plus ``max_backlog`` / ``p99_backlog`` by device.
     """
     if rates is not None and not (rates and scale > 0 and all(r > 0 for r in rates)):
@@ -2057,7 +2067,10 @@ def benchmark_comparison(
         partition=partition,
         seed=seed,
         message_interval_s=message_interval_s,
+        heldout_seed=heldout_seed,
     )
+    if on_validation:
+        streams = streams.scored_on_validation()
     wanted = default_modes(streams, batch_size=batch, window_s=window_s, delta=delta, max_batch=max_batch,
                            epoch_steps=epoch_steps)
     if modes is not None:

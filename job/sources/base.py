@@ -87,6 +87,7 @@ class DatasetSource(DataSource):
             scheme=cfg.data.partition,
             seed=cfg.job.seed,
             heldout_fraction=cfg.data.heldout_fraction,
+            heldout_seed=cfg.data.heldout_split_seed(cfg.job.seed),
             validation_fraction=cfg.data.validation_fraction,
             dirichlet_alpha=cfg.data.dirichlet_alpha,
             classes_per_device=cfg.data.classes_per_device,

@@ -43,6 +43,8 @@ def test_tune_lr_records_each_cell_s_choice_and_reports_at_it(bench_process, tmp
         assert [p["lr_mult"] for p in rec["points"]] == [1.0, 2.0] and rec["tune_seeds"] == [1000]
         assert rec["lr"] == pytest.approx(rec["base_lr"] * rec["chosen_mult"])
     assert result["runs"] and all(r["seed"] != 1000 for r in result["runs"])
+    # tuning runs are scored on their validation split; every run is tested on the one fixed split
+    assert {r["split"] for r in tune["runs"]} == {"tuning"} and {r["split"] for r in result["runs"]} == {"fixed"}
     for r in result["runs"]:
         rec = tune["choices"][choice_of(r)]
         assert r["lr_mult"] == rec["chosen_mult"] and r["lr"] == pytest.approx(rec["lr"])
@@ -59,3 +61,19 @@ def test_a_tuning_seed_among_the_reporting_seeds_is_refused(bench_process, tmp_p
 
     assert exited.value.code == 2 and "--tune-seed 0 is also a reporting seed" in capsys.readouterr().err
     assert not list(tmp_path.glob("never*"))
+
+
+@pytest.mark.parametrize("name", ["time_to_accuracy", "scadles_rate_sweep"])
+def test_simulated_time_to_accuracy_tunes_on_validation_and_reports_on_the_fixed_split(bench_process, tmp_path, name):
+    flags = (["--sim-only", "--modes", "bsp,scadles"] if name == "time_to_accuracy" else ["--slowest", "10"])
+    out = tmp_path / name
+
+    main(["bench", name, *flags, "--partitions", "iid", "--repeats", "1", "--budget", "2", *TUNE, "--out", str(out)])
+
+    result = json.loads(out.with_suffix(".json").read_text())
+    sims = [result["simulated"]] if name == "time_to_accuracy" else result["rows"]
+    for sim in sims:
+        assert {r["split"] for r in sim["tuning"]["runs"]} == {"tuning"}
+        assert {r["seed"] for r in sim["tuning"]["runs"]} == {1000}
+        assert sim["runs"] and {r["split"] for r in sim["runs"]} == {"fixed"}
+    assert "scored on its validation split" in out.with_suffix(".md").read_text()

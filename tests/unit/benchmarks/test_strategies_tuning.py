@@ -41,6 +41,7 @@ def test_tune_lr_records_every_cell_s_tuning_and_reports_at_the_chosen_lr(tuned)
     tune = result["tuning"]
     assert tune["grid"] == [1.0, 2.0] and tune["seeds"] == [1000] and result["seeds"] == [0]
     assert {r["seed"] for r in tune["runs"]} == {1000}
+    assert {r["split"] for r in tune["runs"]} == {"tuning"} and {r["split"] for r in result["runs"]} == {"fixed"}
     assert sorted((r["row"], r["lr_mult"]) for r in tune["runs"]) == [
         ("asp", 1.0), ("asp", 2.0), ("bsp", 1.0), ("bsp", 2.0), ("oracle", 1.0), ("oracle", 2.0)]
     assert set(tune["choices"]) == {"zero/rates/iid/oracle", "default/rates/iid/bsp", "default/rates/iid/asp"}
@@ -100,6 +101,7 @@ def test_a_plain_run_is_untuned(bench_process, tmp_path):
 
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["tuning"] is None and all(r["lr_mult"] == 1.0 for r in result["runs"])
+    assert {r["split"] for r in result["runs"]} == {"seed"}  # each seed's own test split, as before tuning
     assert "tuned" not in out.with_suffix(".md").read_text()
 
 
