@@ -336,7 +336,7 @@ def markdown(cells: dict[str, Any], s: Settings, levels: list[float], rows: list
         lines += ["", f"### Time to {what}, simulated seconds (median, min-max)", "", header, rule]
         for row in rows:
             lines.append(f"| {row} | " + " | ".join(
-                matrix._cell(cells.get(f"{h}/{row}", {}).get(f"{key}_median"), "{:.2f}") for h in levels) + " |")
+                matrix._cell(cells.get(f"{h}/{row}", {}).get(f"{key}_median"), 2) for h in levels) + " |")
     lines += ["", f"### Held-out accuracy at {s.acc_budget_s:g} s (median, min-max)", "", header, rule]
     for row in rows:
         parts = []
@@ -374,7 +374,7 @@ def ablation_markdown(raw: list[dict[str, Any]], s: Settings, h: float, rows: li
         first = min(runs, key=lambda r: r["seed"])
 
         def med(key: str, runs: list[dict[str, Any]] = runs) -> str:
-            return matrix._cell(matrix.censored_median([r[key] for r in runs], s.budget_s), "{:.2f}")
+            return matrix._cell(matrix.censored_median([r[key] for r in runs], s.budget_s), 2)
 
         accs = [r["acc_at_budget"] for r in runs if r["acc_at_budget"] is not None]
         lines.append(

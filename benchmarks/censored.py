@@ -7,6 +7,7 @@ with the budget in place of the missing time), and a median over runs keeps that
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -40,3 +41,17 @@ def censored_median(ttas: list[float | None], budget: float) -> dict[str, Any] |
     """The median time to target of runs, a miss counted as ``> budget``."""
     return median_bound([{"value": t, "bound": "="} if t is not None else {"value": budget, "bound": ">"}
                          for t in ttas])
+
+
+def text(value: dict[str, Any] | None, digits: int = 2, suffix: str = "", spread: bool = True,
+         missing: str = "-") -> str:
+    """A censored value for a table: its mark (``>`` / ``<``; none when exact), the value with
+    ``digits`` decimals and ``suffix``, then the min-max over runs when ``spread`` and they
+    differ (``>1.20x (0.90-1.40)``); ``missing`` when nothing is known."""
+    if value is None:
+        return missing
+    mark = "" if value["bound"] == "=" else value["bound"]
+    out = f"{mark}{value['value']:.{digits}f}{suffix}"
+    if spread and not math.isclose(value["min"], value["max"]):
+        out += f" ({value['min']:.{digits}f}-{value['max']:.{digits}f})"
+    return out

@@ -354,7 +354,7 @@ def main_markdown(cells: dict[str, Any], s: Settings, seeds: list[int], seconds:
             if c["partition"] != partition or c["row"] in ABLATIONS:
                 continue
             lines.append(
-                f"| {c['nodes']} | {c['row']} | {matrix._cell(c['tta_median'], '{:.1f}')} "
+                f"| {c['nodes']} | {c['row']} | {matrix._cell(c['tta_median'], 1)} "
                 f"| {'1' if c['row'] == 'bsp' else _ratio(c['vs_bsp_median'])} "
                 f"| {'1' if c['row'] == 'gossip' else _ratio(c['vs_gossip_median'])} "
                 f"| {gossip_bench._spread([a for a in c['acc'] if a is not None], '{:.3f}')} "
@@ -380,7 +380,7 @@ def ablation_markdown(cells: dict[str, Any], s: Settings) -> str:
     for c in rows:
         lines.append(
             f"| {c['partition']} | {c['nodes']} | {c['row']} ({ABLATIONS[c['row']]}) "
-            f"| {matrix._cell(c['tta_median'], '{:.1f}')} | {_ratio(c['vs_dlion_median'])} "
+            f"| {matrix._cell(c['tta_median'], 1)} | {_ratio(c['vs_dlion_median'])} "
             f"| {_gap([-g for g in c['gap_dlion_points']])} | {_ratio(c['vs_bsp_median'])} "
             f"| {_ratio(c['vs_gossip_median'])} "
             f"| {gossip_bench._spread([a for a in c['acc'] if a is not None], '{:.3f}')} |")

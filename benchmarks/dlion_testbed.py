@@ -360,7 +360,7 @@ def main_markdown(cells: dict[str, Any], s: Settings) -> list[str]:
                 lines.append(f"| {strategy} | no run finished | | | | | | | | | |")
                 continue
             lines.append("| " + " | ".join([
-                strategy, matrix._cell(c["tta"], "{:.1f}"),
+                strategy, matrix._cell(c["tta"], 1),
                 "1" if strategy == "bsp" else matrix._cell(c["tta_over_bsp"]) if "bsp" in s.strategies else "-",
                 "1" if strategy == "gossip" else matrix._cell(c["tta_over_gossip"]) if "gossip" in s.strategies
                 else "-",

@@ -418,7 +418,7 @@ def main_markdown(cells: dict[str, Any], s: Settings, rows: list[str], partition
                 continue
             base = row == c["baseline"]
             lines.append(
-                f"| {row} | {matrix._cell(c['tta_median'], '{:.1f}')} "
+                f"| {row} | {matrix._cell(c['tta_median'], 1)} "
                 f"| {'(baseline)' if base else _speed(c['speedup_median'])} "
                 f"| {matrix._cell(c['vs_bsp_median']) if row != 'bsp' else '1'} "
                 f"| {_spread([a for a in c['acc'] if a is not None], '{:.3f}')} "

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from edgestream.benchmarks import tuning
+from edgestream.benchmarks import censored, tuning
 from edgestream.benchmarks.time_to_accuracy import Settings, simulated_seeds
 from edgestream.streams.profiles import SCADLES_RATES
 
@@ -74,16 +74,11 @@ def sweep(slowest: list[float], partition: str, s: Settings, seeds: list[int] | 
 
 def _s(value: dict | None) -> str:
     """A censored median TTA: ``>300.0 s`` when most seeds missed."""
-    if value is None:
-        return "-"
-    return ("" if value["bound"] == "=" else value["bound"]) + f"{value['value']:.1f} s"
+    return censored.text(value, 1, " s", spread=False)
 
 
 def _x(value: dict | None) -> str:
-    if value is None:
-        return "-"
-    spread = f" ({value['min']:.2f}-{value['max']:.2f})" if value["min"] != value["max"] else ""
-    return ("" if value["bound"] == "=" else value["bound"]) + f"{value['value']:.2f}x" + spread
+    return censored.text(value, 2, "x")
 
 
 def markdown(rows: list[dict], s: Settings, tune: tuning.TuneSpec | None = None) -> str:

@@ -133,7 +133,7 @@ from typing import Any
 
 import numpy as np
 
-from edgestream.benchmarks import claims, parallel, tuning
+from edgestream.benchmarks import censored, claims, parallel, tuning
 from edgestream.benchmarks.censored import censored_median, censored_ratio, median_bound
 from edgestream.streams.profiles import SCADLES_RATES
 from edgestream.trainers import costmodels, simclock, strategies
@@ -673,14 +673,8 @@ def summarise(raw: list[dict[str, Any]], s: Settings, rows: list[str], columns: 
     return cells
 
 
-def _cell(m: dict[str, Any] | None, fmt: str = "{:.2f}", spread: bool = True) -> str:
-    if m is None:
-        return "missed"
-    mark = {"=": "", ">": ">", "<": "<"}[m["bound"]]
-    text = mark + fmt.format(m["value"])
-    if spread and not math.isclose(m["min"], m["max"]):
-        text += f" ({fmt.format(m['min'])}-{fmt.format(m['max'])})"
-    return text
+def _cell(m: dict[str, Any] | None, digits: int = 2, spread: bool = True) -> str:
+    return censored.text(m, digits, spread=spread, missing="missed")
 
 
 def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[tuple[str, str]], costs: list[str],
@@ -729,7 +723,7 @@ def markdown(cells: dict[str, Any], s: Settings, rows: list[str], columns: list[
                 if c is None:
                     parts.append("-")
                     continue
-                tta = _cell(c["tta_median"], "{:.1f}", spread=False)
+                tta = _cell(c["tta_median"], 1, spread=False)
                 parts.append(f"{tta} s, {_cell(c['x_oracle_median'], spread=False)}x")
             lines.append(f"| {row} | " + " | ".join(parts) + " |")
         lines += ["", f"### {cost} cost model: held-out accuracy at {s.acc_budget_s:.0f} s (median, min-max)", "",

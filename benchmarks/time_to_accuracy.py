@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from edgestream.benchmarks import tuning
+from edgestream.benchmarks import censored, tuning
 from edgestream.benchmarks.censored import censored_median, censored_ratio, median_bound
 from edgestream.job.config import JobConfig, load_config
 from edgestream.monitoring.scrape import scrape
@@ -370,18 +370,11 @@ def _per_seed_ratio(by: dict[tuple[str, str, int], dict[str, Any]], runs: list[d
 
 def _tta_cell(tta: dict[str, Any] | None) -> str:
     """A censored median TTA with its min-max: ``>60.0`` when most runs missed."""
-    if tta is None:
-        return "-"
-    mark = "" if tta["bound"] == "=" else tta["bound"]
-    return f"{mark}{tta['value']:.1f}" + (f" ({tta['min']:.1f}-{tta['max']:.1f})" if tta["min"] != tta["max"] else "")
+    return censored.text(tta, 1)
 
 
 def _bound_text(v: dict[str, Any] | None, suffix: str = "") -> str:
-    if v is None:
-        return "-"
-    mark = "" if v["bound"] == "=" else v["bound"]
-    spread = f" ({v['min']:.2f}-{v['max']:.2f})" if v["min"] != v["max"] else ""
-    return f"{mark}{v['value']:.2f}{suffix}{spread}"
+    return censored.text(v, 2, suffix)
 
 
 def sim_seeds_markdown(sim: dict[str, Any], s: Settings) -> str:
