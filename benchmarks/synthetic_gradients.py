@@ -35,8 +35,18 @@ stages (cut after block1, block2, block3, fc1). Repeats are interleaved, the arm
 rotated per repeat. Writes benchmarks/results/synthetic_gradients.{json,md,png}. Never
 asserts; exits 1 after writing the results if a run failed (its log directory is printed).
 
+``--tune-lr [--lr-grid 0.5,1,2] [--tune-seed 1000]`` (benchmarks/tuning.py): before the
+reporting runs, every (split, arm) runs once per multiplier of the trainer LR on the tuning
+seed (its own stream, shares and initial weights), measured on its **validation split**
+(``data.evaluate_on = validation``: the test split is not in a tuning job), and the arm
+reports at the multiplier with the highest validation accuracy at N (then the lowest
+validation loss; ties towards x1). Every run, tuning or reporting, then draws its test
+split with seed 0 (``data.heldout_seed``). The synthesiser's own Adam LR (``synth_lr``) is
+not scaled. ``--stop-by`` applies to the reporting runs.
+
     scripts/with-venv.sh python -m edgestream bench synthetic_gradients [--repeats 3]
         [--deep-repeats 2] [--quick] [--arms backprop,pipeline_bp,dni,cdni] [--out DIR]
+        [--tune-lr [--lr-grid 0.5,1,2]]
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from edgestream.benchmarks import tuning
 from edgestream.job.config import JobConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,12 +120,24 @@ class Settings:
 
 
 def quick(s: Settings) -> Settings:
-    """1 repeat of each arm and of the deep split, 3 s of streaming (2880 samples)."""
-    return replace(s, repeats=1, deep_repeats=1, duration_s=3.0)
+    """1 repeat of each arm and of the deep split (none with --deep-repeats 0), 3 s of streaming
+    (2880 samples)."""
+    return replace(s, repeats=1, deep_repeats=min(s.deep_repeats, 1), duration_s=3.0)
 
 
 # -- the job ---------------------------------------------------------------------------------
-def job_toml(arm: str, split: tuple[str, ...], s: Settings, state: Path, tag: str) -> str:
+@dataclass(frozen=True)
+class Variant:
+    """What a run changes from the benchmark's settings: the trainer LR's multiplier, the seed
+    (None: ``Settings.seed``) and the data split (``tuning.SPLITS``)."""
+
+    lr_mult: float = 1.0
+    seed: int | None = None
+    split: str = "seed"
+
+
+def job_toml(arm: str, split: tuple[str, ...], s: Settings, state: Path, tag: str, variant: Variant = Variant()
+             ) -> str:
     """The job of one run as TOML (model_params are a list of strings: not through --set)."""
     stages = [] if arm == "backprop" else list(split)
     workers = 1 if arm == "backprop" else len(split) + 1
@@ -125,9 +148,12 @@ def job_toml(arm: str, split: tuple[str, ...], s: Settings, state: Path, tag: st
     devices = s.devices if len(split) + 1 <= s.devices else s.deep_devices
     rate = s.rate_hz * s.devices / devices
     q = json.dumps
+    data = [f"heldout_seed = {q(str(v))}" for v in tuning.split_params(variant.split).values()]
+    if variant.split == "tuning":
+        data.append('evaluate_on = "validation"')
     return "\n".join([
-        "[job]", f"name = {q('sg' + tag)}", f"seed = {s.seed}",
-        "[data]", 'source = "digits"', 'partition = "iid"',
+        "[job]", f"name = {q('sg' + tag)}", f"seed = {s.seed if variant.seed is None else variant.seed}",
+        "[data]", 'source = "digits"', 'partition = "iid"', *data,
         "[devices]", f"count = {devices}", f"ids = {q([f'sg{tag}d{i}' for i in range(devices)])}",
         f"rates_hz = {q([rate] * devices)}", 'profile = "constant"',
         f"message_interval_s = {s.message_interval_s}",
@@ -137,7 +163,7 @@ def job_toml(arm: str, split: tuple[str, ...], s: Settings, state: Path, tag: st
         "[train]", "enabled = true", 'model = "conv8"',
         f"model_params = {q(['norm=batch', f'width={s.width}', f'hidden={s.hidden}'])}",
         f"stages = {q(stages)}", f"strategy = {q(strategy)}", f"strategy_params = {q(params)}",
-        f"max_step_batch = {BATCH}", f"lr = {s.lr}", f"momentum = {s.momentum}", "torch_threads = 1",
+        f"max_step_batch = {BATCH}", f"lr = {s.lr * variant.lr_mult}", f"momentum = {s.momentum}", "torch_threads = 1",
         f"eval_every_s = {s.eval_every_s}", "checkpoint_every_steps = 1000000",
         f"grad_norm_spike = {s.grad_norm_spike}",
         "[run]", f"duration_s = {s.duration_s}", f"drain_timeout_s = {s.drain_timeout_s}",
@@ -145,10 +171,11 @@ def job_toml(arm: str, split: tuple[str, ...], s: Settings, state: Path, tag: st
     ])
 
 
-def job(arm: str, split: tuple[str, ...], s: Settings, state: Path, tag: str) -> JobConfig:
+def job(arm: str, split: tuple[str, ...], s: Settings, state: Path, tag: str, variant: Variant = Variant()
+        ) -> JobConfig:
     path = state / f"{tag}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(job_toml(arm, split, s, state, tag))
+    path.write_text(job_toml(arm, split, s, state, tag, variant))
     return load_config(path, env={})
 
 
@@ -170,7 +197,7 @@ def slope(points: list[tuple[float, float]], lo: float = 0.2, hi: float = 0.8) -
 
 
 def run_one(arm: str, split: tuple[str, ...], group: str, repeat: int, s: Settings, bootstrap: str,
-            state: Path) -> dict[str, Any]:
+            state: Path, variant: Variant = Variant()) -> dict[str, Any]:
     from rich.console import Console
 
     from edgestream.pipeline.run import run_job
@@ -178,10 +205,12 @@ def run_one(arm: str, split: tuple[str, ...], group: str, repeat: int, s: Settin
     tag = uuid.uuid4().hex[:6]
     entry: dict[str, Any] = {"arm": arm, "group": group, "split": list(split), "repeat": repeat, "tag": tag,
                              "state_dir": str(state / tag), "logs": str(state / tag / "logs"),
+                             "seed": s.seed if variant.seed is None else variant.seed, "lr_mult": variant.lr_mult,
+                             "lr": s.lr * variant.lr_mult, "data_split": variant.split,
                              "loadavg_before": os.getloadavg()}
     started = time.monotonic()
     try:
-        cfg = job(arm, split, s, state, tag)
+        cfg = job(arm, split, s, state, tag, variant)
         result = run_job(cfg, bootstrap, console=Console(file=io.StringIO(), width=200), live=False)
     except Exception as exc:  # one failed run must not lose the others' figures
         entry.update(error=f"{type(exc).__name__}: {exc}", wall_s=round(time.monotonic() - started, 1),
@@ -229,6 +258,30 @@ def run_one(arm: str, split: tuple[str, ...], group: str, repeat: int, s: Settin
     entry["rejected_steps"] = sum(int(result.training[w].get("rejected_steps") or 0) for w in names)
     entry["dead_lettered_records"] = sum(int(result.training[w].get("dead_lettered_records") or 0) for w in names)
     return entry
+
+
+# -- learning-rate tuning (--tune-lr) -------------------------------------------------------
+def tuning_plan(s: Settings, spec: tuning.TuneSpec) -> list[tuple[str, tuple[str, ...], str, Variant]]:
+    """The tuning runs: every (split, arm) at every multiplier on every tuning seed, measured
+    on its validation split: ``(group, split, arm, variant)``."""
+    groups = [("3 stages", SPLIT3, s.arms)] + ([("5 stages", SPLIT5, s.deep_arms)] if s.deep_repeats else [])
+    return [(group, split, arm, Variant(m, seed, "tuning")) for group, split, arms in groups
+            for seed in spec.seeds for m in spec.grid for arm in arms]
+
+
+def choose_arms(runs: list[dict[str, Any]], spec: tuning.TuneSpec) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (arm, group), the record of its choice (``tuning.record``): the highest validation
+    accuracy at N, then the lowest validation loss, ties towards x1 (no target: every arm
+    trains the same N samples). A failed tuning run has no accuracy and ranks last."""
+    return tuning.choose_cells(runs, spec, lambda r: (r["arm"], r["group"]), acc="accuracy", loss="loss")
+
+
+def chosen_variant(choices: dict[tuple[str, str], dict[str, Any]] | None, arm: str, group: str) -> Variant:
+    """A reporting run's variant: the arm's chosen multiplier on the fixed test split when
+    tuned, else the base LR on the seed's own split."""
+    if choices is None:
+        return Variant()
+    return Variant(choices[(arm, group)]["chosen_mult"], None, "fixed")
 
 
 # -- summary ---------------------------------------------------------------------------------
@@ -293,6 +346,7 @@ def fmt(x: dict | None, f: str = ".0f", scale: float = 1.0) -> str:
 
 
 def markdown(table: dict[str, Any], runs: list[dict], s: Settings, meta: dict[str, Any]) -> str:
+    lr_tuned = " times the arm's tuned multiplier (below)" if meta.get("tuning") else ""
     lines = [
         *([meta["note"], ""] if meta.get("note") else []),
         f"Command: `{meta['command']}` ({meta['seconds'] / 60:.1f} min, {meta['started']} to {meta['ended']} UTC; "
@@ -303,7 +357,7 @@ def markdown(table: dict[str, Any], runs: list[dict], s: Settings, meta: dict[st
         f"({s.per_device()} per device; the 5-stage runs: {s.deep_devices} devices at "
         f"{s.rate_hz * s.devices / s.deep_devices:g} records/s, the same N: the stream of the first "
         f"runs of this benchmark, when a job could not have more workers than devices), then drained (drain timeout {s.drain_timeout_s:g} s) until every "
-        f"record is trained; fixed batches of {BATCH}, max_step_batch {BATCH}, LR {s.lr}, momentum {s.momentum}, "
+        f"record is trained; fixed batches of {BATCH}, max_step_batch {BATCH}, LR {s.lr}{lr_tuned}, momentum {s.momentum}, "
         f"torch_threads 1, train.grad_norm_spike {s.grad_norm_spike:g} (0 = the spike guard off, every arm), every process slowed x{s.slowdown:g} by waiting (workers.slowdown). Stage split "
         f"3 stages: cut after {', '.join(SPLIT3)}; 5 stages: after {', '.join(SPLIT5)}; dni/cdni max_in_flight "
         f"{s.max_in_flight}, trust gate on (default); dni and cdni with a synthesiser of one hidden layer of "
@@ -333,6 +387,13 @@ def markdown(table: dict[str, Any], runs: list[dict], s: Settings, meta: dict[st
         for k, v in g["ratios"].items():
             lines.append(f"| {k} | {fmt(v, '.2f')} |")
         lines.append("")
+    tuned = meta.get("tuning")
+    if tuned:
+        spec = tuning.TuneSpec(tuple(tuned["grid"]), tuple(tuned["seeds"]))
+        keyed = {(key.split("/", 1)[1], key.split("/", 1)[0]): rec for key, rec in tuned["choices"].items()}
+        arms = list(dict.fromkeys(arm for arm, _ in keyed))
+        lines += [*tuning.markdown_table(keyed, arms, [g for g in ("3 stages", "5 stages") if g in table], spec,
+                                         "Learning rate chosen on the tuning seed (validation accuracy at N)"), ""]
     if meta.get("skipped"):
         lines += [f"Not run (past --stop-by): {'; '.join(meta['skipped'])}.", ""]
     lines += ["### Against the issue's figures", "", *claims(table), ""]
@@ -555,6 +616,7 @@ def main() -> None:
                         help="run nothing: summarise the runs of an earlier JSON again (tables, plot)")
     parser.add_argument("--out", default=str(RESULTS), help="output directory")
     parser.add_argument("--name", default="synthetic_gradients", help="file name stem of the results")
+    tuning.add_arguments(parser)
     args = parser.parse_args()
     if args.from_json:
         resummarise(Path(args.from_json), Path(args.out) / args.name, " ".join(sys.argv[1:]))
@@ -565,6 +627,9 @@ def main() -> None:
                  arms=[a for a in args.arms.split(",") if a], deep_arms=[a for a in args.deep_arms.split(",") if a])
     if args.quick:
         s = quick(s)
+    tune = tuning.from_args(parser, args, [s.seed])
+    if tune is not None and args.from_json:
+        parser.error("--from-json summarises earlier runs: not with --tune-lr")
     unknown = (set(s.arms) | set(s.deep_arms)) - set(ARMS)
     if unknown:
         raise SystemExit(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
@@ -587,8 +652,24 @@ def main() -> None:
     total = sum(len(arms) for _, _, arms, _ in plan)
     work = Path(tempfile.mkdtemp(prefix="bench-sg-"))
     runs: list[dict[str, Any]] = []
+    tune_runs: list[dict[str, Any]] = []
+    choices: dict[tuple[str, str], dict[str, Any]] | None = None
     broker = LocalBroker(work / "kafka").start()
     try:
+        if tune is not None:
+            grid = tuning_plan(s, tune)
+            print(f"tuning the learning rate: {len(grid)} runs (grid {', '.join(f'x{m:g}' for m in tune.grid)}, "
+                  f"tuning seed {', '.join(map(str, tune.seeds))}, scored on the validation split) ...", flush=True)
+            for k, (group, split, arm, variant) in enumerate(grid, 1):
+                e = run_one(arm, split, group, -1, s, broker.bootstrap, work, variant)
+                acc = f"{e['accuracy']:.3f}" if e.get("accuracy") is not None else "-"
+                print(f"  tuning [{k}/{len(grid)}] {group} {arm} seed {variant.seed} lr x{variant.lr_mult:g} "
+                      f"({e['lr']:.3g}): validation accuracy {acc}"
+                      + (f" FAILED: {e['error']}" if "error" in e else ""), flush=True)
+                tune_runs.append(e)
+            choices = choose_arms(tune_runs, tune)
+            for (arm, group), rec in choices.items():
+                print(f"chosen: {group} {arm} {tuning.mult_text(rec)}", flush=True)
         done = 0
         for group, split, arms, repeat in plan:
             order = arms[repeat % len(arms):] + arms[:repeat % len(arms)]  # rotated per repeat
@@ -601,7 +682,7 @@ def main() -> None:
                     continue
                 print(f"[{done}/{total}] {group} repeat {repeat} {arm} (elapsed {time.monotonic() - began:.0f} s) ...",
                       flush=True)
-                e = run_one(arm, split, group, repeat, s, broker.bootstrap, work)
+                e = run_one(arm, split, group, repeat, s, broker.bootstrap, work, chosen_variant(choices, arm, group))
                 if "error" in e:
                     print(f"  FAILED after {e['wall_s']} s: {e['error']} (logs: {e['logs']})", flush=True)
                 else:
@@ -621,7 +702,10 @@ def main() -> None:
             "step_ms": step_ms, "skipped": skipped, "parameters": parameters, "load_min": min(loads), "load_max": max(loads),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "cpus": os.cpu_count(), "processor": platform.processor()},
-            "versions": {"torch": torch.__version__, "numpy": np.__version__, "kafka": kafka_version()}}
+            "versions": {"torch": torch.__version__, "numpy": np.__version__, "kafka": kafka_version()},
+            "tuning": None if tune is None else {
+                **tune.to_json(), "choices": {f"{group}/{arm}": rec for (arm, group), rec in choices.items()},
+                "runs": tune_runs}}
     write(runs, s, meta, Path(args.out) / args.name)
     failed = [e for e in runs if "error" in e]
     if failed:

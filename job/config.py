@@ -90,6 +90,10 @@ class DataSection:
     #: Fixed while ``job.seed`` varies, every seed is tested on the same rows and trains on
     #: none of them (how a benchmark that tunes keeps its test split out of reach).
     heldout_seed: str = "job"
+    #: What the job's reported accuracy is measured on: ``heldout`` (the test split) or
+    #: ``validation`` (a tuning run: every evaluation, summary and accuracy metric then
+    #: reads the validation split, and the test split is not loaded into the job at all).
+    evaluate_on: str = "heldout"
     #: Share of the streamed part (stratified, seeded) kept back as the validation split:
     #: never streamed, the only data a strategy's decisions are scored on (EdgeGossip's
     #: mixing and plateau decay, DLion's knowledge transfer); 0: none (they get no score).
@@ -450,6 +454,10 @@ class JobConfig:
         if not 0 < self.data.heldout_fraction < 1:
             raise ConfigError(f"data.heldout_fraction must lie in (0, 1) (got {self.data.heldout_fraction})")
         self.data.heldout_split_seed(self.job.seed)
+        _choice("data.evaluate_on", self.data.evaluate_on, ("heldout", "validation"))
+        if self.data.evaluate_on == "validation" and self.data.validation_fraction == 0:
+            raise ConfigError("data.evaluate_on=validation needs a validation split: set data.validation_fraction "
+                              "above 0 (default 0.1)")
         if not 0 <= self.data.validation_fraction < 1:
             raise ConfigError(f"data.validation_fraction must lie in [0, 1) (got {self.data.validation_fraction}; "
                               "0 keeps no validation split)")

@@ -137,8 +137,11 @@ def source_named(name: str) -> DataSource:
 
 
 def job_fleet_data(cfg: JobConfig) -> FleetData:
-    """The job's data, from its source: deterministic from the config."""
-    return source_named(cfg.data.source).fleet_data(cfg)
+    """The job's data, from its source: deterministic from the config. With
+    ``data.evaluate_on = "validation"`` the validation split stands in for the held-out one
+    (``FleetData.validation_as_test``): what the job reports is then a validation score."""
+    data = source_named(cfg.data.source).fleet_data(cfg)
+    return data.validation_as_test() if cfg.data.evaluate_on == "validation" else data
 
 
 def parse_value_range(text: str) -> tuple[float, float] | str:

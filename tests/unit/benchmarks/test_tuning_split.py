@@ -112,3 +112,16 @@ def test_data_heldout_seed_reaches_a_job_s_data_and_a_bad_value_says_what_to_use
     for bad in ("-1", "first", "1.5"):
         with pytest.raises(ConfigError, match="data.heldout_seed=.*use job"):
             load_config(overrides=[*base, f"data.heldout_seed={bad}"])
+
+
+def test_data_evaluate_on_validation_puts_the_validation_split_in_place_of_the_test_split():
+    base = ["data.source=digits", "devices.count=4", "job.seed=1000", "data.heldout_seed=0"]
+    normal = job_fleet_data(load_config(overrides=base))
+    tuning_job = job_fleet_data(load_config(overrides=[*base, "data.evaluate_on=validation"]))
+    assert tuning_job.heldout is tuning_job.validation
+    assert np.array_equal(tuning_job.validation.features, normal.validation.features)
+    assert _disjoint_as_samples([tuning_job.train, tuning_job.heldout], [normal.heldout])
+    with pytest.raises(ConfigError, match="data.evaluate_on=validation needs a validation split"):
+        load_config(overrides=[*base, "data.evaluate_on=validation", "data.validation_fraction=0"])
+    with pytest.raises(ConfigError, match="data.evaluate_on"):
+        load_config(overrides=[*base, "data.evaluate_on=test"])
