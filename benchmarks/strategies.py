@@ -1140,7 +1140,9 @@ def real_markdown(entries: list[dict[str, Any]], spec: RealSpec, s: Settings) ->
         f"{_hosts(entries[0]['workers'])}{_slow(spec)}) "
         f"{'+ a server (' + ', '.join(sorted({e['row'] for e in entries if e['server']})) + ') ' if any(e['server'] for e in entries) else ''}on this machine; "
         f"{s.acc_budget_s:.0f} s of streaming; wall time from the first record. The sim columns are the "
-        f"predictions made with the real run (the calibration of that invocation). {_step_cost(spec)}",
+        f"predictions made with the real run (the calibration of that invocation). Every row at its base "
+        f"learning rate, real and simulated alike: these sections test the simulator's prediction of a real "
+        f"run, they are not a tuned comparison (the matrix above is). {_step_cost(spec)}",
         "",
         "| seed | row | real TTA s | vs BSP | acc @ end | last evaluation s | sim TTA (default) | real / sim "
         "| sim TTA (calibrated) | real / sim | model version | notes |",
