@@ -192,9 +192,11 @@ class StopSignals:
 
     def install(self) -> None:
         """Route SIGTERM and SIGINT to this object (main thread only; a process whose signals
-        an event loop handles calls it from there instead)."""
+        an event loop handles calls it from there instead), and unblock them: a parent may
+        start the process with them blocked, and a blocked stop signal would never arrive."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda s, _frame: self(s))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
 def _flush_logs() -> None:

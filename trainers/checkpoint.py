@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import hashlib
 import io
 import json
@@ -214,8 +215,15 @@ def save_checkpoint(
     data = MAGIC + hashlib.sha256(payload).digest() + payload
 
     # Step 3. Write a temporary file in the same directory, flush and fsync it.
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    # Every OSError on the way (a directory that became a file, a full or read-only disk) is a
+    # CheckpointError naming the target, wherever in the write it happens.
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        if isinstance(exc, FileExistsError):  # mkdir's word for "a file is where the directory goes"
+            exc = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(target.parent))
+        raise CheckpointError(target, f"write failed: {exc}") from exc
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -230,11 +238,14 @@ def save_checkpoint(
             raise CheckpointError(target, f"write failed: {exc}") from exc
         raise
     # Step 5. fsync the directory so the rename itself survives a crash.
-    dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise CheckpointError(target, f"directory sync failed: {exc}") from exc
     return target
 
 

@@ -279,3 +279,32 @@ def test_service_settings_are_checked():
         load_config(overrides=["service.log_format=xml"], env={})
     with pytest.raises(ConfigError, match="service.shutdown_grace_s"):
         load_config(overrides=["service.shutdown_grace_s=0"], env={})
+
+
+_BLOCKED_SUBJECT = """
+import sys, threading
+from edgestream.pipeline.service import StopSignals
+stopped = threading.Event()
+signals = StopSignals(5.0, lambda signum: stopped.set())
+signals.install()
+print("ready", flush=True)
+sys.exit(3 if stopped.wait(20) else 0)
+"""
+
+
+def test_stop_signals_arrive_even_if_the_parent_blocked_them():
+    """A process started with SIGTERM blocked (a parent's mask is inherited) still stops on it."""
+    import subprocess
+
+    def blocked() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_SUBJECT], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=blocked)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 3  # on_stop ran: the signal reached the handler
+    finally:
+        proc.kill()
+        proc.wait()

@@ -184,3 +184,15 @@ def test_checkpoint_of_another_model_does_not_restore(tmp_path, make_node):
 
     with pytest.raises(CheckpointCorrupt, match="does not fit"):
         restore_training_checkpoint(tmp_path / "c.ckpt", target.trainer, target.strategy)
+
+
+@pytest.mark.parametrize("where", ["parent", "grandparent"])
+def test_a_directory_that_became_a_file_is_a_checkpoint_error_naming_it(tmp_path, where):
+    """A disk failure anywhere on the way (here: a file where the checkpoint's directory, or the
+    directory above it, should be) is a CheckpointError saying "Not a directory", never a bare OSError."""
+    blocked = tmp_path / "checkpoints"
+    blocked.write_text("not a directory\n")
+    target = blocked / "ckpt.bin" if where == "parent" else blocked / "deeper" / "ckpt.bin"
+
+    with pytest.raises(CheckpointError, match="Not a directory"):
+        save_checkpoint(target, {"w": torch.zeros(2)}, {}, {}, {}, {})
