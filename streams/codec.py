@@ -56,7 +56,7 @@ _TRAILER = struct.Struct("<I")
 FLAG_LABELS = 0x01
 DTYPE_CODES = {1: np.dtype("<f4")}
 DTYPE_FROM_NUMPY = {np.dtype("<f4"): 1}
-DEVICE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+DEVICE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")  # \Z: "$" would also match before a final newline
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def decode(
     features (shape ``()`` or ``(F,)``); finite values outside raise ``OutOfRange``.
     The returned arrays are read-only views into ``data`` (no copy).
     """
-    bounds = _Bounds.of(value_range)
+    bounds = Bounds.of(value_range)
     layout = _check_header(data, limits, expected_device, expected_shape, bounds)
     return _decode_payload(data, layout, limits, bounds)
 
@@ -154,7 +154,7 @@ class Decoder:
         self.expected_device = expected_device
         self.expected_shape = tuple(expected_shape) if expected_shape is not None else None
         self.value_range = value_range
-        self._bounds = _Bounds.of(value_range)
+        self._bounds = Bounds.of(value_range)
         self._last: Layout | None = None
 
     def decode(self, data: bytes | bytearray | memoryview) -> RecordBatch:
@@ -250,7 +250,7 @@ def _check_header(
     limits: DecodeLimits,
     expected_device: str | None,
     expected_shape: tuple[int, ...] | None,
-    bounds: _Bounds | None = None,
+    bounds: Bounds | None = None,
 ) -> Layout:
     """Every check of the header, the dims and the total length; the payload's layout."""
     size = len(data)
@@ -319,7 +319,7 @@ def _check_header(
 
 
 def _decode_payload(
-    data: bytes | bytearray | memoryview, layout: Layout, limits: DecodeLimits, bounds: _Bounds | None
+    data: bytes | bytearray | memoryview, layout: Layout, limits: DecodeLimits, bounds: Bounds | None
 ) -> RecordBatch:
     """The CRC (version 2), then the columns as views into ``data`` (sizes checked by
     ``_check_header``), checked for values."""
@@ -401,8 +401,9 @@ _FEW_ROWS = 256
 
 
 @dataclass(frozen=True)
-class _Bounds:
-    """A declared value range prepared for the hot path.
+class Bounds:
+    """A declared value range prepared for the hot path (``Bounds.of(value_range)``; every
+    input format of ``streams.formats`` checks its records with it, as ``decode`` does).
 
     Invariant: ``lo``/``hi`` are float32, shape ``()`` (``width`` None) or ``(width,)``,
     rounded outward from the declared float64 bounds (a float32 value is in range exactly
@@ -415,7 +416,7 @@ class _Bounds:
     width: int | None
 
     @staticmethod
-    def of(value_range: tuple[np.ndarray, np.ndarray] | None) -> _Bounds | None:
+    def of(value_range: tuple[np.ndarray, np.ndarray] | None) -> Bounds | None:
         if value_range is None:
             return None
         lo, hi = value_range
@@ -432,7 +433,7 @@ class _Bounds:
         lo32 = np.maximum(np.where(lo32 > lo64, np.nextafter(lo32, np.float32(-np.inf)), lo32), -_F4_MAX)
         hi32 = np.minimum(np.where(hi32 < hi64, np.nextafter(hi32, np.float32(np.inf)), hi32), _F4_MAX)
         width = int(lo64.shape[0]) if lo64.ndim else None
-        return _Bounds(lo32.astype(np.float32), hi32.astype(np.float32), width)
+        return Bounds(lo32.astype(np.float32), hi32.astype(np.float32), width)
 
     def holds(self, features: np.ndarray) -> bool:
         """Every value of ``features`` (one row per record) in ``[lo, hi]``; False for NaN."""

@@ -26,6 +26,8 @@ class RecordDecodeError(StreamsError):
         "truncated", "bad_magic", "bad_version", "bad_dtype", "bad_shape", "bad_count",
         "bad_device", "length_mismatch", "too_large", "non_finite", "bad_label",
         "bad_checksum", "out_of_range",
+        # JSON input (streams/formats/json_records.py)
+        "bad_json", "missing_field", "bad_type", "extra_field", "bad_time",
     )
 
     def __init__(

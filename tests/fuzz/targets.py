@@ -31,6 +31,7 @@ TARGETS: dict[str, str] = {
     "compressed_tensors": "tests.fuzz.fuzz_compressed_tensors",
     "recording": "tests.fuzz.fuzz_recording",
     "job_file": "tests.fuzz.fuzz_job_file",
+    "json_records": "tests.fuzz.fuzz_json_records",
 }
 
 #: Modules whose code atheris instruments for coverage: the decoders and their helpers,

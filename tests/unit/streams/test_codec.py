@@ -88,6 +88,7 @@ def corrupt(data: bytes, offset: int, fmt: str, value) -> bytes:
         (lambda d: corrupt(d, 8, "<I", 6), "truncated"),
         (lambda d: corrupt(d, 16, "<5s", b"d v01"), "bad_device"),
         (lambda d: corrupt(d, 16, "<2s", b"\xff\xfe"), "bad_device"),
+        (lambda d: corrupt(d, 16, "<5s", b"dev0\n"), "bad_device"),  # "$" once let a final newline in
         (lambda d: corrupt(d, 21, "<I", 0), "bad_shape"),
         (lambda d: corrupt(d, 21, "<I", 1 << 30), "too_large"),
     ],

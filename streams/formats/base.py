@@ -1,0 +1,104 @@
+"""The input-format interface and its registry (``streams.formats`` re-exports both).
+
+A format is a class registered by name with ``register``; ``format_named(name)`` returns
+its (one, stateless) instance. It turns the user's parameters into a validated value
+(``parse_params``) and builds, for one stream, a decoder with the interface the ingest
+core uses (``FormatDecoder``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+from edgestream.streams.codec import DEFAULT_LIMITS, DecodeLimits
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgestream.streams.records import RecordBatch
+
+
+class FormatDecoder(Protocol):
+    """What the ingest core calls on the decoder of one stream.
+
+    ``decode`` raises ``RecordDecodeError`` (or its ``OutOfRange``) for a bad message;
+    ``timestamp_s`` is the message's Kafka timestamp in seconds and ``offset`` its
+    partition offset, for formats whose messages may lack an event time or a sequence
+    number. ``decode_run`` decodes consecutive messages as one batch, or returns None (the
+    caller then decodes them one by one); ``last_layout`` is what ``decode_run`` expects
+    (None: it never takes a run).
+    """
+
+    def decode(
+        self, data: bytes | bytearray | memoryview, *, timestamp_s: float | None = None,
+        offset: int | None = None,
+    ) -> RecordBatch: ...
+
+    def decode_run(self, values: list[bytes]) -> RecordBatch | None: ...
+
+    @property
+    def last_layout(self) -> Any: ...
+
+
+class InputFormat(ABC):
+    """One input format, registered by name with ``register``."""
+
+    #: The registry name (set by ``register``).
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def parse_params(self, params: Mapping[str, Any]) -> object:
+        """The format's parameters from the user's mapping; ``ValueError`` saying what to write."""
+
+    @abstractmethod
+    def decoder(
+        self,
+        params: object,
+        limits: DecodeLimits = DEFAULT_LIMITS,
+        *,
+        expected_device: str | None = None,
+        expected_shape: tuple[int, ...] | None = None,
+        value_range: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> FormatDecoder:
+        """A decoder for one stream; ``params`` is what ``parse_params`` returned."""
+
+
+F = TypeVar("F", bound=type[InputFormat])
+
+_BY_NAME: dict[str, InputFormat] = {}
+
+
+def register(name: str) -> Callable[[F], F]:
+    """Class decorator: make an ``InputFormat`` available as ``format_named(name)``.
+
+    Names are unique; a clash is a programming error and raises ``ValueError`` at import.
+    """
+
+    def decorate(cls: F) -> F:
+        if name in _BY_NAME and type(_BY_NAME[name]) is not cls:
+            raise ValueError(f"input format {name!r} registered twice")
+        cls.name = name
+        _BY_NAME[name] = cls()
+        return cls
+
+    return decorate
+
+
+def unregister(name: str) -> None:
+    """Remove the format registered as ``name`` (for tests that register a toy one)."""
+    _BY_NAME.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """The registered format names, in registration order."""
+    return tuple(_BY_NAME)
+
+
+def format_named(name: str) -> InputFormat:
+    """The format registered as ``name``; ``ValueError`` naming the choices otherwise."""
+    try:
+        return _BY_NAME[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"input format {name!r} is not one of {', '.join(names())}") from None
