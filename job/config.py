@@ -19,6 +19,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from edgestream.job.errors import ConfigError
 from edgestream.job.examples import missing_job_hint
 from edgestream.job.sources import parse_value_range, source_named
+from edgestream.streams.formats import InputFormat, format_named
 from edgestream.streams.profiles import SCADLES_RATES
 
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
@@ -150,6 +151,57 @@ class DataSection:
             raise ConfigError(f"data.max_timestamp_skew_s={self.max_timestamp_skew_s!r}: use auto, none, or "
                               "seconds > 0 (e.g. 600)")
         return seconds
+
+
+@dataclass
+class InputSection:
+    """How the devices' messages are written (``streams/formats``): the format and, for
+    JSON, where each column of a record is in a reading (dotted field paths)."""
+
+    #: ``edgestream`` (the binary format, the default) or ``json``.
+    format: str = "edgestream"
+    #: json: the feature fields, each a number (the record's features in this order) ...
+    features: list[str] = field(default_factory=list)
+    #: ... or one field holding an array of numbers (nested lists for an image).
+    features_array: str = ""
+    label: str = ""
+    #: json: the event-time field and its unit (s, ms, us, ns, iso8601); none: the Kafka timestamp.
+    event_time: str = ""
+    time_unit: str = "s"
+    #: json: the device id's field (none: the topic's device).
+    device: str = ""
+    #: json: the record number's field (none: numbered from the Kafka offset).
+    record_id: str = ""
+    #: json: ``ignore`` or ``reject`` (dead-letter) fields the mapping does not name.
+    extra: str = "ignore"
+
+    def params(self) -> dict[str, Any]:
+        """The format's parameters: every key set away from its default (a format that takes
+        none refuses any)."""
+        out: dict[str, Any] = {}
+        if self.features:
+            out["features"] = list(self.features)
+        if self.features_array:
+            if self.features:
+                raise ConfigError("input.features and input.features_array are two ways to name the features: "
+                                  "give one")
+            out["features"] = self.features_array
+        for key in ("label", "event_time", "device", "record_id"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        if self.time_unit != "s":
+            out["time_unit"] = self.time_unit
+        if self.extra != "ignore":
+            out["extra"] = self.extra
+        return out
+
+    def resolved(self) -> tuple[InputFormat, object]:
+        """The format and its parsed parameters; ``ConfigError`` saying what to write."""
+        try:
+            fmt = format_named(self.format)
+            return fmt, fmt.parse_params(self.params())
+        except ValueError as exc:
+            raise ConfigError(f"input: {exc}") from None
 
 
 @dataclass
@@ -423,6 +475,7 @@ class JobConfig:
     job: JobSection = field(default_factory=JobSection)
     kafka: KafkaSection = field(default_factory=KafkaSection)
     data: DataSection = field(default_factory=DataSection)
+    input: InputSection = field(default_factory=InputSection)
     devices: DevicesSection = field(default_factory=DevicesSection)
     buffer: BufferSection = field(default_factory=BufferSection)
     batcher: BatcherSection = field(default_factory=BatcherSection)
@@ -446,6 +499,11 @@ class JobConfig:
             raise ConfigError("kafka.security_protocol='SASL_SSL' needs kafka.sasl_username (and the password in "
                               "kafka.sasl_password_file or EDGESTREAM_KAFKA_PASSWORD)")
         source_named(self.data.source).validate(self)
+        input_format, _ = self.input.resolved()
+        if not input_format.reads_recordings and source_named(self.data.source).replay_directory(self) is not None:
+            raise ConfigError(f"data.source={self.data.source!r} replays a recording's messages as recorded (edgestream's "
+                              f"binary format), which input.format={self.input.format!r} does not read: use "
+                              "input.format=edgestream for a recording")
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
         _non_negative("data.observed_warmup", self.data.observed_warmup)

@@ -38,6 +38,7 @@ from edgestream.streams.buffering import Sources, StreamBuffer
 from edgestream.streams.dedup import SeqWindow
 from edgestream.streams.errors import RecordDecodeError, TopicNameError
 from edgestream.streams.eventtime import BAD_TIMESTAMP, EventTimeCheck
+from edgestream.streams.formats import FormatDecoder
 from edgestream.streams.rates import RateEstimator
 from edgestream.streams.records import RecordBatch
 from edgestream.streams.topics import device_of, sensor_topic
@@ -177,7 +178,7 @@ class _Device:
                  "read_at", "in_sink", "seen", "clock")
 
     def __init__(self, name: str, buffer: StreamBuffer, batcher: AdaptiveBatcher, rate: RateEstimator,
-                 ledger: DeviceLedger, series: _DeviceSeries, decoder: codec.Decoder) -> None:
+                 ledger: DeviceLedger, series: _DeviceSeries, decoder: FormatDecoder) -> None:
         self.name = name
         self.buffer = buffer
         self.batcher = batcher
@@ -237,6 +238,7 @@ class IngestCore:
         self.expected_shape = expected_shape
         self.value_range = value_range
         self.require_labels = require_labels
+        self.input_format, self.input_params = cfg.input.resolved()  # input.format: how devices write
         self.limits = codec.DecodeLimits(
             max_message_bytes=cfg.limits.max_record_message_bytes,
             max_records=cfg.limits.max_records_per_message,
@@ -340,7 +342,7 @@ class IngestCore:
         data = value or b""
         series.bytes_in.inc(len(data))
         try:
-            batch = state.decoder.decode(data)
+            batch = state.decoder.decode(data, timestamp_s=timestamp_s, offset=offset)
         except codec.OutOfRange as exc:
             self._split_out_of_range(state, topic, partition, offset, key, exc, token, timestamp_s, now, wall_now,
                                      actions)
@@ -489,9 +491,9 @@ class IngestCore:
             self.metrics.partition_paused.labels(state.name).set(1)
             self.metrics.partition_pauses.labels(state.name).inc()
 
-    def _decoder(self, device: str) -> codec.Decoder:
-        return codec.Decoder(self.limits, expected_device=device, expected_shape=self.expected_shape,
-                             value_range=self.value_range)
+    def _decoder(self, device: str) -> FormatDecoder:
+        return self.input_format.decoder(self.input_params, self.limits, expected_device=device,
+                                         expected_shape=self.expected_shape, value_range=self.value_range)
 
     def _foreign(
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any

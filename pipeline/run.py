@@ -719,6 +719,10 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
     from edgestream.pipeline.kafka_io import end_offsets, group_positions, read_range
     from edgestream.streams import codec
 
+    input_format, params = cfg.input.resolved()  # the devices' own format (input.format)
+    limits = codec.DecodeLimits(max_message_bytes=cfg.limits.max_record_message_bytes,
+                                max_records=cfg.limits.max_records_per_message)
+    decoder = input_format.decoder(params, limits, expected_device=device)
     topic = topics.sensor_topic(device)
     start = group_positions(bootstrap, group, [topic])
     total = 0
@@ -727,7 +731,8 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
         for record in read_range(bootstrap, TopicPartition(tp.topic, tp.partition), first, end, timeout_s=60.0,
                                  max_message_bytes=cfg.kafka.max_message_bytes, client_id="edgestream-unread"):
             try:
-                total += len(codec.decode(record.value).seq)
+                total += len(decoder.decode(record.value, timestamp_s=record.timestamp / 1000,
+                                            offset=record.offset).seq)
             except Exception:  # a malformed message carries no records
                 pass
     return total

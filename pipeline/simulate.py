@@ -27,7 +27,7 @@ from edgestream.job.topics import sensor_topics_for
 from edgestream.monitoring.metrics import Metrics
 from edgestream.pipeline.kafka_io import TopicSetupError, ensure_topics, producer
 from edgestream.pipeline.outage import BrokerWatch
-from edgestream.streams import codec, topics
+from edgestream.streams import topics
 from edgestream.streams.garbage import KINDS, make_garbage
 from edgestream.streams.simulator import build_simulators
 
@@ -141,6 +141,8 @@ def simulate(
     garbage_at = _garbage_schedule(ticks, garbage_per_device)
     if not math.isfinite(duration_s):
         ticks = None
+    input_format, input_params = cfg.input.resolved()
+    encode = input_format.encode  # the devices write the job's input format
     start_mono = time.monotonic()
     wall_origin = time.time()
     report.started_at = wall_origin
@@ -152,7 +154,7 @@ def simulate(
             t0, t1 = tick * interval, (tick + 1) * interval
             for sim in sims:
                 for batch in sim.step(t0, t1, wall_origin):
-                    value = codec.encode(batch)
+                    value = encode(input_params, batch)
                     report.records[sim.device] += batch.count
                     report.messages[sim.device] += 1
                     report.bytes += len(value)

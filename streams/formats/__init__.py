@@ -5,7 +5,8 @@ The registry (``register``, ``names``, ``format_named``) and the ``InputFormat``
 format is one module in this package, registered with ``register`` and imported below;
 nothing outside that module names the format.
 
-Not yet selectable from a job file: the ingest decodes the edgestream binary format.
+A job picks one with ``input.format`` (``job/config.py`` ``InputSection``): its workers
+decode with it and its simulated devices write it (``InputFormat.encode``).
 """
 
 # Importing a format's module registers it, in this order.

@@ -47,6 +47,9 @@ class InputFormat(ABC):
 
     #: The registry name (set by ``register``).
     name: ClassVar[str] = ""
+    #: Whether a recording's messages (edgestream's binary format, replayed as recorded) are
+    #: messages of this format.
+    reads_recordings: ClassVar[bool] = False
 
     @abstractmethod
     def parse_params(self, params: Mapping[str, Any]) -> object:
@@ -63,6 +66,11 @@ class InputFormat(ABC):
         value_range: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> FormatDecoder:
         """A decoder for one stream; ``params`` is what ``parse_params`` returned."""
+
+    @abstractmethod
+    def encode(self, params: object, batch: RecordBatch) -> bytes:
+        """``batch`` as one message of this format (what a simulated device sends): the
+        decoder built from the same ``params`` reads it back as ``batch``."""
 
 
 F = TypeVar("F", bound=type[InputFormat])

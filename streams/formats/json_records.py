@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -63,7 +63,8 @@ EXTRA = ("ignore", "reject")
 #: The keys of the user's mapping.
 KEYS = ("features", "label", "event_time", "time_unit", "device", "record_id", "extra")
 
-_EXAMPLE = 'features = ["imu.ax", "imu.ay"] (numbers) or features = "pixels" (one array field)'
+_EXAMPLE = ('a list of fields that each hold a number (["imu.ax", "imu.ay"]), or one field holding an array '
+            '("pixels"; in a job file: input.features_array = "pixels")')
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,43 @@ class JsonFormat(InputFormat):
 
     def parse_params(self, params: Mapping[str, Any]) -> JsonMapping:
         return JsonMapping.from_params(params)
+
+    def encode(self, params: object, batch: RecordBatch) -> bytes:
+        """``batch`` as an array of readings laid out as the mapping says (a simulated device):
+        features at their paths (an array feature as nested lists), the label, the event
+        time in the mapping's unit (none mapped: the decoder takes the Kafka timestamp, so
+        the record's own is not sent), the device and the record id (``seq``) where mapped."""
+        mapping = params if isinstance(params, JsonMapping) else self.parse_params(params)  # type: ignore[arg-type]
+        count = batch.count
+        features = batch.features.reshape(count, -1) if not mapping.features_array else batch.features
+        if not mapping.features_array and features.shape[1] != len(mapping.features):
+            raise ValueError(f"{features.shape[1]} features per record, but the mapping names "
+                             f"{len(mapping.features)} feature fields")
+        columns: list[tuple[str, list[Any]]] = []
+        if mapping.features_array:
+            columns.append((mapping.features[0], features.tolist()))
+        else:
+            columns += [(path, features[:, j].tolist()) for j, path in enumerate(mapping.features)]
+        if mapping.label is not None and batch.labels is not None:
+            columns.append((mapping.label, batch.labels.tolist()))
+        if mapping.event_time is not None:
+            scale = TIME_UNITS[mapping.time_unit]
+            times = ([_iso_text(t) for t in batch.event_time.tolist()] if scale is None
+                     else (batch.event_time * scale).tolist())
+            columns.append((mapping.event_time, times))
+        if mapping.device is not None:
+            columns.append((mapping.device, [batch.device] * count))
+        if mapping.record_id is not None:
+            columns.append((mapping.record_id, batch.seq.tolist()))
+        readings: list[dict[str, Any]] = [{} for _ in range(count)]
+        for path, values in columns:
+            *parents, leaf = path.split(".")
+            for reading, value in zip(readings, values, strict=True):
+                node = reading
+                for key in parents:
+                    node = node.setdefault(key, {})
+                node[leaf] = value
+        return orjson.dumps(readings)
 
     def decoder(
         self,
@@ -727,3 +765,8 @@ def _iso_seconds(value: Any, field: _Field, i: int) -> float:
         raise RecordDecodeError(
             "bad_time", f"{field.name()} at reading {i} is {_kind(value)}, out of range"
         ) from None
+
+
+def _iso_text(seconds: float) -> str:
+    """Seconds since the epoch as an ISO 8601 UTC time to the microsecond (``...Z``)."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")

@@ -31,6 +31,11 @@ class NativeDecoder(codec.Decoder):
 class NativeFormat(InputFormat):
     """The binary format of ``streams/codec.py``; it takes no parameters."""
 
+    reads_recordings = True
+
+    def encode(self, params: object, batch: RecordBatch) -> bytes:
+        return codec.encode(batch)
+
     def parse_params(self, params: Mapping[str, Any]) -> None:
         if not isinstance(params, Mapping):
             raise ValueError(f"the {self.name} format's parameters are a mapping, not {type(params).__name__}")

@@ -462,6 +462,9 @@ def test_a_format_registers_once_and_can_be_removed():
         def decoder(self, params, limits=codec.DEFAULT_LIMITS, **kwargs):
             raise NotImplementedError
 
+        def encode(self, params, batch):
+            raise NotImplementedError
+
     try:
         assert "toy-test" in formats.names() and formats.format_named("toy-test").name == "toy-test"
         with pytest.raises(ValueError, match="registered twice"):
@@ -511,3 +514,34 @@ def test_the_native_format_takes_no_parameters():
     assert native.parse_params({}) is None
     with pytest.raises(ValueError, match="takes no parameters; remove 'features'"):
         native.parse_params({"features": ["a"]})
+
+
+@pytest.mark.parametrize("params", [
+    {"features": "pixels", "label": "y", "event_time": "ts", "time_unit": "ms", "record_id": "n"},
+    {"features": ["a.x", "a.y", "b"], "label": "meta.label", "event_time": "when", "time_unit": "iso8601",
+     "device": "meta.dev"},
+    {"features": ["a", "b", "c"]},
+])
+def test_what_the_format_encodes_its_decoder_reads_back(params):
+    """A simulated device writes the job's format: encode then decode gives the batch back
+    (event times to the microsecond; none mapped: the Kafka timestamp; no record id: the offset's numbers)."""
+    fmt = formats.format_named("json")
+    mapping = fmt.parse_params(params)
+    batch = RecordBatch("dev01", np.arange(7, 12, dtype=np.uint64), np.full(5, 1.7e9) + np.arange(5) * 0.25,
+                        np.random.default_rng(0).random((5, 3), dtype=np.float32), np.arange(5, dtype=np.int32))
+    back = fmt.decoder(mapping, expected_device="dev01").decode(fmt.encode(mapping, batch), timestamp_s=1.8e9,
+                                                               offset=2)
+    assert back.device == "dev01" and np.array_equal(back.features, batch.features)
+    assert np.array_equal(back.labels, batch.labels) if "label" in params else back.labels is None
+    if "event_time" in params:
+        assert np.allclose(back.event_time, batch.event_time, rtol=0, atol=1e-6)
+    else:
+        assert (back.event_time == 1.8e9).all()
+    expected_seq = batch.seq if "record_id" in params else 2 * codec.DEFAULT_LIMITS.max_records + np.arange(5)
+    assert np.array_equal(back.seq, expected_seq)
+
+
+def test_the_native_format_encodes_the_binary_message():
+    batch = RecordBatch("dev01", np.arange(3, dtype=np.uint64), np.full(3, 1.7e9), np.ones((3, 2), np.float32), None)
+    fmt = formats.format_named("edgestream")
+    assert fmt.encode(fmt.parse_params({}), batch) == codec.encode(batch)
