@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from edgestream.job.errors import ConfigError
 from edgestream.streams import codec
+from edgestream.streams.registry import Registry
 from edgestream.streams.simulator import FleetData, fleet_data
 
 if TYPE_CHECKING:
@@ -97,41 +97,19 @@ class DatasetSource(DataSource):
         return dataclasses.replace(data, value_range=declared_value_range(cfg, auto, from_data=from_data))
 
 
-S = TypeVar("S", bound=type[DataSource])
-
-_BY_NAME: dict[str, DataSource] = {}
-
-
-def register(name: str) -> Callable[[S], S]:
-    """Class decorator: make a ``DataSource`` selectable as ``data.source = name``.
-
-    Names are unique; a clash is a programming error and raises ``ValueError`` at import.
-    """
-
-    def decorate(cls: S) -> S:
-        if name in _BY_NAME and type(_BY_NAME[name]) is not cls:
-            raise ValueError(f"data source {name!r} registered twice")
-        cls.name = name
-        _BY_NAME[name] = cls()
-        return cls
-
-    return decorate
-
-
-def unregister(name: str) -> None:
-    """Remove the source registered as ``name`` (for tests that register a toy one)."""
-    _BY_NAME.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    """The registered source names, in registration order."""
-    return tuple(_BY_NAME)
+_SOURCES: Registry[DataSource] = Registry("data source")
+#: Class decorator: make a ``DataSource`` selectable as ``data.source = name`` (names unique).
+register = _SOURCES.register
+#: Remove the source registered as ``name`` (for tests that register a toy one).
+unregister = _SOURCES.unregister
+#: The registered source names, in registration order.
+names = _SOURCES.names
 
 
 def source_named(name: str) -> DataSource:
     """The source registered as ``name``; ``ConfigError`` naming the choices otherwise."""
     try:
-        return _BY_NAME[name]
+        return _SOURCES.get(name)
     except KeyError:
         raise ConfigError(f"data.source={name!r} is not one of {', '.join(names())}") from None
 

@@ -9,10 +9,11 @@ core uses (``FormatDecoder``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from edgestream.streams.codec import DEFAULT_LIMITS, DecodeLimits
+from edgestream.streams.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,40 +74,18 @@ class InputFormat(ABC):
         decoder built from the same ``params`` reads it back as ``batch``."""
 
 
-F = TypeVar("F", bound=type[InputFormat])
-
-_BY_NAME: dict[str, InputFormat] = {}
-
-
-def register(name: str) -> Callable[[F], F]:
-    """Class decorator: make an ``InputFormat`` available as ``format_named(name)``.
-
-    Names are unique; a clash is a programming error and raises ``ValueError`` at import.
-    """
-
-    def decorate(cls: F) -> F:
-        if name in _BY_NAME and type(_BY_NAME[name]) is not cls:
-            raise ValueError(f"input format {name!r} registered twice")
-        cls.name = name
-        _BY_NAME[name] = cls()
-        return cls
-
-    return decorate
-
-
-def unregister(name: str) -> None:
-    """Remove the format registered as ``name`` (for tests that register a toy one)."""
-    _BY_NAME.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    """The registered format names, in registration order."""
-    return tuple(_BY_NAME)
+_FORMATS: Registry[InputFormat] = Registry("input format")
+#: Class decorator: make an ``InputFormat`` available as ``format_named(name)`` (names unique).
+register = _FORMATS.register
+#: Remove the format registered as ``name`` (for tests that register a toy one).
+unregister = _FORMATS.unregister
+#: The registered format names, in registration order.
+names = _FORMATS.names
 
 
 def format_named(name: str) -> InputFormat:
     """The format registered as ``name``; ``ValueError`` naming the choices otherwise."""
     try:
-        return _BY_NAME[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"input format {name!r} is not one of {', '.join(names())}") from None
+        return _FORMATS.get(name)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
