@@ -618,6 +618,8 @@ def main() -> None:
     parser.add_argument("--name", default="synthetic_gradients", help="file name stem of the results")
     tuning.add_arguments(parser)
     args = parser.parse_args()
+    if args.from_json and args.tune_lr:
+        parser.error("--from-json summarises earlier runs: not with --tune-lr")
     if args.from_json:
         resummarise(Path(args.from_json), Path(args.out) / args.name, " ".join(sys.argv[1:]))
         return
@@ -628,8 +630,6 @@ def main() -> None:
     if args.quick:
         s = quick(s)
     tune = tuning.from_args(parser, args, [s.seed])
-    if tune is not None and args.from_json:
-        parser.error("--from-json summarises earlier runs: not with --tune-lr")
     unknown = (set(s.arms) | set(s.deep_arms)) - set(ARMS)
     if unknown:
         raise SystemExit(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
