@@ -63,3 +63,15 @@ def test_the_highest_validation_accuracy_at_n_wins_and_a_failed_run_ranks_last()
 def test_quick_keeps_the_deep_split_off_when_asked():
     assert sg.quick(sg.Settings(deep_repeats=0)).deep_repeats == 0
     assert sg.quick(sg.Settings()).deep_repeats == 1 and sg.quick(sg.Settings()).repeats == 1
+
+
+@pytest.mark.parametrize(("flags", "problem"), [
+    (["--tune-lr", "--from-json", "x.json"], "--from-json summarises earlier runs: not with --tune-lr"),
+    (["--tune-lr", "--tune-seed", "0"], "--tune-seed 0 is also a reporting seed"),
+    (["--lr-grid", "1,2"], "only mean something with --tune-lr"),
+])
+def test_bad_tuning_flags_are_refused_before_any_run(monkeypatch, capsys, flags, problem):
+    monkeypatch.setattr("sys.argv", ["synthetic_gradients", *flags])
+    with pytest.raises(SystemExit) as exited:
+        sg.main()
+    assert exited.value.code == 2 and problem in capsys.readouterr().err
