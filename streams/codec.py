@@ -157,8 +157,13 @@ class Decoder:
         self._bounds = Bounds.of(value_range)
         self._last: Layout | None = None
 
-    def decode(self, data: bytes | bytearray | memoryview) -> RecordBatch:
-        """Like ``decode(data, limits, expected_device=..., expected_shape=...)``."""
+    def decode(
+        self, data: bytes | bytearray | memoryview, *, timestamp_s: float | None = None,
+        offset: int | None = None,
+    ) -> RecordBatch:
+        """Like ``decode(data, limits, expected_device=..., expected_shape=...)``. A message
+        carries its own event times and sequence numbers: ``timestamp_s`` and ``offset``
+        (``streams.formats.FormatDecoder``'s) are taken and ignored."""
         last = self._last
         if (
             last is not None

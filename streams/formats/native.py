@@ -1,8 +1,8 @@
 """Input format ``"edgestream"``: edgestream's own binary sensor messages (``streams.codec``).
 
-``codec.Decoder`` behind the ``FormatDecoder`` interface: the same checks, the same
-errors, the same run fast path. A message carries its own event times and sequence
-numbers, so ``decode`` ignores the Kafka timestamp and offset.
+``codec.Decoder`` is its ``FormatDecoder`` as it is (no wrapper on the ingest hot path):
+the same checks, the same errors, the same run fast path. A message carries its own
+event times and sequence numbers, so ``decode`` ignores the Kafka timestamp and offset.
 """
 
 from __future__ import annotations
@@ -15,16 +15,6 @@ import numpy as np
 from edgestream.streams import codec
 from edgestream.streams.formats.base import InputFormat, register
 from edgestream.streams.records import RecordBatch
-
-
-class NativeDecoder(codec.Decoder):
-    """``codec.Decoder`` whose ``decode`` also takes (and ignores) ``timestamp_s`` and ``offset``."""
-
-    def decode(
-        self, data: bytes | bytearray | memoryview, *, timestamp_s: float | None = None,
-        offset: int | None = None,
-    ) -> RecordBatch:
-        return codec.Decoder.decode(self, data)
 
 
 @register("edgestream")
@@ -53,11 +43,11 @@ class NativeFormat(InputFormat):
         expected_device: str | None = None,
         expected_shape: tuple[int, ...] | None = None,
         value_range: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> NativeDecoder:
+    ) -> codec.Decoder:
         if isinstance(params, Mapping):
             self.parse_params(params)
         elif params is not None:
             raise ValueError(f"the {self.name} format takes no parameters (got {params!r})")
-        return NativeDecoder(
+        return codec.Decoder(
             limits, expected_device=expected_device, expected_shape=expected_shape, value_range=value_range
         )
