@@ -19,8 +19,10 @@ from typing import Any, get_args, get_origin, get_type_hints
 from edgestream.job.errors import ConfigError
 from edgestream.job.examples import missing_job_hint
 from edgestream.job.sources import parse_value_range, source_named
+from edgestream.streams.errors import TopicNameError
 from edgestream.streams.formats import InputFormat, format_named
 from edgestream.streams.profiles import SCADLES_RATES
+from edgestream.streams.topics import TopicLayout
 
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
 #: Values of ``kafka.ingest_source``.
@@ -160,6 +162,8 @@ class InputSection:
 
     #: ``edgestream`` (the binary format, the default) or ``json``.
     format: str = "edgestream"
+    #: Each device's topic: a pattern holding ``{device}`` once (``plant1.{device}.imu``).
+    topic: str = "sensors.{device}"
     #: json: the feature fields, each a number (the record's features in this order) ...
     features: list[str] = field(default_factory=list)
     #: ... or one field holding an array of numbers (nested lists for an image).
@@ -194,6 +198,13 @@ class InputSection:
         if self.extra != "ignore":
             out["extra"] = self.extra
         return out
+
+    def layout(self) -> TopicLayout:
+        """The device topics' layout (``input.topic``); ``ConfigError`` saying what to write."""
+        try:
+            return TopicLayout(self.topic)
+        except TopicNameError as exc:
+            raise ConfigError(f"input.topic: {exc}") from None
 
     def resolved(self) -> tuple[InputFormat, object]:
         """The format and its parsed parameters; ``ConfigError`` saying what to write."""
@@ -618,10 +629,12 @@ class JobConfig:
             for item in getattr(self.train, key):
                 if "=" not in item:
                     raise ConfigError(f"train.{key} entries look like name=value (got {item!r})")
-        from edgestream.streams.topics import sensor_topic
-
+        layout = self.input.layout()
         for device in self.devices.device_ids():
-            sensor_topic(device)  # raises TopicNameError with a clear message
+            try:
+                layout.topic(device)
+            except TopicNameError as exc:
+                raise ConfigError(f"devices: {exc}") from None
         self._validate_testbed()
         return self
 

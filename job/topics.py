@@ -12,9 +12,10 @@ from edgestream.job.config import JobConfig
 from edgestream.streams import topics
 
 
-def sensor_topics_for(devices: list[str]) -> dict[str, str]:
-    """The topics of ``devices``, name -> kind: each ``sensors.<device>`` and ``sensors.dlq``."""
-    wanted = {topics.sensor_topic(d): "sensors" for d in devices}
+def sensor_topics_for(devices: list[str], layout: topics.TopicLayout = topics.DEFAULT_LAYOUT) -> dict[str, str]:
+    """The topics of ``devices``, name -> kind: each device's topic in ``layout``
+    (``sensors.<device>`` by default) and ``sensors.dlq``."""
+    wanted = {layout.topic(d): "sensors" for d in devices}
     wanted[topics.SENSOR_DLQ] = "dlq"
     return wanted
 
@@ -74,11 +75,12 @@ def read_topics(job: str, name: str, subscribes: tuple[str, ...] | list[str]) ->
 
 def job_topics(cfg: JobConfig, subscribes: tuple[str, ...] | list[str] = (), *,
                training: bool | None = None) -> dict[str, str]:
-    """Every topic of the job, name -> kind: each device's topic and ``sensors.dlq``; when it
+    """Every topic of the job, name -> kind: each device's topic (``input.topic``) and
+    ``sensors.dlq``; when it
     trains (``training``, default ``train.enabled``), its training topics, with every
     configured worker's inbox when its strategy subscribes to ``inbox`` (a message to a
     worker that starts later, or joins, waits in its topic)."""
-    wanted = sensor_topics_for(cfg.devices.device_ids())
+    wanted = sensor_topics_for(cfg.devices.device_ids(), cfg.input.layout())
     if cfg.train.enabled if training is None else training:
         inboxes = cfg.worker_names() if "inbox" in subscribes else []
         wanted.update(training_topics(cfg.job.name, inboxes))

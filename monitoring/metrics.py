@@ -18,7 +18,7 @@ process (tests); each process creates one and serves it with ``serve``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -30,6 +30,9 @@ from edgestream.monitoring.health import serve as serve_health
 # ``Observations`` (``LOSS_FIT_PARAMS`` and ``OBSERVATIONS`` re-exported for their users).
 from edgestream.trainers.observations import LOSS_FIT_PARAMS as LOSS_FIT_PARAMS
 from edgestream.trainers.observations import OBSERVATIONS, observation_metrics
+
+if TYPE_CHECKING:
+    from edgestream.streams.topics import TopicLayout
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -508,22 +511,24 @@ def name_of(metric: MetricWrapperBase, suffix: str = "") -> str:
 
 
 def consumer_lag(
-    end_offsets: Mapping[tuple[str, int], int], positions: Mapping[tuple[str, int], int | None]
+    end_offsets: Mapping[tuple[str, int], int], positions: Mapping[tuple[str, int], int | None],
+    layout: TopicLayout | None = None,
 ) -> dict[str, int]:
     """Records not yet read, per device: sum over partitions of end offset - position.
 
     Keys are ``(topic, partition)`` pairs (``TP`` namedtuples of aiokafka/kafka-python
     qualify). A partition without a position yet counts its whole end offset; only
-    device topics (``sensors.<device>``, not the DLQ) are counted.
+    device topics of ``layout`` (default ``sensors.<device>``; never the DLQ) are counted.
     """
     from edgestream.streams import topics
 
+    layout = layout or topics.DEFAULT_LAYOUT
     out: dict[str, int] = {}
     for tp, end in end_offsets.items():
         topic, _partition = tp
-        if not topic.startswith(topics.SENSOR_PREFIX) or topic == topics.SENSOR_DLQ:
+        if not layout.matches(topic):
             continue
-        device = topics.device_of(topic)
+        device = layout.device_of(topic)
         position = positions.get(tp)
         lag = max(0, int(end) - int(position or 0))
         out[device] = out.get(device, 0) + lag

@@ -57,9 +57,10 @@ def job_grants(cfg: JobConfig) -> list[Grant]:
     job = cfg.job.name
     devices = cfg.devices.device_ids()
     workers, gateway = workers_user(cfg), devices_user(cfg)
-    grants = [Grant(d, "topic", topics.sensor_topic(d), DEVICE_OPS) for d in devices]
-    grants += [Grant(gateway, "topic", topics.sensor_topic(d), DEVICE_OPS) for d in devices]
-    grants += [Grant(workers, "topic", topics.sensor_topic(d), READ_OPS) for d in devices]
+    topic = cfg.input.layout().topic  # input.topic: each device's topic
+    grants = [Grant(d, "topic", topic(d), DEVICE_OPS) for d in devices]
+    grants += [Grant(gateway, "topic", topic(d), DEVICE_OPS) for d in devices]
+    grants += [Grant(workers, "topic", topic(d), READ_OPS) for d in devices]
     grants.append(Grant(workers, "topic", topics.SENSOR_DLQ, ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")))
     for topic in training_topics(job, []):
         grants.append(Grant(workers, "topic", topic, READ_WRITE_OPS))

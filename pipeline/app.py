@@ -106,14 +106,14 @@ def offsets_by_group(cfg: JobConfig, worker: str, offsets: dict[str, int]) -> di
     out: dict[str, dict[str, int]] = {}
     for key, offset in offsets.items():
         topic = key.rpartition(":")[0]
-        group = sensor_group(cfg, worker) if is_sensor_topic(topic) else app_id(cfg, worker)
+        group = sensor_group(cfg, worker) if is_sensor_topic(topic, cfg.input.layout()) else app_id(cfg, worker)
         out.setdefault(group, {})[key] = offset
     return out
 
 
-def is_sensor_topic(topic: str) -> bool:
-    """``sensors.<device>``, not the dead-letter topic."""
-    return topic.startswith(topics.SENSOR_PREFIX) and topic != topics.SENSOR_DLQ
+def is_sensor_topic(topic: str, layout: topics.TopicLayout = topics.DEFAULT_LAYOUT) -> bool:
+    """A device topic of ``layout`` (``sensors.<device>`` by default), not the dead-letter topic."""
+    return layout.matches(topic)
 
 
 class DurableProducer(AIOKafkaFaustProducer):
@@ -322,8 +322,9 @@ class DirectSensorSource(Service):
         self.clock = clock
         self.on_positioned = on_positioned
         self.parts: dict[TopicPartition, _Partition] = {}
+        self.layout = driver.core.layout  # input.topic
         for device in devices:
-            topic = topics.sensor_topic(device)
+            topic = self.layout.topic(device)
             tp = TopicPartition(topic, 0)
             part = _Partition(tp, device, OffsetTracker.key(topic, 0))
             self.parts[tp] = part
@@ -367,7 +368,7 @@ class DirectSensorSource(Service):
             for p in sorted(consumer.partitions_for_topic(topic) or {0}):
                 tp = TopicPartition(topic, p)
                 if tp not in self.parts:
-                    self.parts[tp] = _Partition(tp, topics.device_of(topic), OffsetTracker.key(topic, p))
+                    self.parts[tp] = _Partition(tp, self.layout.device_of(topic), OffsetTracker.key(topic, p))
         consumer.assign(list(self.parts))
         for part in self.parts.values():
             part.start = await consumer.position(part.tp)
@@ -501,7 +502,7 @@ class DirectSensorSource(Service):
                 continue
             ends[(tp.topic, tp.partition)] = end
             positions[(tp.topic, tp.partition)] = part.handled + 1 if part.handled >= 0 else part.start
-        return consumer_lag(ends, positions)
+        return consumer_lag(ends, positions, self.layout)
 
     # --- commits -----------------------------------------------------------------------
     async def _commit_loop(self) -> None:
@@ -549,9 +550,8 @@ class FaustSensorSource:
 
     def attach(self, app: faust.App, devices: list[str], on_assigned: Callable[[], None]) -> None:
         self.app = app
-        source = app.topic(
-            *[topics.sensor_topic(d) for d in devices], key_serializer="raw", value_serializer="raw"
-        )
+        layout = self.driver.core.layout  # input.topic
+        source = app.topic(*[layout.topic(d) for d in devices], key_serializer="raw", value_serializer="raw")
         core, metrics, tracker = self.driver.core, self.metrics, self.tracker
         last_offset, partitions = self.last_offset, self.partitions
 
@@ -570,7 +570,7 @@ class FaustSensorSource:
                     if msg.offset <= last_offset.get(msg.tp, -1):
                         # Re-delivered after a resume seek: the first copy is already handled.
                         # Not acked here: the first copy's ack marks this offset once consumed.
-                        metrics.duplicates_skipped.labels(topics.device_of(msg.topic)).inc()
+                        metrics.duplicates_skipped.labels(layout.device_of(msg.topic)).inc()
                         continue
                     last_offset[msg.tp] = msg.offset
                     key = OffsetTracker.key(msg.topic, msg.partition)
@@ -580,7 +580,7 @@ class FaustSensorSource:
                         tracker.resolved(key, msg.offset)
                         await manual.ack(event)
                         continue
-                    partitions.setdefault(topics.device_of(msg.topic), msg.tp)
+                    partitions.setdefault(layout.device_of(msg.topic), msg.tp)
                     actions.extend(core.on_message(
                         msg.topic, msg.partition, msg.offset, msg.key, event.value, event,
                         now=now, wall_now=wall_now,
@@ -591,8 +591,8 @@ class FaustSensorSource:
         @app.on_partitions_assigned.connect
         async def assigned(app_: faust.App, assigned: set[TP], **kwargs: Any) -> None:
             for tp in assigned:
-                if is_sensor_topic(tp.topic):
-                    partitions[topics.device_of(tp.topic)] = tp
+                if layout.matches(tp.topic):
+                    partitions[layout.device_of(tp.topic)] = tp
             if assigned:
                 on_assigned()
 
@@ -638,7 +638,7 @@ class FaustSensorSource:
                 ends[(tp.topic, tp.partition)] = end
         positions = {(tp.topic, tp.partition): self.last_offset.get(tp, -1) + 1
                      for tp in self.partitions.values()}
-        return consumer_lag(ends, positions)
+        return consumer_lag(ends, positions, self.driver.core.layout)
 
 
 class _Readiness:

@@ -41,7 +41,6 @@ from edgestream.streams.eventtime import BAD_TIMESTAMP, EventTimeCheck
 from edgestream.streams.formats import FormatDecoder
 from edgestream.streams.rates import RateEstimator
 from edgestream.streams.records import RecordBatch
-from edgestream.streams.topics import device_of, sensor_topic
 
 
 @dataclass
@@ -239,6 +238,7 @@ class IngestCore:
         self.value_range = value_range
         self.require_labels = require_labels
         self.input_format, self.input_params = cfg.input.resolved()  # input.format: how devices write
+        self.layout = cfg.input.layout()  # input.topic: where each device writes
         self.limits = codec.DecodeLimits(
             max_message_bytes=cfg.limits.max_record_message_bytes,
             max_records=cfg.limits.max_records_per_message,
@@ -251,7 +251,7 @@ class IngestCore:
         self.resolved: dict[str, DeviceLedger] = {}
         self._open: dict[Any, _OpenToken] = {}
         self._series: dict[str, _DeviceSeries] = {}  # labelled children, bound once (hot path)
-        self._by_topic: dict[str, _Device] = {}  # sensors.<device> -> its state (hot path)
+        self._by_topic: dict[str, _Device] = {}  # the device's topic -> its state (hot path)
         self._by_name: dict[str, _Device] = {}
         #: Per device, the sequence numbers of fully settled messages: the checkpoint's window.
         self.resolved_seen: dict[str, SeqWindow] = {}
@@ -277,7 +277,7 @@ class IngestCore:
             self.resolved[device] = DeviceLedger.from_dict(restored.get(device, {}))
             self.ledgers[device] = self.resolved[device].copy()
             self._series[device] = series = _DeviceSeries(self.metrics, device)
-            self._by_topic[sensor_topic(device)] = state = _Device(
+            self._by_topic[self.layout.topic(device)] = state = _Device(
                 device, buf, self.batchers[device], self.rates[device], self.ledgers[device], series,
                 self._decoder(device),
             )
@@ -500,7 +500,7 @@ class IngestCore:
     ) -> DeadLetter:
         """A message from a topic that is no device topic of this worker."""
         try:
-            device = device_of(topic)
+            device = self.layout.device_of(topic)
         except TopicNameError as exc:
             return self._dead_letter("unknown", topic, partition, offset, key, value, "bad_device", str(exc), token)
         return self._dead_letter(device, topic, partition, offset, key, value, "bad_device",

@@ -313,6 +313,7 @@ def replay(
     progress: Callable[[ReplayProgress], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     metrics: Any = None,
+    layout: topics.TopicLayout = topics.DEFAULT_LAYOUT,
 ) -> ReplayReport:
     """Produce the recording in ``directory`` to ``bootstrap``; return what was achieved.
 
@@ -321,8 +322,10 @@ def replay(
     ``rewrite_timestamps``) their recorded timestamp, waiting between them so that
     recorded inter-arrival times are divided by ``speed`` (``inf``: no waiting).
     ``loop`` repeats the recording (forever, or ``max_passes`` times) until ``stop``.
-    ``rewrite_devices``: where a rename maps ``sensors.<a>`` to ``sensors.<b>``, sensor
-    messages and keys naming device ``a`` are rewritten to ``b`` (see ``rewrite_device``).
+    ``rewrite_devices``: where a rename maps ``sensors.<a>`` to ``sensors.<b>`` (a device
+    topic of ``layout``: the destination job's ``input.topic``), sensor messages and keys
+    naming device ``a`` are rewritten to ``b`` (see ``rewrite_device``). Recorded topics
+    are read as ``sensors.<device>``.
     Raises ``RecordingCorrupt`` (unless ``allow_truncated``), ``ReplayError``.
     """
     reader = RecordingReader(directory, allow_truncated=allow_truncated)
@@ -348,7 +351,7 @@ def replay(
     if rewrite_devices:
         for src, dest in destination.items():
             try:
-                old, new = topics.device_of(src), topics.device_of(dest)
+                old, new = topics.device_of(src), layout.device_of(dest)
             except StreamsError:
                 continue
             if old != new:
@@ -359,7 +362,7 @@ def replay(
     report = asyncio.run(_replay_async(
         reader, names, destination, partitions_needed, device_map, bootstrap, speed, period,
         passes_limit, rewrite_timestamps, producer_options or {}, max_message_bytes,
-        stop or threading.Event(), progress, clock, metrics,
+        stop or threading.Event(), progress, clock, metrics, layout,
     ))
     report.truncated = [
         {"path": str(p), "position": pos, "reason": r} for p, pos, r in reader.truncated
@@ -384,14 +387,15 @@ async def _replay_async(
     progress: Callable[[ReplayProgress], None] | None,
     clock: Callable[[], float],
     metrics: Any = None,
+    layout: topics.TopicLayout = topics.DEFAULT_LAYOUT,
 ) -> ReplayReport:
     from aiokafka import AIOKafkaProducer
 
     produced = {}  # destination topic -> records_produced child (device topics only)
     if metrics is not None:
         for dest in set(destination.values()):
-            if dest.startswith(topics.SENSOR_PREFIX) and dest != topics.SENSOR_DLQ:
-                produced[dest] = metrics.records_produced.labels(topics.device_of(dest))
+            if layout.matches(dest):
+                produced[dest] = metrics.records_produced.labels(layout.device_of(dest))
 
     paced = not math.isinf(speed)
     options: dict[str, Any] = dict(

@@ -56,12 +56,22 @@ def replay_through_workers(
     devices = cfg.devices.device_ids()
     renamer = TopicRenamer(rename)
     reader = RecordingReader(directory)
+    layout = cfg.input.layout()  # input.topic: the job's device topics
+    rules = list(rename)
     mapping = {}
     for t in reader.topics:
         dest = renamer(t)
-        if dest.startswith(topics.SENSOR_PREFIX) and dest != topics.SENSOR_DLQ \
-                and topics.device_of(dest) in devices:
-            mapping[t] = topics.device_of(dest)
+        if layout.matches(dest):
+            device = layout.device_of(dest)
+        elif dest == t and topics.DEFAULT_LAYOUT.matches(t):
+            # Recorded as sensors.<device>: into that device's topic of the job's layout.
+            device = topics.device_of(t)
+            if device in devices:
+                rules.append(f"{t}:{layout.topic(device)}")
+        else:
+            continue
+        if device in devices:
+            mapping[t] = device
     missing = sorted(set(devices) - set(mapping.values()))
     if missing:
         raise ReplayError(f"no recorded topic is renamed onto the devices {missing}")
@@ -73,7 +83,7 @@ def replay_through_workers(
     ensure_topics(bootstrap, job_topics(cfg))
     start_groups_at_end(
         bootstrap,
-        {sensor_group(cfg, w): [topics.sensor_topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},
+        {sensor_group(cfg, w): [layout.topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},
     )
     workers: list[WorkerProc] = []
 
@@ -97,8 +107,8 @@ def replay_through_workers(
             wait_for(lambda w=w: (s := scrape(w.metrics_url)) is not None
                      and s.get("edgestream_worker_ready", worker=w.name) == 1,
                      ready_timeout_s, f"worker {w.name} to join its device topics")
-        report = replay(directory, bootstrap, speed=speed, rename=rename, rewrite_devices=True,
-                        topics_filter=sorted(mapping), create_topics=False)
+        report = replay(directory, bootstrap, speed=speed, rename=rules, rewrite_devices=True,
+                        topics_filter=sorted(mapping), create_topics=False, layout=layout)
 
         def check() -> bool:
             alive()

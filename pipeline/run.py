@@ -55,7 +55,6 @@ from edgestream.pipeline.worker import (
     update_topics,
     warn_byzantine,
 )
-from edgestream.streams import topics
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +415,7 @@ def run_job(
     groups: dict[str, list[str]] = {}
     for name in [SERVER_NAME] * (SERVER_NAME in names) + list(cfg.worker_names()):
         if name != SERVER_NAME:
-            sensors = [topics.sensor_topic(d) for d in cfg.devices_of(name)]
+            sensors = [cfg.input.layout().topic(d) for d in cfg.devices_of(name)]
             groups.setdefault(sensor_group(cfg, name), []).extend(sensors)
         if training:
             groups.setdefault(app_id(cfg, name), []).extend(
@@ -723,7 +722,7 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
     limits = codec.DecodeLimits(max_message_bytes=cfg.limits.max_record_message_bytes,
                                 max_records=cfg.limits.max_records_per_message)
     decoder = input_format.decoder(params, limits, expected_device=device)
-    topic = topics.sensor_topic(device)
+    topic = cfg.input.layout().topic(device)
     start = group_positions(bootstrap, group, [topic])
     total = 0
     for tp, end in end_offsets(bootstrap, [topic]).items():
@@ -886,7 +885,7 @@ class RunContext:
         prod = producer(self.bootstrap, self.cfg.kafka.max_message_bytes)
         try:
             for value in values:
-                prod.send(topics.sensor_topic(device), value=value, key=device.encode())
+                prod.send(self.cfg.input.layout().topic(device), value=value, key=device.encode())
             prod.flush()
         finally:
             prod.close()

@@ -82,10 +82,12 @@ def simulate(
     """
     stop = stop or threading.Event()
     devices = cfg.devices.device_ids()
+    layout = cfg.input.layout()  # input.topic: each device's topic
     # Its device topics only: the dead-letter topic is the workers' (a devices principal of a
     # secure cluster may not even see it: docs/security.md).
     try:
-        ensure_topics(bootstrap, {topic: kind for topic, kind in sensor_topics_for(devices).items() if kind != "dlq"})
+        ensure_topics(bootstrap, {topic: kind for topic, kind in sensor_topics_for(devices, layout).items()
+                                  if kind != "dlq"})
     except TopicSetupError as exc:
         if "Authorization" not in str(exc):
             raise
@@ -161,7 +163,7 @@ def simulate(
                     with lock:
                         pending[sim.device] += batch.count
                     try:
-                        sent = prod.send(topics.sensor_topic(sim.device), value=value, key=sim.device.encode())
+                        sent = prod.send(layout.topic(sim.device), value=value, key=sim.device.encode())
                     except KafkaTimeoutError as exc:  # no room to keep it for SEND_RETRY_S: refused, counted
                         refused(sim.device, batch.count, exc)
                         continue
@@ -170,7 +172,7 @@ def simulate(
                 for k in range(garbage_at.get(tick, 0)):
                     kind = KINDS[(sum(report.garbage[sim.device].values()) + k) % len(KINDS)]
                     value = make_garbage(kind, sim.device, data.feature_shape, seed=tick)
-                    prod.send(topics.sensor_topic(sim.device), value=value, key=sim.device.encode())
+                    prod.send(layout.topic(sim.device), value=value, key=sim.device.encode())
                     report.garbage[sim.device][kind] = report.garbage[sim.device].get(kind, 0) + 1
             if progress is not None:
                 report.duration_s = time.monotonic() - start_mono
@@ -362,9 +364,13 @@ def _replay_recording(
     report.started_at = time.time()
     watcher.start()
     try:
+        # Recorded as sensors.<device>; replayed into each device's topic of input.topic.
+        layout = cfg.input.layout()
+        rename = [] if layout.is_default else [f"{topics.sensor_topic(d)}:{layout.topic(d)}" for d in devices]
         result = replay(directory, bootstrap, speed=speed, topics_filter=[topics.sensor_topic(d) for d in devices],
-                        rewrite_timestamps=True, max_message_bytes=cfg.kafka.max_message_bytes,
-                        stop=ended, progress=on_progress, metrics=metrics)
+                        rename=rename, layout=layout, rewrite_timestamps=True,
+                        max_message_bytes=cfg.kafka.max_message_bytes, stop=ended, progress=on_progress,
+                        metrics=metrics)
     finally:
         ended.set()
         watcher.join()

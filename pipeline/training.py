@@ -827,7 +827,7 @@ class TrainingRuntime:
         headers = {
             topics.DLQ_HEADER_REASON: rejection.reason.encode(),
             topics.DLQ_HEADER_DETAIL: rejection.detail.encode()[:1024],
-            topics.DLQ_HEADER_TOPIC: topics.sensor_topic(batch.device).encode(),
+            topics.DLQ_HEADER_TOPIC: self.cfg.input.layout().topic(batch.device).encode(),
             topics.DLQ_HEADER_WORKER: self.name.encode(),
             topics.DLQ_HEADER_RECORDS: str(batch.size).encode(),
         }

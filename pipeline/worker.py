@@ -38,7 +38,6 @@ from edgestream.pipeline.kafka_io import (
 )
 from edgestream.pipeline.outage import BrokerWatch
 from edgestream.pipeline.service import CONTEXT, ProcessService, StopSignals
-from edgestream.streams import topics
 from edgestream.streams.topics import SERVER_NAME
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ def process_topics(cfg: JobConfig, name: str, subscribes: tuple[str, ...] = ()) 
     """Topics process ``name`` (a worker or the server) reads or writes, name -> kind:
     a worker's device topics and ``sensors.dlq``, and the job's training topics; with
     ``inbox`` among its strategy's channels (``subscribes``), its own ``inbox.<job>.<name>``."""
-    wanted = {} if name == SERVER_NAME else sensor_topics_for(cfg.devices_of(name))
+    wanted = {} if name == SERVER_NAME else sensor_topics_for(cfg.devices_of(name), cfg.input.layout())
     if cfg.train.enabled:
         wanted.update(training_topics(cfg.job.name, [name] if "inbox" in subscribes else []))
     return wanted
@@ -390,7 +389,8 @@ def run_worker(
         metrics.strategy_info.labels(worker, cfg.train.strategy).set(1)
     else:
         sink = CountingSink(metrics)
-    sensor_topics = [topics.sensor_topic(d) for d in devices]
+    layout = cfg.input.layout()
+    sensor_topics = [layout.topic(d) for d in devices]
     if sensor_group(cfg, worker) != app_id(cfg, worker):
         # Device-topic partitions the direct source's group has no offset for start where
         # the Faust group is (a switch of kafka.ingest_source, or a caller that positioned it).

@@ -41,16 +41,101 @@ def _check(name: str, what: str) -> str:
     return name
 
 
+#: The pattern of edgestream's own device topics (``input.topic``'s default).
+DEFAULT_PATTERN = SENSOR_PREFIX + "{device}"
+#: Kafka's topic-name limit, and the characters a name may hold.
+MAX_TOPIC_CHARS = 249
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+#: Prefixes of a job's own topics (``job.topics``): no device topic may start with one.
+RESERVED_PREFIXES = ("gradients.", "models.", "control.", "inbox.", "__")
+
+
+class TopicLayout:
+    """Where each device's readings are: one topic per device, named by a pattern.
+
+    The pattern holds ``{device}`` once (``plant1.{device}.imu``); the device is read back
+    from a topic name by the same pattern. A device id is 1-64 of letters, digits, ``_``
+    and ``-`` (no ``.``), so a pattern whose literal parts are joined by dots is never
+    ambiguous. Invariant: ``device_of(topic(d)) == d`` for every valid device id ``d``,
+    and ``topic`` never returns the dead-letter topic or a job topic.
+    """
+
+    def __init__(self, pattern: str = DEFAULT_PATTERN) -> None:
+        if not isinstance(pattern, str) or pattern.count("{device}") != 1:
+            raise TopicNameError(
+                f"the device topic pattern {pattern!r} must hold {{device}} exactly once, "
+                "e.g. 'plant1.{device}.imu' or 'sensors.{device}'"
+            )
+        prefix, _, suffix = pattern.partition("{device}")
+        literal = prefix + suffix
+        if literal and not _TOPIC_RE.match(literal):
+            raise TopicNameError(
+                f"the device topic pattern {pattern!r} holds characters a Kafka topic name cannot: "
+                "use letters, digits, '.', '_' and '-' around {device}"
+            )
+        if len(literal) + 64 > MAX_TOPIC_CHARS:
+            raise TopicNameError(
+                f"the device topic pattern {pattern!r} is too long: with a 64-character device id its "
+                f"topics would pass Kafka's {MAX_TOPIC_CHARS} characters"
+            )
+        reserved = next((r for r in RESERVED_PREFIXES if prefix.startswith(r)), None)
+        if reserved is not None:
+            raise TopicNameError(
+                f"the device topic pattern {pattern!r} starts with {reserved!r}, which a job's own topics "
+                "use: choose another prefix"
+            )
+        self.pattern = pattern
+        self.prefix = prefix
+        self.suffix = suffix
+        self.regex = re.compile(re.escape(prefix) + r"([A-Za-z0-9_-]{1,64})" + re.escape(suffix) + r"\Z")
+
+    def topic(self, device: str) -> str:
+        """The topic of ``device`` (``TopicNameError`` for an id that cannot be in a name, or
+        whose topic would be the dead-letter topic)."""
+        name = self.prefix + _check(device, "device id") + self.suffix
+        if name == SENSOR_DLQ:
+            raise TopicNameError(
+                f"device id {device!r} would write to the dead-letter topic {SENSOR_DLQ}: choose another id"
+            )
+        return name
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is a device topic of this layout (never the dead-letter topic)."""
+        return topic != SENSOR_DLQ and self.regex.match(topic) is not None
+
+    def device_of(self, topic: str) -> str:
+        """Inverse of ``topic``; ``TopicNameError`` if ``topic`` is not a device topic here."""
+        found = self.regex.match(topic)
+        if found is None or topic == SENSOR_DLQ:
+            raise TopicNameError(f"{topic!r} is not a device topic ({self.pattern})")
+        return found.group(1)
+
+    @property
+    def is_default(self) -> bool:
+        return self.pattern == DEFAULT_PATTERN
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TopicLayout) and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"TopicLayout({self.pattern!r})"
+
+
+#: edgestream's own layout: ``sensors.<device>``.
+DEFAULT_LAYOUT = TopicLayout()
+
+
 def sensor_topic(device: str) -> str:
-    """``sensors.<device>``: one topic per device stream."""
-    return SENSOR_PREFIX + _check(device, "device id")
+    """``sensors.<device>``: one topic per device stream (the default layout's)."""
+    return DEFAULT_LAYOUT.topic(device)
 
 
 def device_of(topic: str) -> str:
     """Inverse of ``sensor_topic``."""
-    if not topic.startswith(SENSOR_PREFIX) or topic == SENSOR_DLQ:
-        raise TopicNameError(f"{topic!r} is not a device topic (sensors.<device>)")
-    return topic[len(SENSOR_PREFIX) :]
+    return DEFAULT_LAYOUT.device_of(topic)
 
 
 def gradients_topic(job: str) -> str:

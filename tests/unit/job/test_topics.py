@@ -43,3 +43,33 @@ def test_every_topic_a_process_uses_is_in_the_job_plan(strategy):
     for name in [*cfg.worker_names(), SERVER_NAME]:
         mine = process_topics(cfg, name, subscribes if name != SERVER_NAME else ())
         assert mine.items() <= plan.items(), name
+
+
+def test_a_job_with_a_topic_pattern_uses_it_for_every_device_topic():
+    cfg = job("input.topic=plant1.{device}.imu", "train.enabled=true", "train.strategy=bsp")
+
+    sensors = {t: k for t, k in job_topics(cfg).items() if k == "sensors"}
+
+    assert sensors == {f"plant1.dev0{i}.imu": "sensors" for i in range(4)}
+    assert job_topics(cfg)["sensors.dlq"] == "dlq"  # dead letters keep their topic
+    for worker in ("w0", "w1"):
+        read = {t for t, k in process_topics(cfg, worker).items() if k == "sensors"}
+        assert read == {f"plant1.{d}.imu" for d in cfg.devices_of(worker)} and len(read) == 2
+
+
+@pytest.mark.parametrize(("pattern", "says"), [
+    ("plant1.imu", "input.topic: .*exactly once"),
+    ("models.{device}", "input.topic: .*job's own topics"),
+])
+def test_a_bad_topic_pattern_is_a_configuration_error(pattern, says):
+    from edgestream.job.config import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        job(f"input.topic={pattern}")
+
+
+def test_a_device_whose_topic_would_be_the_dead_letter_topic_is_a_configuration_error():
+    from edgestream.job.config import ConfigError
+
+    with pytest.raises(ConfigError, match="devices: .*dead-letter topic"):
+        job("devices.ids=dlq,dev01", "devices.count=2", "workers.count=1")
