@@ -25,6 +25,8 @@ from edgestream.streams.profiles import SCADLES_RATES
 from edgestream.streams.topics import TopicLayout
 
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
+#: Most partitions ``input.partitions`` may give a shared device topic.
+MAX_SHARED_PARTITIONS = 10_000
 #: Values of ``kafka.ingest_source``.
 INGEST_SOURCES = ("direct", "faust")
 #: Values of ``kafka.security_protocol`` and ``kafka.sasl_mechanism``.
@@ -162,8 +164,17 @@ class InputSection:
 
     #: ``edgestream`` (the binary format, the default) or ``json``.
     format: str = "edgestream"
-    #: Each device's topic: a pattern holding ``{device}`` once (``plant1.{device}.imu``).
+    #: Each device's topic: a pattern holding ``{device}`` once (``plant1.{device}.imu``), or
+    #: one name without it (``readings``): one topic shared by every device, keyed by device.
     topic: str = "sensors.{device}"
+    #: A shared topic: its partition count (created so; an existing topic must have it).
+    partitions: int = 12
+    #: A shared topic: seconds a device may send nothing, with nothing pending, before its
+    #: worker forgets its state (counted; it comes back fresh).
+    device_idle_s: float = 600.0
+    #: A shared topic: most devices a worker keeps state for; beyond it, the longest idle
+    #: devices with nothing pending are forgotten first (counted).
+    max_devices: int = 10_000
     #: json: the feature fields, each a number (the record's features in this order) ...
     features: list[str] = field(default_factory=list)
     #: ... or one field holding an array of numbers (nested lists for an image).
@@ -515,6 +526,7 @@ class JobConfig:
             raise ConfigError(f"data.source={self.data.source!r} replays a recording's messages as recorded (edgestream's "
                               f"binary format), which input.format={self.input.format!r} does not read: use "
                               "input.format=edgestream for a recording")
+        self._validate_layout()
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
         _non_negative("data.observed_warmup", self.data.observed_warmup)
@@ -638,6 +650,28 @@ class JobConfig:
         self._validate_testbed()
         return self
 
+    def _validate_layout(self) -> None:
+        """``input.topic`` and, for a shared topic, ``input.partitions``, ``input.device_idle_s``,
+        ``input.max_devices`` and what a shared topic cannot be read with."""
+        if not self.input.layout().keyed:
+            return
+        if not 1 <= self.input.partitions <= MAX_SHARED_PARTITIONS:
+            raise ConfigError(f"input.partitions must lie in [1, {MAX_SHARED_PARTITIONS}] "
+                              f"(got {self.input.partitions})")
+        if self.input.partitions < self.workers.count and not self.train.stages:
+            raise ConfigError(f"input.partitions={self.input.partitions} is fewer than workers.count="
+                              f"{self.workers.count}: a worker reads whole partitions, so some would read "
+                              "nothing; give the shared topic at least one partition per worker")
+        _positive("input.device_idle_s", self.input.device_idle_s)
+        if self.input.max_devices < 1:
+            raise ConfigError(f"input.max_devices must be at least 1 (got {self.input.max_devices})")
+        if self.kafka.ingest_source != "direct":
+            raise ConfigError(f"input.topic={self.input.topic!r} is a topic shared by every device, whose "
+                              "partitions each worker reads by assignment: use kafka.ingest_source=direct")
+        if source_named(self.data.source).replay_directory(self) is not None:
+            raise ConfigError(f"input.topic={self.input.topic!r} is a shared topic, and a recording replays "
+                              "one topic per device: use a pattern with {device} for a recording")
+
     def _validate_byzantine(self) -> None:
         """``workers.byzantine``, ``workers.attack`` and ``workers.attack_seed``."""
         w = self.workers
@@ -694,20 +728,46 @@ class JobConfig:
         return [f"w{i}" for i in range(self.workers.count)]
 
     def devices_of(self, worker: str) -> list[str]:
-        """Devices assigned to ``worker``: round-robin over the device list."""
+        """Devices assigned to ``worker``: round-robin over the device list; with a shared
+        topic, the configured devices whose partition (``TopicLayout.partition_of``) it reads."""
         names = self.worker_names()
         if worker not in names:
             raise ConfigError(f"unknown worker {worker!r}; this job has {names}")
         index = names.index(worker)
         if self.train.stages:  # a split model: its first stage reads every device
             return self.devices.device_ids() if index == 0 else []
+        layout = self.input.layout()
+        if layout.keyed:  # the devices in its partitions of the shared topic
+            ids = self.devices.device_ids()
+            mine = set(self.partitions_of(worker))
+            return [d for d, p in zip(ids, _partitions(tuple(ids), self.input.partitions), strict=True) if p in mine]
         return self.devices.device_ids()[index :: self.workers.count]
+
+    def partitions_of(self, worker: str) -> list[int]:
+        """A shared device topic's partitions that ``worker`` reads: ``p`` with ``p mod
+        workers.count`` its index (a split model's first stage: all). Empty for a layout
+        of one topic per device."""
+        if not self.input.layout().keyed:
+            return []
+        names = self.worker_names()
+        if worker not in names:
+            raise ConfigError(f"unknown worker {worker!r}; this job has {names}")
+        index = names.index(worker)
+        if self.train.stages:
+            return list(range(self.input.partitions)) if index == 0 else []
+        return list(range(index, self.input.partitions, self.workers.count))
 
     def state_path(self) -> Path:
         return Path(self.run.state_dir or f".edgestream/runs/{self.job.name}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@functools.lru_cache(maxsize=8)
+def _partitions(devices: tuple[str, ...], partitions: int) -> tuple[int, ...]:
+    """Each device's partition of a shared topic (computed once per device list)."""
+    return tuple(TopicLayout.partition_of(d, partitions) for d in devices)
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -14,10 +14,17 @@ from edgestream.streams import topics
 
 def sensor_topics_for(devices: list[str], layout: topics.TopicLayout = topics.DEFAULT_LAYOUT) -> dict[str, str]:
     """The topics of ``devices``, name -> kind: each device's topic in ``layout``
-    (``sensors.<device>`` by default) and ``sensors.dlq``."""
+    (``sensors.<device>`` by default; a keyed layout's one shared topic) and ``sensors.dlq``."""
     wanted = {layout.topic(d): "sensors" for d in devices}
     wanted[topics.SENSOR_DLQ] = "dlq"
     return wanted
+
+
+def sensor_partitions(cfg: JobConfig) -> dict[str, int]:
+    """Device topics created with their own partition count (``ensure_topics``'s ``sized``):
+    a shared topic's ``input.partitions``; none for one topic per device."""
+    layout = cfg.input.layout()
+    return {layout.pattern: cfg.input.partitions} if layout.keyed else {}
 
 
 #: Channels with one topic per job, read by every subscriber (``inbox`` is per recipient).

@@ -183,6 +183,18 @@ class Metrics:
             "edgestream_last_checkpoint_timestamp_seconds",
             "Unix time of the worker's last completed checkpoint", ["worker"], registry=r,
         )
+        # --- a shared device topic's device states ------------------------------------------
+        self.devices_held = Gauge(
+            "edgestream_held_devices",
+            "Devices the worker keeps ingest state for (a shared topic: bounded by input.max_devices)",
+            registry=r,
+        )
+        self.devices_evicted = Counter(
+            "edgestream_devices_evicted_total",
+            "Devices of a shared topic whose state the worker forgot (idle input.device_idle_s with "
+            "nothing pending, or beyond input.max_devices); their counts are kept summed",
+            registry=r,
+        )
         # --- consumer position --------------------------------------------------------
         self.consumer_lag = Gauge(
             "edgestream_consumer_lag_records",
@@ -354,6 +366,16 @@ class Metrics:
                         self.trained_device_records, self.prequential_records, self.prequential_correct):
             counter.labels(device)
 
+    def forget_device(self, device: str) -> None:
+        """Remove every labelled child of ``device`` (a forgotten device of a shared topic), so
+        the series a worker exports do not grow with the devices it ever met."""
+        for metric in vars(self).values():
+            # prometheus_client keeps a metric's children by label values in ``_metrics``
+            # and its label names in ``_labelnames`` (no public way to list them).
+            if isinstance(metric, MetricWrapperBase) and metric._labelnames[:1] == ("device",):
+                for values in [v for v in list(metric._metrics) if v[0] == device]:
+                    metric.remove(*values)
+
     def init_worker(self, worker: str) -> None:
         """Create the worker's training counters at 0 (same reason as ``init_device``)."""
         for counter in (self.steps, self.trained_records, self.compressed_steps, self.commits,
@@ -518,7 +540,8 @@ def consumer_lag(
 
     Keys are ``(topic, partition)`` pairs (``TP`` namedtuples of aiokafka/kafka-python
     qualify). A partition without a position yet counts its whole end offset; only
-    device topics of ``layout`` (default ``sensors.<device>``; never the DLQ) are counted.
+    device topics of ``layout`` (default ``sensors.<device>``; never the DLQ) are counted,
+    a shared topic's per partition (``<topic>:<partition>``: its devices are many).
     """
     from edgestream.streams import topics
 
@@ -528,7 +551,7 @@ def consumer_lag(
         topic, _partition = tp
         if not layout.matches(topic):
             continue
-        device = layout.device_of(topic)
+        device = f"{topic}:{_partition}" if layout.keyed else layout.device_of(topic)
         position = positions.get(tp)
         lag = max(0, int(end) - int(position or 0))
         out[device] = out.get(device, 0) + lag

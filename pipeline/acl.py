@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgestream.job.config import JobConfig
-from edgestream.job.topics import job_topics, training_topics
+from edgestream.job.topics import job_topics, sensor_partitions, training_topics
 from edgestream.streams import topics
 
 #: kafka-python's names of the operations granted.
@@ -110,7 +110,7 @@ def apply(bootstrap: str, cfg: JobConfig, password_dir: Path,
 
     from edgestream.pipeline.kafka_io import admin_client, ensure_topics
 
-    ensure_topics(bootstrap, job_topics(cfg, training=True))
+    ensure_topics(bootstrap, job_topics(cfg, training=True), sized=sensor_partitions(cfg))
     admin = admin_client(bootstrap)
     try:
         acls = []

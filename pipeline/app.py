@@ -24,7 +24,7 @@ import logging
 import operator
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -283,12 +283,15 @@ class _Partition:
     """The direct source's state of one assigned device partition."""
 
     tp: TopicPartition
-    device: str
+    device: str | None  # None: a partition of a shared topic (many devices, keyed)
     key: str  # OffsetTracker key
     start: int = 0  # position when assigned (committed offset or the reset point)
     handled: int = -1  # highest offset handed to IngestCore
     committed: int | None = None
     paused: bool = False
+    #: The devices whose buffers asked for this partition's pause (a shared topic's partition
+    #: resumes once none of them still asks).
+    paused_by: set[str] = field(default_factory=set)
 
 
 class DirectSensorSource(Service):
@@ -311,8 +314,11 @@ class DirectSensorSource(Service):
         max_message_bytes: int,
         clock: Callable[[], float],
         on_positioned: Callable[[], None] | None = None,
+        shared_partitions: list[int] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``shared_partitions``: with a shared device topic (``input.topic`` without
+        ``{device}``), the partitions of it this worker reads (``JobConfig.partitions_of``)."""
         super().__init__(**kwargs)
         self.bootstrap = bootstrap
         self.group_id = group_id
@@ -323,11 +329,16 @@ class DirectSensorSource(Service):
         self.on_positioned = on_positioned
         self.parts: dict[TopicPartition, _Partition] = {}
         self.layout = driver.core.layout  # input.topic
-        for device in devices:
-            topic = self.layout.topic(device)
-            tp = TopicPartition(topic, 0)
-            part = _Partition(tp, device, OffsetTracker.key(topic, 0))
-            self.parts[tp] = part
+        if self.layout.keyed:
+            topic = self.layout.pattern
+            for p in shared_partitions or []:
+                tp = TopicPartition(topic, p)
+                self.parts[tp] = _Partition(tp, None, OffsetTracker.key(topic, p))
+        else:
+            for device in devices:
+                topic = self.layout.topic(device)
+                tp = TopicPartition(topic, 0)
+                self.parts[tp] = _Partition(tp, device, OffsetTracker.key(topic, 0))
         self.consumer: AIOKafkaConsumer | None = None
         self.running = False
         self._loops: list[asyncio.Task] = []
@@ -364,7 +375,7 @@ class DirectSensorSource(Service):
         self.consumer = consumer
         # Every partition of each device topic (one, as ``ensure_topics`` creates them).
         await consumer.topics()  # fresh metadata
-        for topic in sorted({tp.topic for tp in self.parts}):
+        for topic in sorted({tp.topic for tp in self.parts if not self.layout.keyed}):
             for p in sorted(consumer.partitions_for_topic(topic) or {0}):
                 tp = TopicPartition(topic, p)
                 if tp not in self.parts:
@@ -474,19 +485,40 @@ class DirectSensorSource(Service):
     async def ack(self, tokens: list[SensorToken]) -> None:
         """Nothing beyond the tracker: commits are its watermarks (``commit``)."""
 
+    def _parts_of(self, device: str) -> list[_Partition]:
+        """The partitions ``device``'s messages come from: its topic's, or the shared topic's
+        partition it was last read from."""
+        if not self.layout.keyed:
+            return [p for p in self.parts.values() if p.device == device]
+        state = self.driver.core.state_of(device)
+        if state is None or state.partition is None:
+            return []
+        part = self.parts.get(TopicPartition(self.layout.pattern, state.partition))
+        return [] if part is None else [part]
+
     def pause(self, devices: list[str]) -> None:
-        parts = [p for p in self.parts.values() if p.device in devices]
-        for part in parts:
-            part.paused = True
-        if self.consumer is not None and parts:
-            self.consumer.pause(*[p.tp for p in parts])
+        """Pause the partitions of ``devices`` (a shared topic's: every device on it waits)."""
+        paused = []
+        for device in devices:
+            for part in self._parts_of(device):
+                part.paused_by.add(device)
+                if not part.paused:
+                    part.paused = True
+                    paused.append(part.tp)
+        if self.consumer is not None and paused:
+            self.consumer.pause(*paused)
 
     async def resume(self, devices: list[str]) -> None:
-        parts = [p for p in self.parts.values() if p.device in devices]
-        for part in parts:
-            part.paused = False
-        if self.consumer is not None and parts:
-            self.consumer.resume(*[p.tp for p in parts])
+        """Resume the partitions of ``devices`` that no other device still holds paused."""
+        resumed = []
+        for device in devices:
+            for part in self._parts_of(device):
+                part.paused_by.discard(device)
+                if part.paused and not part.paused_by:
+                    part.paused = False
+                    resumed.append(part.tp)
+        if self.consumer is not None and resumed:
+            self.consumer.resume(*resumed)
 
     def consumer_lag(self) -> dict[str, int]:
         if self.consumer is None:
@@ -726,7 +758,7 @@ def create_app(
         source = DirectSensorSource(
             bootstrap=bootstrap, group_id=sensor_group(cfg, worker), devices=devices, driver=driver,
             tracker=tracker, max_message_bytes=max_bytes, clock=clock,
-            on_positioned=lambda: readiness.done("sensors"),
+            on_positioned=lambda: readiness.done("sensors"), shared_partitions=cfg.partitions_of(worker),
         )
         source.attach(app)
     else:

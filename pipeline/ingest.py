@@ -84,6 +84,13 @@ class IngestActions:
         self.resume += other.resume
 
 
+#: Checkpoint keys (no device id can be either) of the summed counts of the devices a shared
+#: topic's worker forgot, and of how many it forgot.
+EVICTED = "*evicted"
+EVICTED_DEVICES = "*evicted_devices"
+#: The device label of a message of a shared topic that names no device.
+UNKNOWN_DEVICE = "(none)"
+
 #: Outcomes a record can be settled with.
 CONSUMED, DROPPED, DEAD = "consumed", "dropped", "dead"
 #: The drop reason of a record whose sequence number its device sent before.
@@ -174,7 +181,7 @@ class _Device:
     """Everything ``on_message`` touches for one device, behind one lookup (the hot path)."""
 
     __slots__ = ("name", "buffer", "batcher", "rate", "ledger", "series", "decoder", "newest_event_time",
-                 "read_at", "in_sink", "seen", "clock")
+                 "read_at", "in_sink", "seen", "clock", "partition", "last_at", "open")
 
     def __init__(self, name: str, buffer: StreamBuffer, batcher: AdaptiveBatcher, rate: RateEstimator,
                  ledger: DeviceLedger, series: _DeviceSeries, decoder: FormatDecoder) -> None:
@@ -190,6 +197,9 @@ class _Device:
         self.in_sink = 0  # records of batches handed to the sink, not settled yet
         self.seen: SeqWindow | None = None  # sequence numbers read (data.duplicate_window)
         self.clock: EventTimeCheck | None = None  # event times vs the broker's (data.max_timestamp_skew_s)
+        self.partition: int | None = None  # a shared topic: the partition its messages came from
+        self.last_at = 0.0  # ingest clock of its last message (a shared topic's idle eviction)
+        self.open = 0  # its registered tokens not settled yet
 
     def event_time_lag_s(self) -> float:
         if self.newest_event_time is None:
@@ -232,7 +242,7 @@ class IngestCore:
         ``cfg.data.duplicate_window`` and ``cfg.data.max_timestamp_skew_s`` set the
         duplicate and event-time checks (``_admit``)."""
         self.cfg = cfg
-        self.devices = list(devices)
+        self.devices: list[str] = []  # those it holds state for, in the order met
         self.metrics = metrics or Metrics()
         self.expected_shape = expected_shape
         self.value_range = value_range
@@ -255,61 +265,77 @@ class IngestCore:
         self._by_name: dict[str, _Device] = {}
         #: Per device, the sequence numbers of fully settled messages: the checkpoint's window.
         self.resolved_seen: dict[str, SeqWindow] = {}
+        self._start = start
+        restored = dict(restored or {})
+        #: Counts of the devices a shared topic's worker forgot (``evict``), summed: with the
+        #: ledgers of the devices it holds, every record it read.
+        self.evicted = DeviceLedger.from_dict(restored.pop(EVICTED, {}))
+        self.devices_evicted = int(restored.pop(EVICTED_DEVICES, 0))
+        #: Restored ledgers of devices not met since the restart (a shared topic's).
+        self._restored = restored
+        #: A shared topic (``input.topic`` without ``{device}``): its name; its messages' device
+        #: is their key (or, without a key, the device the message names).
+        self._shared = self.layout.pattern if self.layout.keyed else None
+        self._keyless: FormatDecoder | None = None
+        self._evicted_at = start
+        for device in devices:
+            self._add_device(device)
+        self.metrics.devices_held.set_function(lambda: len(self._by_name))
+
+    def _add_device(self, device: str) -> _Device:
+        """The state of a device met for the first time (or again after ``evict``)."""
+        cfg = self.cfg
+        self.devices.append(device)
+        restored = self._restored.pop(device, {})
+        buf = StreamBuffer(device, cfg.buffer.capacity, cfg.buffer.policy, cfg.buffer.hard_limit_factor)
+        self.buffers[device] = buf
+        self.batchers[device] = batcher = AdaptiveBatcher(
+            buf,
+            cfg.batcher.mode,
+            window_s=cfg.batcher.window_s,
+            max_batch=cfg.batcher.max_batch,
+            batch_size=cfg.batcher.batch_size,
+            window_overflow=cfg.batcher.window_overflow,
+            start=self._start,
+            max_batch_widen=cfg.batcher.max_batch_widen,
+        )
+        self.rates[device] = RateEstimator(tau_s=max(2.0, 2 * cfg.batcher.window_s), start=self._start)
+        self.resolved[device] = DeviceLedger.from_dict(restored)
+        self.ledgers[device] = ledger = self.resolved[device].copy()
+        self._series[device] = series = _DeviceSeries(self.metrics, device)
+        state = _Device(device, buf, batcher, self.rates[device], ledger, series, self._decoder(device))
+        if not self.layout.keyed:
+            self._by_topic[self.layout.topic(device)] = state
+        self._by_name[device] = state
         window = cfg.data.duplicate_window
+        if window:
+            stored = restored.get("seen")
+            self.resolved_seen[device] = SeqWindow.from_dict(stored, window) if stored else SeqWindow(window)
+            state.seen = self.resolved_seen[device].copy()
         skew_s = cfg.data.timestamp_skew_s()
-        restored = restored or {}
-        for device in self.devices:
-            buf = StreamBuffer(
-                device, cfg.buffer.capacity, cfg.buffer.policy, cfg.buffer.hard_limit_factor
-            )
-            self.buffers[device] = buf
-            self.batchers[device] = AdaptiveBatcher(
-                buf,
-                cfg.batcher.mode,
-                window_s=cfg.batcher.window_s,
-                max_batch=cfg.batcher.max_batch,
-                batch_size=cfg.batcher.batch_size,
-                window_overflow=cfg.batcher.window_overflow,
-                start=start,
-                max_batch_widen=cfg.batcher.max_batch_widen,
-            )
-            self.rates[device] = RateEstimator(tau_s=max(2.0, 2 * cfg.batcher.window_s), start=start)
-            self.resolved[device] = DeviceLedger.from_dict(restored.get(device, {}))
-            self.ledgers[device] = self.resolved[device].copy()
-            self._series[device] = series = _DeviceSeries(self.metrics, device)
-            self._by_topic[self.layout.topic(device)] = state = _Device(
-                device, buf, self.batchers[device], self.rates[device], self.ledgers[device], series,
-                self._decoder(device),
-            )
-            self._by_name[device] = state
-            if window:
-                stored = restored.get(device, {}).get("seen")
-                self.resolved_seen[device] = SeqWindow.from_dict(stored, window) if stored else SeqWindow(window)
-                state.seen = self.resolved_seen[device].copy()
-            if skew_s is not None:
-                state.clock = EventTimeCheck(skew_s)
-            self.metrics.init_device(device)
-            self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
-            # Read when scraped, so the hot path sets no gauge per message.
-            series.buffer_depth.set_function(lambda buf=buf: buf.depth)
-            series.event_time_lag.set_function(state.event_time_lag_s)
-            batcher = self.batchers[device]
-            self.metrics.device_backlog.labels(device).set_function(
-                lambda state=state, batcher=batcher: batcher.backlog(state.pending))
-            self.metrics.batch_cap.labels(device).set_function(lambda batcher=batcher: batcher.batch_cap)
-            ledger = self.ledgers[device]
-            for kind, read in (
-                ("read", lambda ledger=ledger: ledger.records_in),
-                ("trained", lambda ledger=ledger: ledger.consumed),
-                ("dropped", lambda ledger=ledger: ledger.dropped),
-                ("dead_lettered", lambda ledger=ledger: ledger.dead_records),
-                ("pending", lambda state=state: state.pending),
-            ):
-                self.metrics.ledger_records.labels(device, kind).set_function(read)
-            self.metrics.ledger_dead_letter_messages.labels(device).set_function(
-                lambda ledger=ledger: ledger.dead_letter_messages)
-            self.metrics.arrival_rate.labels(device).set(0)
-            self.metrics.partition_paused.labels(device).set(0)
+        if skew_s is not None:
+            state.clock = EventTimeCheck(skew_s)
+        self.metrics.init_device(device)
+        self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
+        # Read when scraped, so the hot path sets no gauge per message.
+        series.buffer_depth.set_function(lambda buf=buf: buf.depth)
+        series.event_time_lag.set_function(state.event_time_lag_s)
+        self.metrics.device_backlog.labels(device).set_function(
+            lambda state=state, batcher=batcher: batcher.backlog(state.pending))
+        self.metrics.batch_cap.labels(device).set_function(lambda batcher=batcher: batcher.batch_cap)
+        for kind, read in (
+            ("read", lambda ledger=ledger: ledger.records_in),
+            ("trained", lambda ledger=ledger: ledger.consumed),
+            ("dropped", lambda ledger=ledger: ledger.dropped),
+            ("dead_lettered", lambda ledger=ledger: ledger.dead_records),
+            ("pending", lambda state=state: state.pending),
+        ):
+            self.metrics.ledger_records.labels(device, kind).set_function(read)
+        self.metrics.ledger_dead_letter_messages.labels(device).set_function(
+            lambda ledger=ledger: ledger.dead_letter_messages)
+        self.metrics.arrival_rate.labels(device).set(0)
+        self.metrics.partition_paused.labels(device).set(0)
+        return state
 
     # --- inputs -----------------------------------------------------------------
     def on_message(
@@ -332,8 +358,12 @@ class IngestCore:
         actions = IngestActions()
         state = self._by_topic.get(topic)
         if state is None:
-            actions.dead_letters.append(self._foreign(topic, partition, offset, key, value, token))
-            return actions
+            if topic != self._shared:
+                actions.dead_letters.append(self._foreign(topic, partition, offset, key, value, token))
+                return actions
+            state = self._keyed_state(topic, partition, offset, key, value, token, timestamp_s, now, actions)
+            if state is None:
+                return actions
         device = state.name
         ledger = state.ledger
         series = state.series
@@ -379,7 +409,7 @@ class IngestCore:
         caller then hands them to ``on_message`` one by one (which dead-letters or drops
         exactly the bad ones and pauses at the exact message).
         """
-        state = self._by_topic.get(topic)
+        state = self._by_topic.get(topic)  # None for a shared topic: its runs mix devices
         if state is None or not values:
             return None
         layout = state.decoder.last_layout
@@ -470,8 +500,10 @@ class IngestCore:
 
     def _register(self, token: Any, device: str, messages: int, records: int) -> None:
         self._open[token] = _OpenToken(device, messages, records)
-        self._by_name[device].ledger.records_in += records
-        self._series[device].records_in.inc(records)
+        state = self._by_name[device]
+        state.open += 1
+        state.ledger.records_in += records
+        state.series.records_in.inc(records)
 
     def _accept(self, state: _Device, batch: RecordBatch, token: Any, now: float, wall_now: float,
                 actions: IngestActions) -> None:
@@ -491,6 +523,93 @@ class IngestCore:
             self.metrics.partition_paused.labels(state.name).set(1)
             self.metrics.partition_pauses.labels(state.name).inc()
 
+    # --- a shared topic's devices ----------------------------------------------------------
+    def _keyed_state(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                     token: Any, timestamp_s: float | None, now: float, actions: IngestActions) -> _Device | None:
+        """The state of the device a message of the shared topic is from: its key, or
+        without a key the device the message names (a format that carries one). None, with
+        the message dead-lettered (``bad_device``), when neither names a device."""
+        if key is None:
+            decoder = self._keyless_decoder()
+            if decoder is None:
+                actions.dead_letters.append(self._dead_letter(
+                    UNKNOWN_DEVICE, topic, partition, offset, key, value, "bad_device",
+                    f"a message of the shared topic {topic} needs its device id as its key "
+                    "(or, in a format that carries one, in the message: input.device)", token))
+                return None
+            try:
+                device = decoder.decode(value or b"", timestamp_s=timestamp_s, offset=offset).device
+            except codec.OutOfRange as exc:
+                device = exc.batch.device
+            except RecordDecodeError as exc:
+                actions.dead_letters.append(self._dead_letter(
+                    UNKNOWN_DEVICE, topic, partition, offset, key, value, exc.reason, exc.detail, token))
+                return None
+        else:
+            try:
+                device = key.decode("utf-8")
+            except UnicodeDecodeError:
+                device = ""
+            if not codec.DEVICE_RE.fullmatch(device):
+                actions.dead_letters.append(self._dead_letter(
+                    UNKNOWN_DEVICE, topic, partition, offset, key, value, "bad_device",
+                    f"the key {key[:80]!r} is not a device id (1-64 of letters, digits, '_', '.', '-')", token))
+                return None
+        state = self._by_name.get(device)
+        if state is None:
+            if len(self._by_name) >= self.cfg.input.max_devices:
+                self.evict(now, need=1)
+            state = self._add_device(device)
+        state.partition = partition
+        state.last_at = now
+        return state
+
+    def _keyless_decoder(self) -> FormatDecoder | None:
+        """A decoder that takes the device from the message (None: the format cannot)."""
+        if self._keyless is None:
+            try:
+                self._keyless = self.input_format.decoder(self.input_params, self.limits,
+                                                          expected_shape=self.expected_shape,
+                                                          value_range=self.value_range)
+            except ValueError:
+                return None
+        return self._keyless
+
+    def evict(self, now: float, need: int = 0) -> list[str]:
+        """Forget the devices of a shared topic idle for ``input.device_idle_s`` with nothing
+        pending or open, and, for ``need`` > 0, that many more of the longest idle such
+        devices; their counts join ``evicted``. Returns the devices forgotten. A device with
+        records in flight is never forgotten (its state is what settles them)."""
+        if self._shared is None:
+            return []
+        idle = [s for s in self._by_name.values() if s.open == 0 and s.pending == 0]
+        idle.sort(key=lambda s: s.last_at)
+        limit = self.cfg.input.device_idle_s
+        gone = [s for s in idle if now - s.last_at >= limit]
+        if need > 0:
+            rest = [s for s in idle if now - s.last_at < limit]
+            gone += rest[:need]
+        for state in gone:
+            self._forget(state.name)
+        return [s.name for s in gone]
+
+    def _forget(self, device: str) -> None:
+        resolved = self.resolved.pop(device)
+        for key in ("messages_in", "records_in", "consumed", "dropped", "dead_records", "dead_letter_messages"):
+            setattr(self.evicted, key, getattr(self.evicted, key) + getattr(resolved, key))
+        for mine, theirs in ((self.evicted.dead_letters_by_reason, resolved.dead_letters_by_reason),
+                             (self.evicted.dead_records_by_reason, resolved.dead_records_by_reason),
+                             (self.evicted.dropped_by_reason, resolved.dropped_by_reason)):
+            for reason, n in theirs.items():
+                mine[reason] = mine.get(reason, 0) + n
+        self.devices_evicted += 1
+        for table in (self.buffers, self.batchers, self.rates, self.ledgers, self._series, self._by_name,
+                      self.resolved_seen):
+            table.pop(device, None)
+        self.devices.remove(device)
+        self.metrics.forget_device(device)
+        self.metrics.devices_evicted.inc()
+
     def _decoder(self, device: str) -> FormatDecoder:
         return self.input_format.decoder(self.input_params, self.limits, expected_device=device,
                                          expected_shape=self.expected_shape, value_range=self.value_range)
@@ -507,8 +626,12 @@ class IngestCore:
                                  f"device {device!r} is not assigned to this worker", token)
 
     def on_tick(self, now: float) -> IngestActions:
-        """Timer: close elapsed windows, refresh gauges, resume drained partitions."""
+        """Timer: close elapsed windows, refresh gauges, resume drained partitions; a shared
+        topic's idle devices are forgotten (``evict``) at most once a second."""
         actions = IngestActions()
+        if self._shared is not None and now - self._evicted_at >= 1.0:
+            self._evicted_at = now
+            self.evict(now)
         for device, batcher in self.batchers.items():
             for b in batcher.poll(now):
                 self._emitted(b, actions)
@@ -521,7 +644,8 @@ class IngestCore:
     def after_sink(self, device: str) -> IngestActions:
         """After the sink took a batch of ``device``: maybe resume its partition."""
         actions = IngestActions()
-        if self.buffers[device].resume_needed():
+        buffer = self.buffers.get(device)  # a shared topic's device may be forgotten meanwhile
+        if buffer is not None and buffer.resume_needed():
             actions.resume.append(device)
             self.metrics.partition_paused.labels(device).set(0)
         return actions
@@ -585,6 +709,7 @@ class IngestCore:
             entry.remaining -= n
             if entry.remaining == 0:
                 del self._open[token]
+                self._by_name[entry.device].open -= 1
                 self._fold(entry)
                 done.append(token)
         return done
@@ -627,11 +752,16 @@ class IngestCore:
             if token is not None:
                 self._open[token] = entry = _OpenToken(device, 1, 0)
                 entry.whole_reason = reason
+                self._by_name[device].open += 1
         self.metrics.dead_letters.labels(device, reason).inc()
         return DeadLetter(device, topic, partition, offset, key, value or b"", reason, detail, token)
 
     def _update_gauges(self, device: str, now: float) -> None:
         self._series[device].arrival_rate.set(self.rates[device].rate_hz(now))
+
+    def state_of(self, device: str) -> _Device | None:
+        """The ingest state of ``device`` (None: not held: never met, or forgotten)."""
+        return self._by_name.get(device)
 
     def pending(self, device: str) -> int:
         """Records of ``device`` read and not settled (buffered, or held by the sink)."""
@@ -643,6 +773,11 @@ class IngestCore:
         out = {device: ledger.to_dict() for device, ledger in self.resolved.items()}
         for device, window in self.resolved_seen.items():
             out[device]["seen"] = window.to_dict()
+        for device, entry in self._restored.items():  # restored, not met again yet
+            out.setdefault(device, entry)
+        if self.devices_evicted:
+            out[EVICTED] = self.evicted.to_dict()
+            out[EVICTED_DEVICES] = self.devices_evicted  # type: ignore[assignment]
         return out
 
     def accounting(self) -> dict[str, dict[str, Any]]:

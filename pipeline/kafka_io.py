@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType
@@ -84,9 +85,12 @@ def topic_names(bootstrap: str) -> list[str]:
         admin.close()
 
 
-def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -> list[str]:
+def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1,
+                  sized: Mapping[str, int] | None = None) -> list[str]:
     """Create the missing topics of ``wanted`` (name -> kind, see ``topics.topic_configs``)
-    with ``partitions`` partitions, then check the layout of those whose layout matters.
+    with ``partitions`` partitions (those in ``sized``: with their own count, a shared
+    device topic's ``input.partitions``), then check the layout of those whose layout
+    matters (a ``sized`` topic must have its count: ``TopicLayoutError`` otherwise).
 
     Replication follows the cluster (``replication_for`` of its live broker count),
     for topics of every kind: one broker gives RF 1 as always; three or more give RF 3
@@ -106,7 +110,7 @@ def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -
         rf, min_isr = replication_for(brokers)
         missing = {
             name: {
-                "num_partitions": partitions,
+                "num_partitions": (sized or {}).get(name, partitions),
                 "replication_factor": rf,
                 "configs": replicated_configs(topics.topic_configs(kind), brokers),
             }
@@ -115,6 +119,8 @@ def ensure_topics(bootstrap: str, wanted: dict[str, str], partitions: int = 1) -
         }
         created = _create(admin, missing) if missing else []
         _check_layout(admin, wanted, partitions)
+        if sized:
+            _check_sized(admin, {name: n for name, n in sized.items() if name in wanted})
         if rf > 1:
             _warn_underreplicated(admin, sorted(set(wanted) & existing), rf)
         return created
@@ -182,6 +188,22 @@ def _refused(names: list[str], error: str, message: str) -> TopicSetupError:
 
 #: Seconds ``_check_layout`` asks again for a new topic's configuration a broker cannot describe yet.
 DESCRIBE_TIMEOUT_S = 10.0
+
+
+def _check_sized(admin: KafkaAdminClient, sized: Mapping[str, int]) -> None:
+    """Each topic of ``sized`` has its partition count (a shared device topic: which worker
+    reads a device follows from the count)."""
+    if not sized:
+        return
+    for entry in admin.describe_topics(sorted(sized)):
+        count = len(entry.get("partitions") or [])
+        want = sized.get(entry["name"])
+        if entry.get("error_code", 0) == 0 and want is not None and count != want:
+            raise TopicLayoutError(
+                f"topic {entry['name']} has {count} partitions but the job says input.partitions={want} "
+                f"(each worker reads its share of the partitions, and a device's partition follows from the "
+                f"count): set input.partitions={count}, or use another topic"
+            )
 
 
 def _check_layout(admin: KafkaAdminClient, wanted: dict[str, str], partitions: int) -> None:

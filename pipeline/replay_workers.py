@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgestream.job.config import JobConfig
 from edgestream.job.sources import job_fleet_data
-from edgestream.job.topics import job_topics
+from edgestream.job.topics import job_topics, sensor_partitions
 from edgestream.pipeline.exits import ENDPOINT_FILE
 from edgestream.pipeline.replay import ReplayReport, TopicRenamer, expected_from_recording, replay
 from edgestream.streams import codec, topics
@@ -57,6 +57,9 @@ def replay_through_workers(
     renamer = TopicRenamer(rename)
     reader = RecordingReader(directory)
     layout = cfg.input.layout()  # input.topic: the job's device topics
+    if layout.keyed:
+        raise ReplayError(f"input.topic={cfg.input.topic!r} is a topic shared by every device, and a recording "
+                          "replays one topic per device: run the replay with a pattern holding {device}")
     rules = list(rename)
     mapping = {}
     for t in reader.topics:
@@ -80,7 +83,7 @@ def replay_through_workers(
     records, garbage = expected_from_recording(directory, mapping, data.num_classes, data.feature_shape,
                                                limits)
     expected = SimulationReport(records=records, garbage={d: {"replayed": n} for d, n in garbage.items()})
-    ensure_topics(bootstrap, job_topics(cfg))
+    ensure_topics(bootstrap, job_topics(cfg), sized=sensor_partitions(cfg))
     start_groups_at_end(
         bootstrap,
         {sensor_group(cfg, w): [layout.topic(d) for d in cfg.devices_of(w)] for w in cfg.worker_names()},

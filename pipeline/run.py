@@ -30,7 +30,7 @@ from rich.text import Text
 
 from edgestream.job.config import ConfigError, JobConfig
 from edgestream.job.sources import job_fleet_data
-from edgestream.job.topics import job_topics
+from edgestream.job.topics import job_topics, sensor_partitions
 from edgestream.monitoring.metrics import serve_process
 from edgestream.monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from edgestream.monitoring.scrape import Scrape, scrape
@@ -403,7 +403,7 @@ def run_job(
         warn_byzantine(cfg)
     # Every configured worker's inbox up front (point-to-point strategies): a message
     # to a worker that starts later (or joins) waits in its topic.
-    ensure_topics(bootstrap, job_topics(cfg, subscribes))
+    ensure_topics(bootstrap, job_topics(cfg, subscribes), sized=sensor_partitions(cfg))
     if training:
         from edgestream.pipeline.training import initial_workers
 
@@ -415,7 +415,7 @@ def run_job(
     groups: dict[str, list[str]] = {}
     for name in [SERVER_NAME] * (SERVER_NAME in names) + list(cfg.worker_names()):
         if name != SERVER_NAME:
-            sensors = [cfg.input.layout().topic(d) for d in cfg.devices_of(name)]
+            sensors = sorted({cfg.input.layout().topic(d) for d in cfg.devices_of(name)})
             groups.setdefault(sensor_group(cfg, name), []).extend(sensors)
         if training:
             groups.setdefault(app_id(cfg, name), []).extend(
@@ -722,13 +722,18 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
     limits = codec.DecodeLimits(max_message_bytes=cfg.limits.max_record_message_bytes,
                                 max_records=cfg.limits.max_records_per_message)
     decoder = input_format.decoder(params, limits, expected_device=device)
-    topic = cfg.input.layout().topic(device)
+    layout = cfg.input.layout()
+    topic = layout.topic(device)
     start = group_positions(bootstrap, group, [topic])
     total = 0
     for tp, end in end_offsets(bootstrap, [topic]).items():
+        if layout.keyed and tp.partition != layout.partition_of(device, cfg.input.partitions):
+            continue  # a shared topic: the device's messages are in its key's partition only
         first = start.get(f"{tp.topic}:{tp.partition}", 0)
         for record in read_range(bootstrap, TopicPartition(tp.topic, tp.partition), first, end, timeout_s=60.0,
                                  max_message_bytes=cfg.kafka.max_message_bytes, client_id="edgestream-unread"):
+            if layout.keyed and record.key != device.encode():
+                continue  # another device's
             try:
                 total += len(decoder.decode(record.value, timestamp_s=record.timestamp / 1000,
                                             offset=record.offset).seq)

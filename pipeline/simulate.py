@@ -23,7 +23,7 @@ from kafka.errors import KafkaTimeoutError
 
 from edgestream.job.config import ConfigError, JobConfig
 from edgestream.job.sources import job_fleet_data, source_named
-from edgestream.job.topics import sensor_topics_for
+from edgestream.job.topics import sensor_partitions, sensor_topics_for
 from edgestream.monitoring.metrics import Metrics
 from edgestream.pipeline.kafka_io import TopicSetupError, ensure_topics, producer
 from edgestream.pipeline.outage import BrokerWatch
@@ -87,7 +87,7 @@ def simulate(
     # secure cluster may not even see it: docs/security.md).
     try:
         ensure_topics(bootstrap, {topic: kind for topic, kind in sensor_topics_for(devices, layout).items()
-                                  if kind != "dlq"})
+                                  if kind != "dlq"}, sized=sensor_partitions(cfg))
     except TopicSetupError as exc:
         if "Authorization" not in str(exc):
             raise

@@ -16,7 +16,12 @@ import faust
 
 from edgestream.job.config import ConfigError, JobConfig
 from edgestream.job.sources import job_fleet_data
-from edgestream.job.topics import channel_topic, sensor_topics_for, training_topics
+from edgestream.job.topics import (
+    channel_topic,
+    sensor_partitions,
+    sensor_topics_for,
+    training_topics,
+)
 from edgestream.monitoring.health import Health
 from edgestream.monitoring.metrics import Metrics, serve
 from edgestream.pipeline import memory
@@ -355,7 +360,7 @@ def run_worker(
                     "honestly, then corrupts every gradient and delta it sends with %s (workers.attack_seed "
                     "= %d); its summary counts them (byzantine.corrupted). For robustness evaluation only",
                     worker, attack, cfg.workers.attack_seed)
-    ensure_topics(bootstrap, process_topics(cfg, worker))
+    ensure_topics(bootstrap, process_topics(cfg, worker), sized=sensor_partitions(cfg))
     state, metrics = _start(cfg, worker, metrics_port, devices,
                             ("restored", "assigned") if cfg.train.enabled else ("assigned",))
     service = ProcessService(worker, cfg.job.name, metrics.health, cfg.service.shutdown_grace_s)
@@ -390,7 +395,7 @@ def run_worker(
     else:
         sink = CountingSink(metrics)
     layout = cfg.input.layout()
-    sensor_topics = [layout.topic(d) for d in devices]
+    sensor_topics = sorted({layout.topic(d) for d in devices})
     if sensor_group(cfg, worker) != app_id(cfg, worker):
         # Device-topic partitions the direct source's group has no offset for start where
         # the Faust group is (a switch of kafka.ingest_source, or a caller that positioned it).

@@ -51,48 +51,64 @@ RESERVED_PREFIXES = ("gradients.", "models.", "control.", "inbox.", "__")
 
 
 class TopicLayout:
-    """Where each device's readings are: one topic per device, named by a pattern.
+    """Where each device's readings are: one topic per device named by a pattern, or one
+    topic shared by every device, keyed by device.
 
-    The pattern holds ``{device}`` once (``plant1.{device}.imu``); the device is read back
-    from a topic name by the same pattern. A device id is 1-64 of letters, digits, ``_``
-    and ``-`` (no ``.``), so a pattern whose literal parts are joined by dots is never
-    ambiguous. Invariant: ``device_of(topic(d)) == d`` for every valid device id ``d``,
-    and ``topic`` never returns the dead-letter topic or a job topic.
+    A pattern holding ``{device}`` once (``plant1.{device}.imu``) names one topic per
+    device; the device is read back from a topic name by the same pattern. A device id is
+    1-64 of letters, digits, ``_`` and ``-`` (no ``.``), so a pattern whose literal parts
+    are joined by dots is never ambiguous. A name without ``{device}`` (``readings``) is
+    one shared topic (``keyed``): a message's device is its key, and a device's partition
+    is Kafka's default for that key (``partition_of``).
+
+    Invariant: ``device_of(topic(d)) == d`` for every valid device id ``d`` of a
+    per-device layout, and ``topic`` never returns the dead-letter topic or a job topic.
     """
 
     def __init__(self, pattern: str = DEFAULT_PATTERN) -> None:
-        if not isinstance(pattern, str) or pattern.count("{device}") != 1:
+        if not isinstance(pattern, str) or pattern.count("{device}") > 1 or not pattern:
             raise TopicNameError(
-                f"the device topic pattern {pattern!r} must hold {{device}} exactly once, "
-                "e.g. 'plant1.{device}.imu' or 'sensors.{device}'"
+                f"the device topic pattern {pattern!r} must hold {{device}} once (one topic per device, "
+                "e.g. 'plant1.{device}.imu') or not at all (one topic shared by every device, keyed by "
+                "device, e.g. 'readings')"
             )
+        self.keyed = "{device}" not in pattern
         prefix, _, suffix = pattern.partition("{device}")
         literal = prefix + suffix
+        what = "shared device topic" if self.keyed else "device topic pattern"
         if literal and not _TOPIC_RE.match(literal):
             raise TopicNameError(
-                f"the device topic pattern {pattern!r} holds characters a Kafka topic name cannot: "
-                "use letters, digits, '.', '_' and '-' around {device}"
+                f"the {what} {pattern!r} holds characters a Kafka topic name cannot: "
+                "use letters, digits, '.', '_' and '-'" + ("" if self.keyed else " around {device}")
             )
-        if len(literal) + 64 > MAX_TOPIC_CHARS:
+        if len(literal) + (0 if self.keyed else 64) > MAX_TOPIC_CHARS:
             raise TopicNameError(
-                f"the device topic pattern {pattern!r} is too long: with a 64-character device id its "
-                f"topics would pass Kafka's {MAX_TOPIC_CHARS} characters"
+                f"the {what} {pattern!r} is too long: "
+                + (f"Kafka allows {MAX_TOPIC_CHARS} characters" if self.keyed else
+                   f"with a 64-character device id its topics would pass Kafka's {MAX_TOPIC_CHARS} characters")
             )
         reserved = next((r for r in RESERVED_PREFIXES if prefix.startswith(r)), None)
         if reserved is not None:
             raise TopicNameError(
-                f"the device topic pattern {pattern!r} starts with {reserved!r}, which a job's own topics "
+                f"the {what} {pattern!r} starts with {reserved!r}, which a job's own topics "
                 "use: choose another prefix"
             )
+        if self.keyed and pattern == SENSOR_DLQ:
+            raise TopicNameError(f"the shared device topic cannot be {pattern!r}: choose another name")
         self.pattern = pattern
         self.prefix = prefix
         self.suffix = suffix
-        self.regex = re.compile(re.escape(prefix) + r"([A-Za-z0-9_-]{1,64})" + re.escape(suffix) + r"\Z")
+        self.regex = re.compile(
+            re.escape(pattern) + r"\Z" if self.keyed
+            else re.escape(prefix) + r"([A-Za-z0-9_-]{1,64})" + re.escape(suffix) + r"\Z"
+        )
 
     def topic(self, device: str) -> str:
         """The topic of ``device`` (``TopicNameError`` for an id that cannot be in a name, or
-        whose topic would be the dead-letter topic)."""
+        whose topic would be the dead-letter topic); a keyed layout's one topic."""
         name = self.prefix + _check(device, "device id") + self.suffix
+        if self.keyed:
+            return self.pattern
         if name == SENSOR_DLQ:
             raise TopicNameError(
                 f"device id {device!r} would write to the dead-letter topic {SENSOR_DLQ}: choose another id"
@@ -104,11 +120,24 @@ class TopicLayout:
         return topic != SENSOR_DLQ and self.regex.match(topic) is not None
 
     def device_of(self, topic: str) -> str:
-        """Inverse of ``topic``; ``TopicNameError`` if ``topic`` is not a device topic here."""
+        """Inverse of ``topic``; ``TopicNameError`` if ``topic`` is not a device topic here, or
+        is the shared topic (whose messages name their device in their key)."""
         found = self.regex.match(topic)
         if found is None or topic == SENSOR_DLQ:
             raise TopicNameError(f"{topic!r} is not a device topic ({self.pattern})")
+        if self.keyed:
+            raise TopicNameError(f"{topic!r} is shared by every device: a message's device is its key")
         return found.group(1)
+
+    @staticmethod
+    def partition_of(device: str, partitions: int) -> int:
+        """The partition of a shared topic with ``partitions`` partitions that a message keyed
+        ``device`` goes to: Kafka's default partitioner (murmur2 of the key's UTF-8 bytes,
+        made positive, modulo the partition count), as the Java, kafka-python and aiokafka
+        producers compute it."""
+        from kafka.partitioner.default import murmur2
+
+        return (murmur2(device.encode()) & 0x7FFFFFFF) % partitions
 
     @property
     def is_default(self) -> bool:

@@ -27,7 +27,7 @@ ALLOWED_LABELS = {"device", "worker", "strategy", "codec", "reason", "split", "s
 # ``_fit``: the fitted loss curve, each ``param`` in its own unit. ``_sketch``: the model
 # sketch, in the model's parameter units.
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_records", "_messages", "_hz", "_ratio", "_versions", "_info",
-                 "_up", "_ready", "_workers", "_paused", "_version", "_loss", "_vote", "_commits", "_steps",
+                 "_up", "_ready", "_workers", "_devices", "_paused", "_version", "_loss", "_vote", "_commits", "_steps",
                  "_fit", "_sketch", "_per_second", "_stage")
 
 

@@ -296,3 +296,45 @@ def test_a_restored_worker_skips_messages_settled_before_its_checkpoint():
     assert read == 4  # offsets 2, 4, 7, 8: the settled ones are not handled again
     assert h.sink.records == {DEVICE: 16}
     assert h.tracker.watermark(h.part.key) == 9 and h.tracker.done_ranges() == {}
+
+
+def test_a_shared_topic_reads_its_partitions_and_a_partition_resumes_once_no_device_holds_it():
+    shared = "plant.readings"
+
+    def keyed(device: str, start: int, n: int = 4) -> bytes:
+        return codec.encode(RecordBatch(
+            device=device, seq=np.arange(start, start + n, dtype=np.uint64), event_time=np.full(n, 100.0),
+            features=np.ones((n, 4), dtype=np.float32), labels=np.zeros(n, dtype=np.int32),
+        ))
+
+    async def scenario():
+        cfg = load_config(overrides=[f"input.topic={shared}", "input.partitions=4", "workers.count=2",
+                                     "batcher.mode=window", "batcher.window_s=1", "batcher.max_batch=100",
+                                     "buffer.policy=backpressure", "buffer.capacity=8"], env={})
+        core = IngestCore(cfg, [], Metrics(), start=0.0, expected_shape=(4,), num_classes=10)
+        tracker = OffsetTracker()
+        sink = CountingSink()
+
+        async def no_letters(letter) -> None:
+            raise AssertionError(letter)
+
+        driver = IngestDriver(core, sink, tracker, no_letters)
+        source = DirectSensorSource(bootstrap="unused:9092", group_id="g", devices=[], driver=driver,
+                                    tracker=tracker, max_message_bytes=1 << 20, clock=lambda: 0.5,
+                                    shared_partitions=cfg.partitions_of("w1"))
+        source.consumer = consumer = FakeConsumer()  # type: ignore[assignment]
+        driver.source = source
+        part = source.parts[TopicPartition(shared, 1)]
+        # a and b share partition 1: a fills its buffer (8 records) and pauses it for both
+        await source._handle(part, [Record(0, keyed("a", 0), b"a"), Record(1, keyed("a", 4), b"a"),
+                                    Record(2, keyed("b", 0), b"b")], now=0.5, wall_now=101.0)
+        paused = set(consumer.paused)
+        await driver.perform(core.on_tick(1.0))
+        return source, consumer, sink, paused, part
+
+    source, consumer, sink, paused, part = run(scenario())
+
+    assert sorted(source.parts) == [TopicPartition(shared, 1), TopicPartition(shared, 3)]  # p mod 2 == 1
+    assert paused == {part.tp} and part.paused_by == set() and consumer.seeks == [(part.tp, 2)]
+    assert consumer.paused == set() and consumer.resumed == [part.tp]
+    assert sink.records == {"a": 8}

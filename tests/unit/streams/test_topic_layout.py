@@ -50,8 +50,12 @@ def test_topics_outside_the_pattern_are_not_device_topics(topic):
 
 
 @pytest.mark.parametrize(("pattern", "says"), [
-    ("sensors", "exactly once"),
-    ("{device}.{device}", "exactly once"),
+    ("{device}.{device}", "once"),
+    ("", "once"),
+    ("sensors.dlq", "cannot be 'sensors.dlq'"),
+    ("readings!", "characters a Kafka topic name cannot"),
+    ("r" * 250, "too long"),
+    ("gradients.all", "job's own topics"),
     ("plant 1.{device}", "characters a Kafka topic name cannot"),
     ("plant/{device}", "characters a Kafka topic name cannot"),
     ("p" * 190 + ".{device}", "too long"),
@@ -75,3 +79,26 @@ def test_no_device_writes_to_the_dead_letter_topic():
 def test_a_device_id_that_cannot_be_in_a_topic_name_is_refused(device):
     with pytest.raises(TopicNameError, match="device id"):
         TopicLayout("plant1.{device}.imu").topic(device)
+
+
+def test_a_name_without_device_is_one_topic_shared_by_every_device():
+    layout = TopicLayout("plant1.readings")
+
+    assert layout.keyed and not DEFAULT_LAYOUT.keyed
+    assert layout.topic("dev00") == layout.topic("x-1") == "plant1.readings"
+    assert layout.matches("plant1.readings") and not layout.matches("plant1.readings2")
+    with pytest.raises(TopicNameError, match="its key"):
+        layout.device_of("plant1.readings")
+    with pytest.raises(TopicNameError, match="device id"):
+        layout.topic("a.b")  # still a device id that a key may hold
+
+
+def test_a_devices_partition_is_kafkas_default_for_its_key():
+    # Values of the Java client's Utils.murmur2 (toPositive, modulo), as in Kafka's own tests:
+    # murmur2("21") = -973932308, murmur2("foobar") = -790332482, murmur2("a-little-bit-long-string")
+    # = -985981536.
+    assert TopicLayout.partition_of("21", 1000) == (-973932308 & 0x7FFFFFFF) % 1000
+    assert TopicLayout.partition_of("foobar", 12) == (-790332482 & 0x7FFFFFFF) % 12
+    assert TopicLayout.partition_of("a-little-bit-long-string", 7) == (-985981536 & 0x7FFFFFFF) % 7
+    spread = {TopicLayout.partition_of(f"dev{i:04d}", 12) for i in range(2000)}
+    assert spread == set(range(12))
