@@ -346,20 +346,22 @@ class Metrics:
             ["worker"], registry=r,
         )
 
-    def init_device(self, device: str) -> None:
+    def init_device(self, device: str, *, reasons: bool = True) -> None:
         """Create every per-device counter child at 0, so the first event is a visible increase.
 
         A counter child born at its first ``inc`` starts at 1, and ``rate``/``increase``
         cannot see that step: without this the first drops and dead letters of a device
-        never show on a rate panel.
+        never show on a rate panel. ``reasons=False`` leaves out the children per drop and
+        dead-letter reason (about 60 series a device, born at their first event instead):
+        a shared topic's worker may hold thousands of devices.
         """
         from edgestream.streams.errors import RecordDecodeError
 
-        for reason in DROP_REASONS:
+        for reason in DROP_REASONS if reasons else ():
             self.buffer_dropped.labels(device, reason)
-        for reason in RecordDecodeError.REASONS:
+        for reason in RecordDecodeError.REASONS if reasons else ():
             self.dead_letters.labels(device, reason)
-        for reason in DEAD_RECORD_REASONS:
+        for reason in DEAD_RECORD_REASONS if reasons else ():
             self.dead_letter_records.labels(device, reason)
         for counter in (self.records_in, self.messages_in, self.bytes_in, self.batches, self.batched_records,
                         self.sink_records, self.partition_pauses, self.duplicates_skipped, self.duplicate_records,

@@ -22,6 +22,23 @@ class Scrape:
 
     def __init__(self, samples: list[Sample]) -> None:
         self.samples = samples
+        self._by_name: dict[str, list[Sample]] | None = None
+        self._by_device: dict[tuple[str, str], list[Sample]] | None = None
+
+    def _of(self, name: str, device: str | None) -> list[Sample]:
+        """The samples of ``name`` (of ``device``'s label, if given), from indexes built at the
+        first lookup: a page of a worker holding thousands of devices has tens of thousands
+        of samples, and a live view reads a dozen per device."""
+        if self._by_name is None or self._by_device is None:
+            self._by_name, self._by_device = {}, {}
+            for sample in self.samples:
+                self._by_name.setdefault(sample.name, []).append(sample)
+                for key, value in sample.labels:
+                    if key == "device":
+                        self._by_device.setdefault((sample.name, value), []).append(sample)
+        if device is None:
+            return self._by_name.get(name, [])
+        return self._by_device.get((name, device), [])
 
     @classmethod
     def parse(cls, text: str) -> Scrape:
@@ -34,17 +51,16 @@ class Scrape:
     def get(self, name: str, default: float = 0.0, **labels: str) -> float:
         """Sum of samples of ``name`` whose labels include ``labels``."""
         want = set(labels.items())
-        found = [s.value for s in self.samples if s.name == name and want <= set(s.labels)]
+        found = [s.value for s in self._of(name, labels.get("device")) if want <= set(s.labels)]
         return sum(found) if found else default
 
     def by_label(self, name: str, label: str) -> dict[str, float]:
         """``name`` summed per value of ``label``."""
         out: dict[str, float] = {}
-        for s in self.samples:
-            if s.name == name:
-                key = dict(s.labels).get(label)
-                if key is not None:
-                    out[key] = out.get(key, 0.0) + s.value
+        for s in self._of(name, None):
+            key = dict(s.labels).get(label)
+            if key is not None:
+                out[key] = out.get(key, 0.0) + s.value
         return out
 
 

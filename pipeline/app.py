@@ -751,6 +751,7 @@ def create_app(
     driver = IngestDriver(core, sink, tracker, send_dead_letter)
     if hasattr(sink, "ingest_snapshot"):
         sink.ingest_snapshot = driver.snapshot  # what a training checkpoint stores of ingest
+        sink.devices_held = lambda: len(core.devices)  # how many batches may queue for the trainer
     readiness = _Readiness(on_ready)
     source: DirectSensorSource | FaustSensorSource
     if cfg.kafka.ingest_source == "direct":

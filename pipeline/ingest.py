@@ -91,6 +91,10 @@ EVICTED_DEVICES = "*evicted_devices"
 #: The device label of a message of a shared topic that names no device.
 UNKNOWN_DEVICE = "(none)"
 
+#: Seconds between updates of the arrival-rate gauges on ticks (a worker may hold thousands
+#: of devices, and ticks come every few tens of milliseconds).
+GAUGE_INTERVAL_S = 0.5
+
 #: Outcomes a record can be settled with.
 CONSUMED, DROPPED, DEAD = "consumed", "dropped", "dead"
 #: The drop reason of a record whose sequence number its device sent before.
@@ -278,6 +282,7 @@ class IngestCore:
         self._shared = self.layout.pattern if self.layout.keyed else None
         self._keyless: FormatDecoder | None = None
         self._evicted_at = start
+        self._gauges_at = -GAUGE_INTERVAL_S  # the first tick sets them
         for device in devices:
             self._add_device(device)
         self.metrics.devices_held.set_function(lambda: len(self._by_name))
@@ -315,7 +320,7 @@ class IngestCore:
         skew_s = cfg.data.timestamp_skew_s()
         if skew_s is not None:
             state.clock = EventTimeCheck(skew_s)
-        self.metrics.init_device(device)
+        self.metrics.init_device(device, reasons=not self.layout.keyed)
         self.metrics.buffer_capacity.labels(device).set(cfg.buffer.capacity)
         # Read when scraped, so the hot path sets no gauge per message.
         series.buffer_depth.set_function(lambda buf=buf: buf.depth)
@@ -632,13 +637,17 @@ class IngestCore:
         if self._shared is not None and now - self._evicted_at >= 1.0:
             self._evicted_at = now
             self.evict(now)
+        gauges = now - self._gauges_at >= GAUGE_INTERVAL_S
+        if gauges:
+            self._gauges_at = now
         for device, batcher in self.batchers.items():
             for b in batcher.poll(now):
                 self._emitted(b, actions)
             for drop in batcher.take_drops():
                 self.metrics.buffer_dropped.labels(device, "window_truncate").inc(drop.dropped)
                 actions.ack += self._settle(drop.sources, DROPPED, "window_truncate")
-            self._update_gauges(device, now)
+            if gauges:
+                self._update_gauges(device, now)
         return actions
 
     def after_sink(self, device: str) -> IngestActions:

@@ -75,6 +75,10 @@ class ProcessFailed(RunError):
         self.deaths = deaths
 
 
+#: The live view and the drain wait this many times as long as their last scrape of the
+#: workers took before the next (at least 0.5 s and 0.2 s): a worker holding thousands of
+#: devices serves a page of megabytes, and the orchestrator shares the cores with it.
+SCRAPE_PACE = 4.0
 #: Seconds a (re)started process has to join its topics before the run gives up on it.
 READY_TIMEOUT_S = 90.0
 
@@ -278,7 +282,12 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
     which a restarted worker continues from its checkpoint, so they stay comparable with
     what was produced across restarts."""
     rows = {}
+    layout = cfg.input.layout()
     for i, device in enumerate(cfg.devices.device_ids()):
+        # A shared topic's lag is per partition: a device's is its partition's (0: nothing
+        # of it left to read either).
+        lag_label = (f"{layout.pattern}:{layout.partition_of(device, cfg.input.partitions)}" if layout.keyed
+                     else device)
         row = {"target_hz": cfg.devices.rate_of(i), "produced": 0, "rate_hz": 0.0, "depth": 0,
                "batches": 0, "read": 0, "trained": 0, "dropped": 0, "dead_records": 0, "pending": 0,
                "dlq": 0, "backlog": 0, "batch_cap": 0}
@@ -295,7 +304,7 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
             row["dlq"] += int(s.get("edgestream_ledger_dead_letter_messages", device=device))
             row["backlog"] += int(s.get("edgestream_device_backlog_records", device=device))
             row["batch_cap"] = max(row["batch_cap"], int(s.get("edgestream_batch_cap_records", device=device)))
-            lag = s.get("edgestream_consumer_lag_records", -1, device=device)
+            lag = s.get("edgestream_consumer_lag_records", -1, device=lag_label)
             if lag >= 0:
                 row["lag"] = row.get("lag", 0) + int(lag)
         rows[device] = row
@@ -468,15 +477,17 @@ def run_job(
         with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as view:
             while sim.is_alive():
                 ctx.supervise()
+                scraped_at = time.monotonic()
                 scrapes = scrape_all(ctx.workers)
                 rows = device_view(cfg, scrapes, report_box.get("live"))
+                took = time.monotonic() - scraped_at
                 elapsed = time.monotonic() - t_start
                 if live:
                     view.update(render_all(cfg, rows, scrapes, f"{title} - streaming {elapsed:.0f}/{cfg.run.duration_s:.0f}s",
                                            ctx.restarts_line()), refresh=True)
                 if training and cfg.train.target_accuracy > 0 and _reached(cfg, scrapes, ctx.running_workers()):
                     stop.set()
-                sim.join(timeout=0.5)
+                sim.join(timeout=max(0.5, SCRAPE_PACE * took))
             stop.set()  # streaming is over: tells hooks that wait on ``ctx.stop``
             if hook is not None:
                 hook.join(timeout=120)
@@ -591,6 +602,7 @@ def _drain(cfg: JobConfig, ctx: RunContext, report: SimulationReport, view: Live
         progress.restarted(ctx.last_ready_at())
         if watch.down():
             progress.restarted(time.monotonic())  # the broker is away: waiting is not being stuck
+        scraped_at = time.monotonic()
         scrapes = scrape_all(ctx.workers)
         all_rows = device_view(cfg, scrapes, report)
         # A device whose worker left (or never started) is not read any more: its
@@ -601,6 +613,7 @@ def _drain(cfg: JobConfig, ctx: RunContext, report: SimulationReport, view: Live
                    {w: [s.get("edgestream_trained_records_total", worker=w), s.get("edgestream_steps_total", worker=w),
                         s.get("edgestream_model_version", worker=w)] for w, s in scrapes.items()}]
         progress.observe(figures)
+        took = time.monotonic() - scraped_at
         what = waiting_for(rows, report.records) + ("; Kafka unreachable" if watch.down() else "")
         if view is not None:
             view.update(render_all(cfg, all_rows, scrapes, f"{title} - {progress.status(what)}",
@@ -610,7 +623,7 @@ def _drain(cfg: JobConfig, ctx: RunContext, report: SimulationReport, view: Live
         if progress.verdict() != WAIT:
             return (progress.timeout_reason(what) + blocked.hint(scrape_all(ctx.workers))
                     + "; per device: " + json.dumps(rows))
-        time.sleep(0.2)  # poll interval; DrainProgress enforces the deadlines
+        time.sleep(max(0.2, SCRAPE_PACE * took))  # poll interval; DrainProgress enforces the deadlines
 
 
 def _settled(cfg: JobConfig, rows: dict, report: SimulationReport, figures: list, settle: dict,

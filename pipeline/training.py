@@ -87,7 +87,9 @@ from edgestream.trainers.wire import (
 log = logging.getLogger(__name__)
 
 #: Batches the ingest may hand over before the trainer takes one: a slow trainer then
-#: backpressures ingest (the buffers fill and the partitions pause).
+#: backpressures ingest (the buffers fill and the partitions pause). A worker holding many
+#: devices (a shared topic) may queue two batches per device (``queued_batches_limit``):
+#: a window closes on every device at once, and each is a small batch.
 MAX_QUEUED_BATCHES = 16
 #: Changes of the live set kept for the process's summary (``training.json``).
 MEMBERSHIP_LOG_SIZE = 200
@@ -259,6 +261,8 @@ class TrainingRuntime:
         self.settle: Callable[..., Awaitable[None]] | None = None
         #: Set by the ingest driver (``IngestDriver.snapshot``): what a checkpoint stores of ingest.
         self.ingest_snapshot: Callable[[], dict[str, Any]] | None = None
+        #: Devices whose batches it takes (set by the ingest: those it holds state for).
+        self.devices_held: Callable[[], int] = lambda: 1
         #: Strategies with ``background_sends``: (messages, batches to settle after them) for
         #: the sender task, in order; a bounded queue (a slow uplink backpressures training).
         self._outbox: asyncio.Queue[tuple[list[Outbound], list[Batch], float]] | None = None
@@ -382,11 +386,16 @@ class TrainingRuntime:
     # --- sink protocol (ingest -> training) ---------------------------------------------
     async def submit(self, batch: Batch) -> None:
         assert self._room is not None and self.wakeup is not None
-        while len(self.pending) >= MAX_QUEUED_BATCHES:
+        while len(self.pending) >= self.queued_batches_limit():
             self._room.clear()
             await self._room.wait()  # a slow trainer backpressures ingest
         self.pending.put(batch)
         self.wakeup.set()
+
+    def queued_batches_limit(self) -> int:
+        """Batches that may wait for the trainer: ``MAX_QUEUED_BATCHES``, or two per device
+        held when that is more."""
+        return max(MAX_QUEUED_BATCHES, 2 * self.devices_held())
 
     # --- topics of this process --------------------------------------------------------
     def own_topics(self) -> dict[str, str]:
