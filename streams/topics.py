@@ -132,11 +132,9 @@ class TopicLayout:
     @staticmethod
     def partition_of(device: str, partitions: int) -> int:
         """The partition of a shared topic with ``partitions`` partitions that a message keyed
-        ``device`` goes to: Kafka's default partitioner (murmur2 of the key's UTF-8 bytes,
+        ``device`` goes to: Kafka's default partitioner (``murmur2`` of the key's UTF-8 bytes,
         made positive, modulo the partition count), as the Java, kafka-python and aiokafka
         producers compute it."""
-        from kafka.partitioner.default import murmur2
-
         return (murmur2(device.encode()) & 0x7FFFFFFF) % partitions
 
     @property
@@ -151,6 +149,32 @@ class TopicLayout:
 
     def __repr__(self) -> str:
         return f"TopicLayout({self.pattern!r})"
+
+
+def murmur2(data: bytes) -> int:
+    """MurmurHash2 of ``data`` as Kafka's Java client computes it (``Utils.murmur2``: seed
+    0x9747b28c, little-endian 4-byte blocks), as an unsigned 32-bit value; Kafka's default
+    partitioner takes it ``& 0x7fffffff`` modulo the partition count."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    length = len(data)
+    h = (0x9747B28C ^ length) & mask
+    body = length & ~3
+    for i in range(0, body, 4):
+        k = (int.from_bytes(data[i : i + 4], "little") * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = length - body
+    if tail == 3:
+        h ^= data[body + 2] << 16
+    if tail >= 2:
+        h ^= data[body + 1] << 8
+    if tail >= 1:
+        h ^= data[body]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    return h ^ (h >> 15)
 
 
 #: edgestream's own layout: ``sensors.<device>``.

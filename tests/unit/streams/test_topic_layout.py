@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from edgestream.streams.errors import TopicNameError
@@ -102,3 +103,14 @@ def test_a_devices_partition_is_kafkas_default_for_its_key():
     assert TopicLayout.partition_of("a-little-bit-long-string", 7) == (-985981536 & 0x7FFFFFFF) % 7
     spread = {TopicLayout.partition_of(f"dev{i:04d}", 12) for i in range(2000)}
     assert spread == set(range(12))
+
+
+def test_murmur2_is_kafkas():
+    from kafka.partitioner.default import murmur2 as kafka_python_murmur2
+
+    from edgestream.streams.topics import murmur2
+
+    rng = np.random.default_rng(0)
+    keys = [b"", b"a", b"ab", b"abc", b"abcd", b"abcde"] + [rng.bytes(int(n)) for n in rng.integers(0, 40, 500)]
+    for key in keys:
+        assert murmur2(key) == kafka_python_murmur2(key) & 0xFFFFFFFF, key
