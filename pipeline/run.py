@@ -130,6 +130,9 @@ class RunResult:
     #: Devices that fell behind (``backlog_of``): device -> records pending beyond one
     #: window at the end. Derived from ``accounting``; the accounting may still balance.
     backlog: dict[str, int] = field(default_factory=dict)
+    #: Devices the job file does not name that wrote to a shared topic (their ledgers): what
+    #: they produced is not this run's to know, so they are not in ``accounting``'s balance.
+    other_devices: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.backlog = {d: n for d, a in sorted(self.accounting.items()) if (n := backlog_of(a))}
@@ -542,6 +545,8 @@ def run_job(
     result.outcome, result.reason = (outcome, reason) if outcome else ended_as(result)
     (state / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2))
     console.print(summary_table(result, training))
+    if result.other_devices:
+        console.print(others_line(result, training), soft_wrap=True)
     if training:
         console.print(training_table(result))
     if result.assembled is not None:
@@ -679,10 +684,12 @@ def _collect(cfg: JobConfig, ctx: RunContext, state: Path, report: SimulationRep
             a["unread"] = 0 if a["running"] else produced.get(device, 0) - a["records_in"]
             if not a["running"] and query_kafka:
                 a["in_kafka"] = records_in_kafka(ctx.bootstrap, device, sensor_group(cfg, worker), cfg)
+    others = {d: accounting.pop(d) for d in sorted(set(accounting) - set(produced))}  # met on a shared topic
     balanced = not missing and all(balances(produced[d], garbage[d], a) for d, a in accounting.items())
     result = RunResult(produced, garbage, accounting, balanced, duration_s,
                        {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
-                       list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined), missing=missing)
+                       list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined), missing=missing,
+                       other_devices=others)
     if training and cfg.train.stages and not missing:
         from edgestream.pipeline.training import (
             assembled_evaluation,  # torch: only for training runs
@@ -1290,6 +1297,19 @@ def summary_table(result: RunResult, training: bool = True) -> Table:
                      "** unread: never read because the device's worker left the job (or never started); "
                      "still in Kafka above its committed offset (in Kafka: the records there), nothing lost")
     return table
+
+
+def others_line(result: RunResult, training: bool = True) -> str:
+    """One line on the devices the job file does not name that wrote to a shared topic."""
+    total = {k: sum(int(a.get(k, 0)) for a in result.other_devices.values())
+             for k in ("records_in", "consumed", "dropped", "dead_records", "dead_letter_messages")}
+    pending = sum(int(a.get("buffered", 0)) + int(a.get("in_sink", 0)) for a in result.other_devices.values())
+    named = ", ".join(list(result.other_devices)[:5]) + (", ..." if len(result.other_devices) > 5 else "")
+    return (f"{len(result.other_devices)} device(s) not in the job file wrote to the shared topic ({named}): "
+            f"read {total['records_in']} records, {'trained' if training else 'batched'} {total['consumed']}, "
+            f"dropped {total['dropped']}, dead-lettered {total['dead_records']}, pending {pending}; "
+            f"{total['dead_letter_messages']} bad messages dead-lettered (their producers are not this run's: "
+            "summary.json has each one's ledger under other_devices)")
 
 
 def _role(name: str) -> str:
