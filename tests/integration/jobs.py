@@ -47,6 +47,11 @@ def train_job(unique: str, state_dir, *overrides: str) -> JobConfig:
     )
 
 
+#: A JSON mapping (``input.*``) of readings ``{"pixels": [64 numbers], "digit": 7, "ts": ms}``.
+JSON_READINGS = ("input.format=json", "input.features_array=pixels", "input.label=digit", "input.event_time=ts",
+                 "input.time_unit=ms")
+
+
 def quiet() -> Console:
     return Console(file=io.StringIO(), width=200)
 

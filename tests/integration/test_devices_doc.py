@@ -14,12 +14,19 @@ import pytest
 from edgestream.deploy.kafka.broker import resolve_jars
 from edgestream.pipeline.run import RunContext, run_job
 from edgestream.streams.topics import TopicLayout
-from tests.integration.jobs import REPO, quiet, show, steps_of, train_job, wait_until, workers_of
+from tests.integration.jobs import (
+    JSON_READINGS,
+    REPO,
+    quiet,
+    show,
+    steps_of,
+    train_job,
+    wait_until,
+    workers_of,
+)
 
 pytestmark = pytest.mark.integration
 
-JSON = ("input.format=json", "input.features_array=pixels", "input.label=digit", "input.event_time=ts",
-        "input.time_unit=ms")
 READINGS = 40
 
 
@@ -32,7 +39,7 @@ def test_a_device_not_in_the_job_joins_a_shared_topic_with_kafkas_console_produc
     for i in range(100):
         ids.setdefault(TopicLayout.partition_of(f"d{unique}-{i}", 3), f"d{unique}-{i}")
     cfg = train_job(unique, state_dir, "train.strategy=scadles", f"input.topic={shared}", "input.partitions=3",
-                    f"devices.ids={','.join(ids[p] for p in range(3))}", *JSON)
+                    f"devices.ids={','.join(ids[p] for p in range(3))}", *JSON_READINGS)
     device = f"pump-{unique}"  # not in devices.ids
     owner = cfg.worker_names()[TopicLayout.partition_of(device, 3) % 3]
     rng = np.random.default_rng(0)

@@ -15,12 +15,18 @@ from edgestream.monitoring.scrape import scrape
 from edgestream.pipeline.kafka_io import admin_client, topic_names
 from edgestream.pipeline.run import RunContext, run_job
 from edgestream.streams import topics
-from tests.integration.jobs import quiet, show, steps_of, train_job, wait_until, workers_of
+from tests.integration.jobs import (
+    JSON_READINGS,
+    quiet,
+    show,
+    steps_of,
+    train_job,
+    wait_until,
+    workers_of,
+)
 
 pytestmark = pytest.mark.integration
 
-JSON = ("input.format=json", "input.features_array=pixels", "input.label=digit", "input.event_time=ts",
-        "input.time_unit=ms")
 
 
 def test_a_job_trains_on_devices_sharing_one_keyed_topic(kafka_bootstrap, unique, state_dir):
@@ -28,7 +34,7 @@ def test_a_job_trains_on_devices_sharing_one_keyed_topic(kafka_bootstrap, unique
     devices = [f"s{unique}-{i:02d}" for i in range(24)]
     cfg = train_job(unique, state_dir, "train.strategy=scadles", "train.target_accuracy=0.9",
                     f"input.topic={shared}", "input.partitions=6", f"devices.ids={','.join(devices)}",
-                    "devices.count=24", "devices.rates_hz=40,20,10", "devices.message_interval_s=0.1", *JSON)
+                    "devices.count=24", "devices.rates_hz=40,20,10", "devices.message_interval_s=0.1", *JSON_READINGS)
     owned = {w: cfg.devices_of(w) for w in cfg.worker_names()}
     assert sorted(sum(owned.values(), [])) == devices and all(owned.values())
     victim = owned["w2"][0]

@@ -16,6 +16,7 @@ from edgestream.pipeline.kafka_io import topic_names
 from edgestream.pipeline.run import RunContext, run_job
 from edgestream.streams import topics
 from tests.integration.jobs import (
+    JSON_READINGS,
     quiet,
     read_topic,
     show,
@@ -28,14 +29,12 @@ from tests.integration.test_own_data import write_breast_cancer_csv
 
 pytestmark = pytest.mark.integration
 
-JSON = ("input.format=json", "input.features_array=pixels", "input.label=digit", "input.event_time=ts",
-        "input.time_unit=ms")
 
 
 def test_a_job_trains_on_json_readings_in_topics_named_by_its_pattern(kafka_bootstrap, unique, state_dir):
     pattern = f"plant{unique}.{{device}}.imu"
     cfg = train_job(unique, state_dir, "train.strategy=scadles", "train.target_accuracy=0.9",
-                    f"input.topic={pattern}", *JSON)
+                    f"input.topic={pattern}", *JSON_READINGS)
     device = cfg.devices_of("w1")[0]
 
     def inject(ctx: RunContext) -> None:
