@@ -15,7 +15,14 @@ whole topic:
 Prints a markdown table (medians over the repeats) and writes
 benchmarks/results/ingest.json and ingest.md. Never asserts.
 
-    python -m edgestream bench ingest [--messages 150000] [--repeats 3] [--bootstrap HOST:PORT]
+With ``--format json`` the topic holds the same records as JSON readings (a message is an
+array of 32 ``{"pixels": [64 numbers], "digit": d, "ts": ms, "n": seq}``), and A (the
+worker with ``input.format = "json"`` and that mapping) runs against
+  J = a plain aiokafka consumer that parses each message with the same library (orjson)
+      and builds the same feature and label arrays (numpy), timed as C;
+results in ingest_json.json and ingest_json.md.
+
+    python -m edgestream bench ingest [--messages 150000] [--repeats 3] [--format json] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -52,6 +59,12 @@ CONSUMERS = {
     "edgestream_faust": "edgestream, Faust source (decode + buffer + batch)",
     "plain_aiokafka": "plain aiokafka (read + count)",
     "bare_faust": "bare Faust agent (iterate + count)",
+}
+
+#: ``--format json``: the consumers measured, in run order.
+JSON_CONSUMERS = {
+    "edgestream_direct": "edgestream, direct source, JSON input (parse + map + check + buffer + batch)",
+    "plain_aiokafka_json": "plain aiokafka + orjson (parse + build the feature, label, time and seq arrays)",
 }
 
 PLAIN_CONSUMER = r"""
@@ -105,7 +118,54 @@ faust.Worker(app, loglevel="error", quiet=True).execute_from_commandline()
 """
 
 
-def prefill(bootstrap: str, device: str, messages: int) -> int:
+PLAIN_JSON_CONSUMER = r"""
+import asyncio, json, sys, time
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+async def main(bootstrap, topic, expected):
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=sys.argv[4],
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                max_partition_fetch_bytes=16 * 1024 * 1024)
+    await consumer.start()
+    seen, records, first = 0, 0, None
+    try:
+        while seen < expected:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=10000)
+            for messages in batch.values():
+                if messages and first is None:
+                    first = time.monotonic()
+                for message in messages:
+                    readings = orjson.loads(message.value)
+                    features = np.asarray([r["pixels"] for r in readings], dtype=np.float32)
+                    labels = np.asarray([r["digit"] for r in readings], dtype=np.int32)
+                    times = np.asarray([r["ts"] for r in readings], dtype=np.float64) / 1e3
+                    seq = np.asarray([r["n"] for r in readings], dtype=np.uint64)
+                    assert len(labels) == len(times) == len(seq) == len(features)
+                    records += len(features)
+                seen += len(messages)
+        last = time.monotonic()
+    finally:
+        await consumer.stop()
+    print(json.dumps({"messages": seen, "records": records, "seconds": last - first}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+#: The JSON mapping of the readings ``prefill`` writes with ``fmt="json"``.
+JSON_MAPPING = ("input.format=json", "input.features_array=pixels", "input.label=digit", "input.event_time=ts",
+                "input.time_unit=ms", "input.record_id=n")
+
+
+def json_message(features: np.ndarray, labels: np.ndarray, seq: np.ndarray, t_ms: int) -> bytes:
+    """One message of ``--format json``: an array of readings."""
+    import orjson
+
+    return orjson.dumps([{"pixels": f.tolist(), "digit": int(d), "ts": t_ms, "n": int(n)}
+                         for f, d, n in zip(features, labels, seq, strict=True)])
+
+
+def prefill(bootstrap: str, device: str, messages: int, fmt: str = "edgestream") -> int:
     ensure_topics(bootstrap, sensor_topics_for([device]))
     rng = np.random.default_rng(0)
     prod = producer(bootstrap, linger_ms=20, batch_size=1 << 20, acks=1, enable_idempotence=False)
@@ -117,12 +177,14 @@ def prefill(bootstrap: str, device: str, messages: int) -> int:
     size = 0
     for i in range(messages):
         features, labels = pool[i % len(pool)]
-        payload = codec.encode(RecordBatch(
-            device=device,
-            seq=np.arange(i * RECORDS_PER_MESSAGE, (i + 1) * RECORDS_PER_MESSAGE, dtype=np.uint64),
-            event_time=np.full(RECORDS_PER_MESSAGE, time.time()),
-            features=features, labels=labels,
-        ))
+        seq = np.arange(i * RECORDS_PER_MESSAGE, (i + 1) * RECORDS_PER_MESSAGE, dtype=np.uint64)
+        if fmt == "json":
+            payload = json_message(features, labels, seq, int(time.time() * 1000))
+        else:
+            payload = codec.encode(RecordBatch(
+                device=device, seq=seq, event_time=np.full(RECORDS_PER_MESSAGE, time.time()),
+                features=features, labels=labels,
+            ))
         size = len(payload)
         prod.send(topics.sensor_topic(device), value=payload, key=device.encode())
     prod.flush()
@@ -180,9 +242,9 @@ def run_edgestream(bootstrap: str, device: str, messages: int, work: Path, sourc
         stop_process(proc)
 
 
-def run_plain(bootstrap: str, device: str, messages: int) -> dict:
+def run_plain(bootstrap: str, device: str, messages: int, script: str = PLAIN_CONSUMER) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", PLAIN_CONSUMER, bootstrap, topics.sensor_topic(device), str(messages),
+        [sys.executable, "-c", script, bootstrap, topics.sensor_topic(device), str(messages),
          f"plain-{uuid.uuid4().hex[:6]}"],
         capture_output=True, text=True, check=True, timeout=900,
     )
@@ -219,7 +281,12 @@ def main() -> None:
                              "a few per cent of it)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of A E B C D, interleaved")
     parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
+    parser.add_argument("--format", choices=("edgestream", "json"), default="edgestream",
+                        help="the messages' format: edgestream's binary one (A E B C D) or JSON readings "
+                             "(A against J; results in ingest_json.*)")
     args = parser.parse_args()
+    if args.messages < 1 or args.repeats < 1:
+        parser.error("--messages and --repeats must be at least 1")
 
     from edgestream.deploy.kafka.broker import LocalBroker, kafka_version
 
@@ -232,17 +299,23 @@ def main() -> None:
     try:
         device = f"bench{uuid.uuid4().hex[:6]}"
         print(f"pre-filling {args.messages} messages x {RECORDS_PER_MESSAGE} records ...", flush=True)
-        message_bytes = prefill(bootstrap, device, args.messages)
-        runs: dict[str, list[dict]] = {name: [] for name in CONSUMERS}
+        message_bytes = prefill(bootstrap, device, args.messages, args.format)
+        consumers = JSON_CONSUMERS if args.format == "json" else CONSUMERS
+        plan = (
+            ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct",
+                                                         JSON_MAPPING)),
+            ("plain_aiokafka_json", lambda: run_plain(bootstrap, device, args.messages, PLAIN_JSON_CONSUMER)),
+        ) if args.format == "json" else (
+            ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct")),
+            ("edgestream_direct_unchecked",
+             lambda: run_edgestream(bootstrap, device, args.messages, work, "direct", UNCHECKED)),
+            ("edgestream_faust", lambda: run_edgestream(bootstrap, device, args.messages, work, "faust")),
+            ("plain_aiokafka", lambda: run_plain(bootstrap, device, args.messages)),
+            ("bare_faust", lambda: run_bare_faust(bootstrap, device, args.messages, work)),
+        )
+        runs: dict[str, list[dict]] = {name: [] for name in consumers}
         for r in range(args.repeats):
-            for name, fn in (
-                ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct")),
-                ("edgestream_direct_unchecked",
-                 lambda: run_edgestream(bootstrap, device, args.messages, work, "direct", UNCHECKED)),
-                ("edgestream_faust", lambda: run_edgestream(bootstrap, device, args.messages, work, "faust")),
-                ("plain_aiokafka", lambda: run_plain(bootstrap, device, args.messages)),
-                ("bare_faust", lambda: run_bare_faust(bootstrap, device, args.messages, work)),
-            ):
+            for name, fn in plan:
                 res = fn()
                 res["records_per_s"] = res["records"] / res["seconds"]
                 runs[name].append(res)
@@ -260,8 +333,10 @@ def main() -> None:
         """Per repeat: consumer ``a``'s rate over ``b``'s from the same repeat."""
         return [x["records_per_s"] / y["records_per_s"] for x, y in zip(runs[a], runs[b], strict=True)]
 
-    spread = {name: summary(name) for name in CONSUMERS}
+    spread = {name: summary(name) for name in consumers}
     ratio_rows = {
+        "edgestream_direct / plain_aiokafka_json": ratios("edgestream_direct", "plain_aiokafka_json"),
+    } if args.format == "json" else {
         "edgestream_direct / plain_aiokafka": ratios("edgestream_direct", "plain_aiokafka"),
         "edgestream_direct_unchecked / plain_aiokafka": ratios("edgestream_direct_unchecked", "plain_aiokafka"),
         "edgestream_faust / plain_aiokafka": ratios("edgestream_faust", "plain_aiokafka"),
@@ -271,39 +346,41 @@ def main() -> None:
     import aiokafka
     import faust
 
+    out_name = "ingest_json" if args.format == "json" else "ingest"
     result = {
-        "benchmark": "ingest",
+        "benchmark": out_name,
+        "format": args.format,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": __import__("os").cpu_count()},
         "versions": {"kafka": kafka_version(), "faust": faust.__version__, "aiokafka": aiokafka.__version__},
         "config": {"messages": args.messages, "records_per_message": RECORDS_PER_MESSAGE,
                    "message_bytes": message_bytes, "repeats": args.repeats, "features": 64,
                    "batcher": "window 0.05 s, max_batch 100000", "buffer": "persist",
-                   "unchecked": list(UNCHECKED)},
+                   "unchecked": list(UNCHECKED), "json_mapping": list(JSON_MAPPING) if args.format == "json" else None},
         "runs": runs,
-        "median_records_per_s": {name: spread[name]["median"] for name in CONSUMERS},
+        "median_records_per_s": {name: spread[name]["median"] for name in consumers},
         "spread": spread,
         "ratios_per_repeat": ratio_rows,
         "ratio_medians": {name: statistics.median(values) for name, values in ratio_rows.items()},
         "targets": {"ratio_vs_plain_aiokafka": 0.8, "records_per_s": 100_000},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ingest.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / f"{out_name}.json").write_text(json.dumps(result, indent=2))
     lines = [
-        f"{args.messages} messages x {RECORDS_PER_MESSAGE} records, {args.repeats} repeats "
-        f"(A E B C D interleaved); records/s",
+        f"{args.messages} messages x {RECORDS_PER_MESSAGE} records ({args.format}, {message_bytes} bytes each), "
+        f"{args.repeats} repeats ({' '.join(n for n, _ in plan)} interleaved); records/s",
         "",
         "| consumer | median | min | max |",
         "|---|---:|---:|---:|",
     ]
-    for name in CONSUMERS:
-        row = spread[name]
-        lines.append(f"| {CONSUMERS[name]} | {row['median']:,.0f} | {row['min']:,.0f} | {row['max']:,.0f} |")
+    for consumer in consumers:
+        row = spread[consumer]
+        lines.append(f"| {consumers[consumer]} | {row['median']:,.0f} | {row['min']:,.0f} | {row['max']:,.0f} |")
     lines += ["", "| ratio (same repeat) | median | min | max |", "|---|---:|---:|---:|"]
-    for name, values in ratio_rows.items():
-        lines.append(f"| {name} | {statistics.median(values):.2f}x | {min(values):.2f}x | {max(values):.2f}x |")
+    for row_name, values in ratio_rows.items():
+        lines.append(f"| {row_name} | {statistics.median(values):.2f}x | {min(values):.2f}x | {max(values):.2f}x |")
     table = "\n".join(lines)
-    (RESULTS / "ingest.md").write_text(table + "\n")
+    (RESULTS / f"{out_name}.md").write_text(table + "\n")
     print(table)
 
 
