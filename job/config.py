@@ -671,6 +671,14 @@ class JobConfig:
         if source_named(self.data.source).replay_directory(self) is not None:
             raise ConfigError(f"input.topic={self.input.topic!r} is a shared topic, and a recording replays "
                               "one topic per device: use a pattern with {device} for a recording")
+        if not self.train.stages:
+            for worker in self.worker_names():
+                if not self.devices_of(worker):
+                    raise ConfigError(
+                        f"input.topic={self.input.topic!r} is a shared topic, and {worker} reads its partitions "
+                        f"{self.partitions_of(worker)}, where no device of the job falls (a device's partition "
+                        "follows from its id): every worker needs at least one device stream; add devices, "
+                        "or use fewer workers")
 
     def _validate_byzantine(self) -> None:
         """``workers.byzantine``, ``workers.attack`` and ``workers.attack_seed``."""

@@ -187,3 +187,14 @@ def test_a_shared_topic_needs_the_direct_source_and_enough_partitions():
     owned = [set(cfg.devices_of(w)) for w in cfg.worker_names()]
     assert set().union(*owned) == set(cfg.devices.device_ids()) and sum(map(len, owned)) == 300
     assert np.all([cfg.input.layout().partition_of(d, 12) % 3 == 1 for d in cfg.devices_of("w1")])
+
+
+def test_a_worker_whose_partitions_hold_no_device_of_the_job_is_a_configuration_error():
+    from edgestream.job.config import ConfigError
+    from edgestream.streams.topics import TopicLayout
+
+    ids = [f"d{i}" for i in range(40) if TopicLayout.partition_of(f"d{i}", 4) != 3][:5]  # none in partition 3
+
+    with pytest.raises(ConfigError, match=r"w3 reads its partitions \[3\], where no device of the job falls"):
+        load_config(overrides=[f"input.topic={TOPIC}", "input.partitions=4", "workers.count=4",
+                               f"devices.ids={','.join(ids)}", "devices.count=5"], env={})
