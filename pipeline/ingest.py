@@ -562,8 +562,9 @@ class IngestCore:
                 return None
         state = self._by_name.get(device)
         if state is None:
-            if len(self._by_name) >= self.cfg.input.max_devices:
-                self.evict(now, need=1)
+            over = len(self._by_name) - self.cfg.input.max_devices + 1
+            if over > 0:
+                self.evict(now, need=over)  # back under the cap, as far as idle devices allow
             state = self._add_device(device)
         state.partition = partition
         state.last_at = now

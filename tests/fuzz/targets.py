@@ -32,6 +32,7 @@ TARGETS: dict[str, str] = {
     "recording": "tests.fuzz.fuzz_recording",
     "job_file": "tests.fuzz.fuzz_job_file",
     "json_records": "tests.fuzz.fuzz_json_records",
+    "shared_topic": "tests.fuzz.fuzz_shared_topic",
 }
 
 #: Modules whose code atheris instruments for coverage: the decoders and their helpers,
