@@ -71,7 +71,16 @@ PLAIN_CONSUMER = r"""
 import asyncio, json, sys, time
 from aiokafka import AIOKafkaConsumer
 
-async def main(bootstrap, topic, expected):
+def parsed(message):
+    # ``json``: parse the readings with orjson and build the arrays edgestream's batch holds.
+    readings = orjson.loads(message.value)
+    features = np.asarray([r["pixels"] for r in readings], dtype=np.float32)
+    labels = np.asarray([r["digit"] for r in readings], dtype=np.int32)
+    times = np.asarray([r["ts"] for r in readings], dtype=np.float64) / 1e3
+    seq = np.asarray([r["n"] for r in readings], dtype=np.uint64)
+    assert len(labels) == len(times) == len(seq) == len(features)
+
+async def main(bootstrap, topic, expected, parse):
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=sys.argv[4],
                                 auto_offset_reset="earliest", enable_auto_commit=False,
                                 max_partition_fetch_bytes=16 * 1024 * 1024)
@@ -83,16 +92,21 @@ async def main(bootstrap, topic, expected):
             for records in batch.values():
                 if records and first is None:
                     first = time.monotonic()
+                if parse:
+                    for record in records:
+                        parsed(record)
                 seen += len(records)
         last = time.monotonic()
     finally:
         await consumer.stop()
     print(json.dumps({"messages": seen, "seconds": last - first}))
 
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+parse = len(sys.argv) > 5 and sys.argv[5] == "json"
+if parse:
+    import numpy as np
+    import orjson
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), parse))
 """
-
-
 BARE_FAUST = r"""
 import os, sys, tempfile, time, uuid
 import faust
@@ -118,40 +132,6 @@ faust.Worker(app, loglevel="error", quiet=True).execute_from_commandline()
 """
 
 
-PLAIN_JSON_CONSUMER = r"""
-import asyncio, json, sys, time
-import numpy as np
-import orjson
-from aiokafka import AIOKafkaConsumer
-
-async def main(bootstrap, topic, expected):
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=sys.argv[4],
-                                auto_offset_reset="earliest", enable_auto_commit=False,
-                                max_partition_fetch_bytes=16 * 1024 * 1024)
-    await consumer.start()
-    seen, records, first = 0, 0, None
-    try:
-        while seen < expected:
-            batch = await consumer.getmany(timeout_ms=1000, max_records=10000)
-            for messages in batch.values():
-                if messages and first is None:
-                    first = time.monotonic()
-                for message in messages:
-                    readings = orjson.loads(message.value)
-                    features = np.asarray([r["pixels"] for r in readings], dtype=np.float32)
-                    labels = np.asarray([r["digit"] for r in readings], dtype=np.int32)
-                    times = np.asarray([r["ts"] for r in readings], dtype=np.float64) / 1e3
-                    seq = np.asarray([r["n"] for r in readings], dtype=np.uint64)
-                    assert len(labels) == len(times) == len(seq) == len(features)
-                    records += len(features)
-                seen += len(messages)
-        last = time.monotonic()
-    finally:
-        await consumer.stop()
-    print(json.dumps({"messages": seen, "records": records, "seconds": last - first}))
-
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
-"""
 #: The JSON mapping of the readings ``prefill`` writes with ``fmt="json"``.
 JSON_MAPPING = ("input.format=json", "input.features_array=pixels", "input.label=digit", "input.event_time=ts",
                 "input.time_unit=ms", "input.record_id=n")
@@ -242,10 +222,12 @@ def run_edgestream(bootstrap: str, device: str, messages: int, work: Path, sourc
         stop_process(proc)
 
 
-def run_plain(bootstrap: str, device: str, messages: int, script: str = PLAIN_CONSUMER) -> dict:
+def run_plain(bootstrap: str, device: str, messages: int, parse: str = "") -> dict:
+    """A plain aiokafka consumer reading the topic: counting its messages, or with ``parse =
+    "json"`` also parsing each as ``--format json`` writes them."""
     out = subprocess.run(
-        [sys.executable, "-c", script, bootstrap, topics.sensor_topic(device), str(messages),
-         f"plain-{uuid.uuid4().hex[:6]}"],
+        [sys.executable, "-c", PLAIN_CONSUMER, bootstrap, topics.sensor_topic(device), str(messages),
+         f"plain-{uuid.uuid4().hex[:6]}", parse],
         capture_output=True, text=True, check=True, timeout=900,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -304,7 +286,7 @@ def main() -> None:
         plan = (
             ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct",
                                                          JSON_MAPPING)),
-            ("plain_aiokafka_json", lambda: run_plain(bootstrap, device, args.messages, PLAIN_JSON_CONSUMER)),
+            ("plain_aiokafka_json", lambda: run_plain(bootstrap, device, args.messages, "json")),
         ) if args.format == "json" else (
             ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct")),
             ("edgestream_direct_unchecked",
