@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,8 +67,11 @@ COMMAND = f"{COMMAND_MODULE}:main"
 
 def _run_command(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> None:
     """The forked process: a new session, its log on stdout and stderr, the given environment,
-    then the command. It ends as the exec'd ``worker``/``server`` command does
-    (``exits.flush_output``, then multiprocessing's ``os._exit``: no interpreter teardown)."""
+    then the command. It ends as the exec'd ``worker``/``server`` command does:
+    ``exits.flush_output``, then ``os._exit`` with the command's code, at once. Returning to
+    multiprocessing instead would join every non-daemon thread first (``threading._shutdown``),
+    and a library thread that never stopped (a service thread of a client whose broker went
+    away) kept such a process alive for good after its command returned."""
     os.setsid()
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()
@@ -80,12 +84,15 @@ def _run_command(entry: str, argv: list[str], env: dict[str, str], log_path: str
     sys.argv = ["edgestream", *argv]
     module, _, function = entry.partition(":")
     main = getattr(importlib.import_module(module), function)
-    code = 1
     try:
         code = main(argv)
-    finally:
-        flush_output()
-    sys.exit(code)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    flush_output()
+    os._exit(code)
 
 
 class LaunchedProcess:

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 
 
@@ -28,3 +29,11 @@ def block(argv: list[str]) -> int:
     print("blocking", flush=True)
     while True:
         time.sleep(1)  # the process's own work: waiting to be killed
+
+
+def linger(argv: list[str]) -> int:
+    """Leave a non-daemon thread running (as a library's service thread that never stopped
+    may) and return ``argv[0]``."""
+    threading.Thread(target=time.sleep, args=(3600,), name="lingering", daemon=False).start()
+    print("returning", flush=True)
+    return int(argv[0])

@@ -47,6 +47,14 @@ def test_an_exception_exits_1_with_its_traceback_in_the_log(tmp_path):
     assert "Traceback" in text and "RuntimeError: the command failed: x" in text
 
 
+def test_a_command_that_returns_ends_its_process_even_with_a_thread_still_running(tmp_path):
+    # Found by hand: a worker whose broker was gone left a service thread running, and the
+    # forked process waited for it at exit (multiprocessing joins non-daemon threads) forever.
+    log = tmp_path / "w0.log"
+    proc = launcher("linger").start(["4"], log)
+    assert proc.wait(timeout=60) == 4 and "returning" in log.read_text()
+
+
 def test_a_process_group_signal_ends_it_with_the_signal_as_popen_reports_it(tmp_path):
     log = tmp_path / "w0.log"
     proc = launcher("block").start([], log)
