@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.ingest import JSON_MAPPING, RECORDS_PER_MESSAGE, json_message
+from edgestream.benchmarks.ingest import JSON_MAPPING, RECORDS_PER_MESSAGE, json_message
 from edgestream.job.config import load_config
 from edgestream.streams import codec
 
