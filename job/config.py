@@ -746,10 +746,16 @@ class JobConfig:
             return self.devices.device_ids() if index == 0 else []
         layout = self.input.layout()
         if layout.keyed:  # the devices in its partitions of the shared topic
-            ids = self.devices.device_ids()
             mine = set(self.partitions_of(worker))
-            return [d for d, p in zip(ids, _partitions(tuple(ids), self.input.partitions), strict=True) if p in mine]
+            return [d for d, p in self.device_partitions().items() if p in mine]
         return self.devices.device_ids()[index :: self.workers.count]
+
+    def device_partitions(self) -> dict[str, int]:
+        """With a shared device topic, each configured device's partition of it
+        (``TopicLayout.partition_of``, computed once per device list; read-only); else empty."""
+        if not self.input.layout().keyed:
+            return {}
+        return _partitions(tuple(self.devices.device_ids()), self.input.partitions)
 
     def partitions_of(self, worker: str) -> list[int]:
         """A shared device topic's partitions that ``worker`` reads: ``p`` with ``p mod
@@ -773,9 +779,9 @@ class JobConfig:
 
 
 @functools.lru_cache(maxsize=8)
-def _partitions(devices: tuple[str, ...], partitions: int) -> tuple[int, ...]:
+def _partitions(devices: tuple[str, ...], partitions: int) -> dict[str, int]:
     """Each device's partition of a shared topic (computed once per device list)."""
-    return tuple(TopicLayout.partition_of(d, partitions) for d in devices)
+    return {d: TopicLayout.partition_of(d, partitions) for d in devices}
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:

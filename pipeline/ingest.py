@@ -125,10 +125,12 @@ class DeviceLedger:
             "dropped_by_reason": dict(self.dropped_by_reason),
         }
 
+    #: The plain counts (the rest are counts by reason).
+    COUNTS = ("messages_in", "records_in", "consumed", "dropped", "dead_records", "dead_letter_messages")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeviceLedger:
-        ints = {k: int(data.get(k, 0)) for k in ("messages_in", "records_in", "consumed", "dropped",
-                                                 "dead_records", "dead_letter_messages")}
+        ints = {k: int(data.get(k, 0)) for k in cls.COUNTS}
         return cls(**ints,
                    dead_letters_by_reason={str(k): int(v) for k, v in data.get("dead_letters_by_reason", {}).items()},
                    dead_records_by_reason={str(k): int(v) for k, v in data.get("dead_records_by_reason", {}).items()},
@@ -136,6 +138,16 @@ class DeviceLedger:
 
     def copy(self) -> DeviceLedger:
         return DeviceLedger.from_dict(self.to_dict())
+
+    def absorb(self, other: DeviceLedger) -> None:
+        """Add ``other``'s counts to these (a forgotten device's into a worker's sums)."""
+        for key in self.COUNTS:
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        for mine, theirs in ((self.dead_letters_by_reason, other.dead_letters_by_reason),
+                             (self.dead_records_by_reason, other.dead_records_by_reason),
+                             (self.dropped_by_reason, other.dropped_by_reason)):
+            for reason, n in theirs.items():
+                mine[reason] = mine.get(reason, 0) + n
 
     def add_dead_records(self, reason: str, n: int) -> None:
         self.dead_records += n
@@ -600,14 +612,7 @@ class IngestCore:
         return [s.name for s in gone]
 
     def _forget(self, device: str) -> None:
-        resolved = self.resolved.pop(device)
-        for key in ("messages_in", "records_in", "consumed", "dropped", "dead_records", "dead_letter_messages"):
-            setattr(self.evicted, key, getattr(self.evicted, key) + getattr(resolved, key))
-        for mine, theirs in ((self.evicted.dead_letters_by_reason, resolved.dead_letters_by_reason),
-                             (self.evicted.dead_records_by_reason, resolved.dead_records_by_reason),
-                             (self.evicted.dropped_by_reason, resolved.dropped_by_reason)):
-            for reason, n in theirs.items():
-                mine[reason] = mine.get(reason, 0) + n
+        self.evicted.absorb(self.resolved.pop(device))
         self.devices_evicted += 1
         for table in (self.buffers, self.batchers, self.rates, self.ledgers, self._series, self._by_name,
                       self.resolved_seen):

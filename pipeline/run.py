@@ -286,11 +286,11 @@ def device_view(cfg: JobConfig, scrapes: dict[str, Scrape], report: SimulationRe
     what was produced across restarts."""
     rows = {}
     layout = cfg.input.layout()
+    partitions = cfg.device_partitions()  # computed once, not per device per refresh
     for i, device in enumerate(cfg.devices.device_ids()):
         # A shared topic's lag is per partition: a device's is its partition's (0: nothing
         # of it left to read either).
-        lag_label = (f"{layout.pattern}:{layout.partition_of(device, cfg.input.partitions)}" if layout.keyed
-                     else device)
+        lag_label = f"{layout.pattern}:{partitions[device]}" if layout.keyed else device
         row = {"target_hz": cfg.devices.rate_of(i), "produced": 0, "rate_hz": 0.0, "depth": 0,
                "batches": 0, "read": 0, "trained": 0, "dropped": 0, "dead_records": 0, "pending": 0,
                "dlq": 0, "backlog": 0, "batch_cap": 0}
@@ -747,7 +747,7 @@ def records_in_kafka(bootstrap: str, device: str, group: str, cfg: JobConfig) ->
     start = group_positions(bootstrap, group, [topic])
     total = 0
     for tp, end in end_offsets(bootstrap, [topic]).items():
-        if layout.keyed and tp.partition != layout.partition_of(device, cfg.input.partitions):
+        if layout.keyed and tp.partition != cfg.device_partitions()[device]:
             continue  # a shared topic: the device's messages are in its key's partition only
         first = start.get(f"{tp.topic}:{tp.partition}", 0)
         for record in read_range(bootstrap, TopicPartition(tp.topic, tp.partition), first, end, timeout_s=60.0,
