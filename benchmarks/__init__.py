@@ -28,6 +28,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("ingest", "edgestream.benchmarks.ingest", "decode + buffer + batch in a worker against plain consumers, on the real broker"),
     Benchmark("compression", "edgestream.benchmarks.compression_bench",
               "throughput, bytes and error of every compressor beside a plain torch reference"),
+    Benchmark("mqtt_bridge", "edgestream.benchmarks.mqtt_bridge",
+              "the MQTT bridge against a plain paho + kafka-python loop, and publish-to-Kafka latency"),
     Benchmark("replay", "edgestream.benchmarks.replay", "replay at max speed against Kafka's ProducerPerformance, and timing at 1x"),
     Benchmark("time_to_accuracy", "edgestream.benchmarks.time_to_accuracy",
               "ScaDLES against BSP and the PyTorch DDP peer, on the real broker and the simulated clock"),

@@ -20,6 +20,7 @@ import edgestream
 from edgestream.cli import (
     acl,
     bench,
+    bridge,
     broker,
     costs,
     examples,
@@ -43,7 +44,7 @@ DEBUG_ENV = "EDGESTREAM_DEBUG"
 #: The command groups, in the order `edgestream --help` lists them: each has
 #: ``register(subparsers, add_job_args)``, which adds its parsers with ``set_defaults(func=...)``;
 #: ``func(args) -> int``.
-COMMANDS = (broker, simulate, worker, acl, run, bench, costs, monitoring, record, testbed, models, examples)
+COMMANDS = (broker, simulate, bridge, worker, acl, run, bench, costs, monitoring, record, testbed, models, examples)
 
 
 class _Parser(argparse.ArgumentParser):

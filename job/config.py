@@ -493,6 +493,62 @@ class TestbedSection:
 
 
 @dataclass
+class MqttSection:
+    """The MQTT edge bridge (`edgestream bridge mqtt`, docs/devices.md): which MQTT broker and
+    topics it forwards into the job's device topics (``input.topic``)."""
+
+    #: The MQTT broker, ``host:port``.
+    broker: str = "localhost:1883"
+    #: MQTT topic patterns, each with ``{device}`` as one whole level (the device's id);
+    #: other levels literal, ``+`` or, last, ``#``.
+    topics: list[str] = field(default_factory=lambda: ["sensors/{device}/readings"])
+    #: 1: each message is acknowledged to MQTT only once Kafka has it (at least once);
+    #: 0: MQTT sends each message at most once (a message in flight when the bridge stops is lost).
+    qos: int = 1
+    #: The MQTT client id of the bridge's persistent session ("": ``edgestream-bridge-<job>``).
+    #: Keep it fixed: the MQTT broker keeps the session's messages for that id while the bridge is away.
+    client_id: str = ""
+    #: Seconds the MQTT broker keeps the session (and queues its messages) while the bridge is away.
+    session_expiry_s: int = 86_400
+    #: Most messages received and not yet acknowledged by Kafka (MQTT 5 Receive Maximum;
+    #: beyond it the bridge stops reading from MQTT: backpressure).
+    max_in_flight: int = 1000
+    keepalive_s: int = 30
+    #: MQTT login ("" : none); the password is read from ``password_file``.
+    username: str = ""
+    password_file: str = ""
+    #: TLS to the MQTT broker: the PEM file of its CA ("" : plain TCP).
+    cafile: str = ""
+
+    def address(self) -> tuple[str, int]:
+        host, sep, port = self.broker.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"mqtt.broker must be host:port (got {self.broker!r})")
+        return host.strip("[]"), int(port)
+
+    def validate(self) -> None:
+        from edgestream.streams.errors import TopicNameError
+        from edgestream.streams.mqtt import MqttTopics
+
+        self.address()
+        try:
+            MqttTopics(list(self.topics))
+        except TopicNameError as exc:
+            raise ConfigError(f"mqtt.topics: {exc}") from None
+        if self.qos not in (0, 1) or isinstance(self.qos, bool):
+            raise ConfigError(f"mqtt.qos must be 0 or 1 (got {self.qos!r})")
+        _positive("mqtt.session_expiry_s", self.session_expiry_s)
+        if not 1 <= self.max_in_flight <= 65_535:
+            raise ConfigError(f"mqtt.max_in_flight must lie in [1, 65535] (MQTT's Receive Maximum; got "
+                              f"{self.max_in_flight})")
+        if not 5 <= self.keepalive_s <= 65_535:
+            raise ConfigError(f"mqtt.keepalive_s must lie in [5, 65535] (got {self.keepalive_s})")
+        if bool(self.username) != bool(self.password_file):
+            raise ConfigError("mqtt.username and mqtt.password_file go together (the login and the file "
+                              "holding its password)")
+
+
+@dataclass
 class JobConfig:
     job: JobSection = field(default_factory=JobSection)
     kafka: KafkaSection = field(default_factory=KafkaSection)
@@ -507,6 +563,7 @@ class JobConfig:
     service: ServiceSection = field(default_factory=ServiceSection)
     train: TrainSection = field(default_factory=TrainSection)
     testbed: TestbedSection = field(default_factory=TestbedSection)
+    mqtt: MqttSection = field(default_factory=MqttSection)
 
     def validate(self) -> JobConfig:
         _choice("kafka.ingest_source", self.kafka.ingest_source, INGEST_SOURCES)
@@ -527,6 +584,7 @@ class JobConfig:
                               f"binary format), which input.format={self.input.format!r} does not read: use "
                               "input.format=edgestream for a recording")
         self._validate_layout()
+        self.mqtt.validate()
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
         _non_negative("data.observed_warmup", self.data.observed_warmup)

@@ -38,6 +38,8 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 #: ``reason`` values of ``edgestream_buffer_dropped_records_total`` (pipeline/ingest.py).
 DROP_REASONS = ("overflow", "window_truncate")
+#: ``reason`` values of ``edgestream_bridge_dead_letter_messages_total`` (pipeline/bridge.py).
+BRIDGE_DEAD_REASONS = ("bad_device", "unknown_device", "too_large")
 #: ``reason`` values of ``edgestream_rejected_steps_total`` (trainers/guard.py ``REASONS``;
 #: kept here so monitoring does not import torch).
 STEP_REJECT_REASONS = ("bad_batch", "non_finite_loss", "non_finite_gradient", "gradient_norm", "gradient_spike")
@@ -170,6 +172,38 @@ class Metrics:
             "Records of device messages the cluster refused to take (reason: the client error, e.g. "
             "TopicAuthorizationFailedError: this principal may not write that device's topic)",
             ["device", "reason"], registry=r,
+        )
+        # --- MQTT bridge (pipeline/bridge.py) ---------------------------------------
+        self.bridge_received = Counter(
+            "edgestream_bridge_received_messages_total",
+            "MQTT messages the bridge received (each delivery; received = forwarded + dead-lettered "
+            "+ in flight)", ["device"], registry=r,
+        )
+        self.bridge_forwarded = Counter(
+            "edgestream_bridge_forwarded_messages_total",
+            "MQTT messages the bridge wrote to the device's Kafka topic (acknowledged by Kafka)",
+            ["device"], registry=r,
+        )
+        self.bridge_dead_letters = Counter(
+            "edgestream_bridge_dead_letter_messages_total",
+            "MQTT messages the bridge wrote to sensors.dlq instead (reason: bad_device, unknown_device, "
+            "too_large)", ["device", "reason"], registry=r,
+        )
+        self.bridge_in_flight = Gauge(
+            "edgestream_bridge_in_flight_messages",
+            "MQTT messages received and not yet acknowledged by Kafka", registry=r,
+        )
+        self.bridge_mqtt_connected = Gauge(
+            "edgestream_bridge_mqtt_up", "1 while the bridge is connected to the MQTT broker", registry=r,
+        )
+        self.bridge_mqtt_connects = Counter(
+            "edgestream_bridge_mqtt_connects_total",
+            "Connections the bridge made to the MQTT broker (more than 1: it reconnected)", registry=r,
+        )
+        self.bridge_kafka_retries = Counter(
+            "edgestream_bridge_kafka_retries_total",
+            "Kafka writes of the bridge that failed and were tried again (the MQTT message stays "
+            "unacknowledged meanwhile)", registry=r,
         )
         # --- process --------------------------------------------------------------
         self.worker_up = Gauge(

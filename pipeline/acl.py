@@ -62,6 +62,8 @@ def job_grants(cfg: JobConfig) -> list[Grant]:
     grants += [Grant(gateway, "topic", topic(d), DEVICE_OPS) for d in devices]
     grants += [Grant(workers, "topic", topic(d), READ_OPS) for d in devices]
     grants.append(Grant(workers, "topic", topics.SENSOR_DLQ, ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")))
+    # The gateway writes dead letters too: what the MQTT bridge cannot put in a device topic.
+    grants.append(Grant(gateway, "topic", topics.SENSOR_DLQ, ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")))
     for topic in training_topics(job, []):
         grants.append(Grant(workers, "topic", topic, READ_WRITE_OPS))
     grants.append(Grant(workers, "topic", f"inbox.{job}.", READ_WRITE_OPS, prefixed=True))

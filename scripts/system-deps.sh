@@ -3,7 +3,8 @@
 # Kafka broker (checked, not installed: the machine image provides them) and
 # Debian's prometheus (installed if missing, for the dashboard tests) and iproute2
 # (`ip`, `tc`, `bridge`: installed if missing, for the edge testbed's namespaces and links) and
-# systemd (`systemd-analyze`, `systemd-sysusers`: the checks of deploy/systemd).
+# systemd (`systemd-analyze`, `systemd-sysusers`: the checks of deploy/systemd) and
+# mosquitto + mosquitto-clients (a real MQTT broker and `mosquitto_pub` for the MQTT bridge).
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=("java (JDK 17+)")
@@ -31,3 +32,5 @@ ensure() {
 ensure prometheus "the dashboard tests" prometheus promtool
 ensure iproute2 "ip, tc, bridge for the testbed" ip tc bridge
 ensure systemd "systemd-analyze checks the units in deploy/systemd" systemd-analyze systemd-sysusers
+ensure mosquitto "a real MQTT broker for the MQTT bridge tests" mosquitto
+ensure mosquitto-clients "mosquitto_pub, the device in docs/devices.md" mosquitto_pub

@@ -33,6 +33,7 @@ TARGETS: dict[str, str] = {
     "job_file": "tests.fuzz.fuzz_job_file",
     "json_records": "tests.fuzz.fuzz_json_records",
     "shared_topic": "tests.fuzz.fuzz_shared_topic",
+    "mqtt_bridge": "tests.fuzz.fuzz_mqtt_bridge",
 }
 
 #: Modules whose code atheris instruments for coverage: the decoders and their helpers,

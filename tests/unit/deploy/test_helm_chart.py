@@ -53,10 +53,10 @@ KAFKA_SECURITY_ENV = ("EDGESTREAM__KAFKA__SECURITY_PROTOCOL", "EDGESTREAM__KAFKA
 #: What each values file sets that the assertions compare against.
 EXPECTED = {
     "default": {"workers": 2, "port": 9100, "grace": 20, "termination": 30, "server": False,
-                "simulator": True, "replay": False, "pod_monitor": False, "topics": False,
+                "simulator": True, "bridge": False, "replay": False, "pod_monitor": False, "topics": False,
                 "security": None, "bootstrap": "kafka:9092", "job": "demo"},
     "full": {"workers": 5, "port": 9200, "grace": 25, "termination": 40, "server": True,
-             "simulator": True, "replay": True, "pod_monitor": True, "topics": True,
+             "simulator": True, "bridge": True, "replay": True, "pod_monitor": True, "topics": True,
              "security": {"protocol": "SASL_SSL", "mechanism": "SCRAM-SHA-256",
                           "workers": ("plant_A-workers", "plant-a-workers", "password"),
                           "devices": ("plant_A-devices", "plant-a-devices", "password"),
@@ -64,7 +64,7 @@ EXPECTED = {
                                                            "user.key": "client.key"})},
              "bootstrap": "edge-kafka-bootstrap.kafka.svc:9092", "job": "plant_A"},
     "secure": {"workers": 2, "port": 9100, "grace": 20, "termination": 30, "server": False,
-               "simulator": True, "replay": False, "pod_monitor": False, "topics": False,
+               "simulator": True, "bridge": False, "replay": False, "pod_monitor": False, "topics": False,
                "security": {"protocol": "SASL_SSL", "mechanism": "SCRAM-SHA-512",
                             "workers": ("demo-workers", "edgestream-kafka-workers", "password"),
                             "devices": ("demo-devices", "edgestream-kafka-devices", "password"),
@@ -139,6 +139,10 @@ def documents(tools, rendered) -> dict[str, list[dict]]:
 
 def docs_of(documents, render: str, kind: str | None = None) -> list[dict]:
     return [e["doc"] for e in documents[render] if kind is None or e["doc"]["kind"] == kind]
+
+
+def component_of(workload: dict) -> str:
+    return workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
 
 
 def one(documents, render: str, kind: str, name: str) -> dict:
@@ -377,8 +381,18 @@ def test_server_rendered_iff_enabled(documents, render):
 @pytest.mark.parametrize("render", RENDERS)
 def test_optional_components_follow_their_values(documents, render):
     expected = EXPECTED[render]
-    simulators = docs_of(documents, render, "Deployment")
+    deployments = docs_of(documents, render, "Deployment")
+    simulators = [d for d in deployments if component_of(d) == "simulator"]
     assert len(simulators) == int(expected["simulator"])
+    bridges = [d for d in deployments if component_of(d) == "bridge"]
+    assert len(bridges) == int(expected["bridge"]) and len(deployments) == len(simulators) + len(bridges)
+    for bridge in bridges:
+        assert bridge["spec"]["replicas"] == 1 and bridge["spec"]["strategy"]["type"] == "Recreate"
+        (c,) = pod_spec(bridge)["containers"]
+        assert c["args"][:4] == ["bridge", "mqtt", "--job", "/etc/edgestream/job.toml"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["EDGESTREAM__MQTT__BROKER"] == "mosquitto.edge.svc:1883"
+        assert env["EDGESTREAM__MQTT__TOPICS"] == "plant/{device}/imu,plant/{device}/env"
     for sim in simulators:
         assert sim["spec"]["replicas"] == 1
         assert pod_spec(sim)["containers"][0]["args"][0] == "simulate"
@@ -401,7 +415,8 @@ def test_optional_components_follow_their_values(documents, render):
 # --- Kafka credentials ----------------------------------------------------------------------
 
 #: The principal each component logs in as (docs/security.md "Principals and ACLs of a job").
-ROLE_OF_COMPONENT = {"worker": "workers", "server": "workers", "simulator": "devices", "replay": "devices"}
+ROLE_OF_COMPONENT = {"worker": "workers", "server": "workers", "simulator": "devices", "replay": "devices",
+                     "bridge": "devices"}
 #: A value no render may contain: passed where a user might try to put a password.
 CANARY = "canary-Pa55word-0f-the-test"
 

@@ -42,6 +42,7 @@ DROPINS = {
     "edgestream-worker@.service": "kafka-workers.conf",
     "edgestream-server.service": "kafka-workers.conf",
     "edgestream-simulate@.service": "kafka-devices.conf",
+    "edgestream-bridge@.service": "kafka-devices.conf",
 }
 PRINCIPAL_SUFFIX = {"kafka-workers.conf": "-workers", "kafka-devices.conf": "-devices"}
 CREDENTIALS_SOURCE_DIR = "/etc/edgestream/credentials/"
@@ -180,8 +181,8 @@ def test_restarts_on_failure_with_a_delay_and_a_start_limit(unit):
     # The limit can trip on automatic restarts: `burst` of them fit in the interval.
     assert burst >= 2 and interval > (burst - 1) * restart_s
     # A config error stays one; so does a checkpoint directory without a usable file (the
-    # processes that restore checkpoints: worker and server, not the simulator).
-    restores = not unit.path.name.startswith("edgestream-simulate")
+    # processes that restore checkpoints: worker and server, not the simulator or the bridge).
+    restores = not unit.path.name.startswith(("edgestream-simulate", "edgestream-bridge"))
     expected = [str(EXIT_CONFIG)] + ([str(EXIT_NO_CHECKPOINT)] if restores else [])
     assert unit.words("Service", "RestartPreventExitStatus") == expected
     assert "143" in unit.words("Service", "SuccessExitStatus")  # second SIGTERM: 128 + 15
@@ -241,9 +242,9 @@ def test_is_sandboxed(unit):
     assert sorted(unit.words("Service", "RestrictAddressFamilies")) == ["AF_INET", "AF_INET6", "AF_UNIX"]
     assert unit.values("Service", "SystemCallFilter")[0] == "@system-service"
     # W^X breaks torch's JIT-compiled convolution kernels (README "Hardening"): only the
-    # simulator, which does not load torch, has it.
+    # simulator and the bridge, which do not load torch, have it.
     wx_denied = unit.get("Service", "MemoryDenyWriteExecute") == "yes"
-    assert wx_denied == unit.path.name.startswith("edgestream-simulate@")
+    assert wx_denied == unit.path.name.startswith(("edgestream-simulate@", "edgestream-bridge@"))
 
 
 # --- Kafka credentials ------------------------------------------------------------------------
@@ -386,6 +387,7 @@ def default_env(unit) -> dict[str, str]:
     ("edgestream-worker@.service", "worker"),
     ("edgestream-simulate@.service", "simulate"),
     ("edgestream-server.service", "server"),
+    ("edgestream-bridge@.service", "bridge"),
 ])
 def test_exec_start_is_a_valid_edgestream_command(name, command):
     from edgestream.cli.main import build_parser
@@ -402,6 +404,8 @@ def test_exec_start_is_a_valid_edgestream_command(name, command):
         assert args.worker == "w0"
     if command == "simulate":
         assert args.forever and args.duration is None
+    if command == "bridge":
+        assert args.bridge_kind == "mqtt" and args.duration is None  # until stopped
 
 
 def test_exec_start_argv_expands_like_systemd():

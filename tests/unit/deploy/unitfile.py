@@ -19,6 +19,7 @@ UNIT_DIR = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
 UNITS = {
     "edgestream-worker@.service": "edgestream-worker@w0.service",
     "edgestream-simulate@.service": "edgestream-simulate@lab.service",
+    "edgestream-bridge@.service": "edgestream-bridge@hall1.service",
     "edgestream-server.service": "edgestream-server.service",
 }
 

@@ -94,6 +94,8 @@ def test_job_grants_keep_devices_to_their_own_topic_and_updates_to_the_workers()
     grants = acl.job_grants(cfg)
     writes = {(g.user, g.name) for g in grants if "WRITE" in g.operations}
     assert ("d1", "sensors.d1") in writes and ("d1", "sensors.d2") not in writes
+    # dead letters: the workers' and the gateway's (the MQTT bridge), never a device's own
+    assert {u for u, name in writes if name == "sensors.dlq"} == {"j-workers", "j-devices"}
     assert {u for u, name in writes if name == "gradients.j"} == {"j-workers"}
     assert not any(g.user in ("d1", "d2", "j-devices") and "READ" in g.operations for g in grants)
     groups = [g for g in grants if g.resource == "group"]

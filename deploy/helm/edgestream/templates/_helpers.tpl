@@ -230,7 +230,7 @@ Nothing secret passes through values: the password and the TLS files come from e
 Secrets, projected read-only into /etc/edgestream/kafka/ and named by the kafka.* keys
 (EDGESTREAM__KAFKA__SSL_CAFILE, __SASL_PASSWORD_FILE, ...). PLAINTEXT renders nothing.
 Each helper takes (dict "ctx" $ "role" "workers"|"devices"): the workers and the server log
-in as the workers' principal, the simulator and replay as the devices'. */}}
+in as the workers' principal, the simulator, replay and the MQTT bridge as the devices'. */}}
 
 {{- define "edgestream.kafkaDir" -}}/etc/edgestream/kafka{{- end }}
 
@@ -254,7 +254,7 @@ in as the workers' principal, the simulator and replay as the devices'. */}}
 {{- end }}
 {{- if eq $sec.protocol "SASL_SSL" }}
 {{- $roles := list "workers" }}
-{{- if or .Values.simulator.enabled .Values.replay.enabled }}
+{{- if or .Values.simulator.enabled .Values.replay.enabled .Values.bridge.enabled }}
 {{- $roles = append $roles "devices" }}
 {{- end }}
 {{- range $roles }}
