@@ -162,7 +162,7 @@ class InputSection:
     """How the devices' messages are written (``streams/formats``): the format and, for
     JSON, where each column of a record is in a reading (dotted field paths)."""
 
-    #: ``edgestream`` (the binary format, the default) or ``json``.
+    #: ``edgestream`` (the binary format, the default), ``json`` or ``avro``.
     format: str = "edgestream"
     #: Each device's topic: a pattern holding ``{device}`` once (``plant1.{device}.imu``), or
     #: one name without it (``readings``): one topic shared by every device, keyed by device.
@@ -175,20 +175,26 @@ class InputSection:
     #: A shared topic: most devices a worker keeps state for; beyond it, the longest idle
     #: devices with nothing pending are forgotten first (counted).
     max_devices: int = 10_000
-    #: json: the feature fields, each a number (the record's features in this order) ...
+    #: json, avro: the feature fields, each a number (the record's features in this order) ...
     features: list[str] = field(default_factory=list)
     #: ... or one field holding an array of numbers (nested lists for an image).
     features_array: str = ""
     label: str = ""
-    #: json: the event-time field and its unit (s, ms, us, ns, iso8601); none: the Kafka timestamp.
+    #: json, avro: the event-time field and its unit (s, ms, us, ns, iso8601); none: the Kafka timestamp.
     event_time: str = ""
     time_unit: str = "s"
-    #: json: the device id's field (none: the topic's device).
+    #: json, avro: the device id's field (none: the topic's device).
     device: str = ""
-    #: json: the record number's field (none: numbered from the Kafka offset).
+    #: json, avro: the record number's field (none: numbered from the Kafka offset).
     record_id: str = ""
-    #: json: ``ignore`` or ``reject`` (dead-letter) fields the mapping does not name.
+    #: json, avro: ``ignore`` or ``reject`` (dead-letter) fields the mapping does not name.
     extra: str = "ignore"
+    #: avro: the readings' Avro schema (.avsc): the writer schema, or with a registry the reader schema.
+    schema_file: str = ""
+    #: avro: a Confluent-compatible schema registry's base URL (messages in its wire format).
+    schema_registry: str = ""
+    #: avro: the subject the simulated devices register their schema under ("": the default).
+    subject: str = ""
 
     def params(self) -> dict[str, Any]:
         """The format's parameters: every key set away from its default (a format that takes
@@ -201,7 +207,7 @@ class InputSection:
                 raise ConfigError("input.features and input.features_array are two ways to name the features: "
                                   "give one")
             out["features"] = self.features_array
-        for key in ("label", "event_time", "device", "record_id"):
+        for key in ("label", "event_time", "device", "record_id", "schema_file", "schema_registry", "subject"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         if self.time_unit != "s":

@@ -52,8 +52,10 @@ DEAD_LETTER_HEAD_BYTES = 1024
 #: Seconds a send may block on a full producer buffer or missing metadata before the
 #: message goes to the retry queue (the MQTT network thread must keep turning).
 SEND_BLOCK_MS = 2000
-#: Seconds between the tries of a Kafka write that failed.
+#: Seconds between the tries of the Kafka writes that failed (all those failed meanwhile go together).
 RETRY_PAUSE_S = 1.0
+#: How long the producer itself keeps trying a write (Kafka's default: two minutes).
+DELIVERY_TIMEOUT_MS = 120_000
 #: First and longest wait between MQTT reconnects.
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 10
 
@@ -173,10 +175,11 @@ class MqttBridge:
     def _default_producer(self) -> Any:
         from edgestream.pipeline.kafka_io import producer
 
-        # A message may wait while Kafka is away; the bridge tries it again after the timeout.
+        # The producer retries a write for DELIVERY_TIMEOUT_MS (a broker restart fits in it);
+        # past that the bridge sends it again itself (``run``).
         return producer(self.bootstrap, max_message_bytes=max(self.max_bytes, DEAD_LETTER_HEAD_BYTES) + 4096,
                         client_id=f"edgestream-bridge-{self.cfg.job.name}", max_block_ms=SEND_BLOCK_MS,
-                        request_timeout_ms=15_000, delivery_timeout_ms=30_000, linger_ms=5)
+                        request_timeout_ms=15_000, delivery_timeout_ms=DELIVERY_TIMEOUT_MS, linger_ms=5)
 
     def _connect_properties(self) -> Any:
         from paho.mqtt.packettypes import PacketTypes
@@ -347,12 +350,18 @@ class MqttBridge:
         writes and calls ``tick`` about twice a second."""
         while not stop.is_set() and (until is None or time.monotonic() < until):
             try:
-                pending = self.retry.get(timeout=0.5)
+                failed = [self.retry.get(timeout=0.5)]
             except queue.Empty:
-                pending = None
-            if pending is not None and not self._closing.is_set():
-                stop.wait(RETRY_PAUSE_S)
-                self._send(pending)
+                failed = []
+            if failed and not self._closing.is_set():
+                stop.wait(RETRY_PAUSE_S)  # one pause for every write that failed meanwhile
+                while True:
+                    try:
+                        failed.append(self.retry.get_nowait())
+                    except queue.Empty:
+                        break
+                for pending in failed:
+                    self._send(pending)
             if tick is not None:
                 tick(self.report)
         return self.report

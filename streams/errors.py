@@ -28,6 +28,8 @@ class RecordDecodeError(StreamsError):
         "bad_checksum", "out_of_range",
         # JSON input (streams/formats/json_records.py)
         "bad_json", "missing_field", "bad_type", "extra_field", "bad_time",
+        # Avro input (streams/formats/avro_records.py)
+        "bad_avro", "unknown_schema",
     )
 
     def __init__(

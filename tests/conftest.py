@@ -31,6 +31,20 @@ def kafka_bootstrap(tmp_path_factory) -> str:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory) -> str:
+    """A real schema registry (Apicurio, deploy/schema_registry.py) for the whole session: the
+    Confluent-compatible API's base URL. Built from Maven Central on first use (cached); if it
+    cannot be built or started, every test that needs it errors with the reason."""
+    from edgestream.deploy.schema_registry import LocalSchemaRegistry
+
+    registry = LocalSchemaRegistry(tmp_path_factory.mktemp("registry")).start()
+    try:
+        yield registry.url
+    finally:
+        registry.stop()
+
+
 @pytest.fixture
 def unique() -> str:
     """A short unique suffix for topic, job and group names of one test."""

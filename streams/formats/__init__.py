@@ -12,6 +12,7 @@ decode with it and its simulated devices write it (``InputFormat.encode``).
 # Importing a format's module registers it, in this order.
 from edgestream.streams.formats import native  # noqa: F401, I001
 from edgestream.streams.formats import json_records  # noqa: F401
+from edgestream.streams.formats import avro_records  # noqa: F401
 from edgestream.streams.formats.base import (
     FormatDecoder,
     InputFormat,

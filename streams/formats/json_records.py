@@ -184,36 +184,7 @@ class JsonFormat(InputFormat):
         time in the mapping's unit (none mapped: the decoder takes the Kafka timestamp, so
         the record's own is not sent), the device and the record id (``seq``) where mapped."""
         mapping = params if isinstance(params, JsonMapping) else self.parse_params(params)  # type: ignore[arg-type]
-        count = batch.count
-        features = batch.features.reshape(count, -1) if not mapping.features_array else batch.features
-        if not mapping.features_array and features.shape[1] != len(mapping.features):
-            raise ValueError(f"{features.shape[1]} features per record, but the mapping names "
-                             f"{len(mapping.features)} feature fields")
-        columns: list[tuple[str, list[Any]]] = []
-        if mapping.features_array:
-            columns.append((mapping.features[0], features.tolist()))
-        else:
-            columns += [(path, features[:, j].tolist()) for j, path in enumerate(mapping.features)]
-        if mapping.label is not None and batch.labels is not None:
-            columns.append((mapping.label, batch.labels.tolist()))
-        if mapping.event_time is not None:
-            scale = TIME_UNITS[mapping.time_unit]
-            times = ([_iso_text(t) for t in batch.event_time.tolist()] if scale is None
-                     else (batch.event_time * scale).tolist())
-            columns.append((mapping.event_time, times))
-        if mapping.device is not None:
-            columns.append((mapping.device, [batch.device] * count))
-        if mapping.record_id is not None:
-            columns.append((mapping.record_id, batch.seq.tolist()))
-        readings: list[dict[str, Any]] = [{} for _ in range(count)]
-        for path, values in columns:
-            *parents, leaf = path.split(".")
-            for reading, value in zip(readings, values, strict=True):
-                node = reading
-                for key in parents:
-                    node = node.setdefault(key, {})
-                node[leaf] = value
-        return orjson.dumps(readings)
+        return orjson.dumps(readings_of(mapping, batch))
 
     def decoder(
         self,
@@ -229,6 +200,41 @@ class JsonFormat(InputFormat):
             mapping, limits, expected_device=expected_device, expected_shape=expected_shape,
             value_range=value_range,
         )
+
+
+def readings_of(mapping: JsonMapping, batch: RecordBatch) -> list[dict[str, Any]]:
+    """``batch`` as readings laid out as ``mapping`` says (``JsonFormat.encode`` before the
+    JSON text; the Avro format writes the same readings as Avro records)."""
+    count = batch.count
+    features = batch.features.reshape(count, -1) if not mapping.features_array else batch.features
+    if not mapping.features_array and features.shape[1] != len(mapping.features):
+        raise ValueError(f"{features.shape[1]} features per record, but the mapping names "
+                         f"{len(mapping.features)} feature fields")
+    columns: list[tuple[str, list[Any]]] = []
+    if mapping.features_array:
+        columns.append((mapping.features[0], features.tolist()))
+    else:
+        columns += [(path, features[:, j].tolist()) for j, path in enumerate(mapping.features)]
+    if mapping.label is not None and batch.labels is not None:
+        columns.append((mapping.label, batch.labels.tolist()))
+    if mapping.event_time is not None:
+        scale = TIME_UNITS[mapping.time_unit]
+        times = ([_iso_text(t) for t in batch.event_time.tolist()] if scale is None
+                 else (batch.event_time * scale).tolist())
+        columns.append((mapping.event_time, times))
+    if mapping.device is not None:
+        columns.append((mapping.device, [batch.device] * count))
+    if mapping.record_id is not None:
+        columns.append((mapping.record_id, batch.seq.tolist()))
+    readings: list[dict[str, Any]] = [{} for _ in range(count)]
+    for path, values in columns:
+        *parents, leaf = path.split(".")
+        for reading, value in zip(readings, values, strict=True):
+            node = reading
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = value
+    return readings
 
 
 class _Field:
@@ -401,10 +407,20 @@ class JsonDecoder:
             raise RecordDecodeError(
                 "too_large", f"message is {size} bytes; the limit is {limits.max_message_bytes}"
             )
+        return self.decode_readings(self._parse(data), timestamp_s=timestamp_s, offset=offset)
+
+    def _parse(self, data: bytes | bytearray | memoryview) -> Any:
+        """The message's document (a reading or a list of readings), before any check of its shape."""
         try:
-            doc = orjson.loads(data)
+            return orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise RecordDecodeError("bad_json", f"not valid JSON: {exc}") from None
+
+    def decode_readings(self, doc: Any, *, timestamp_s: float | None = None, offset: int | None = None) -> RecordBatch:
+        """A parsed message (one reading, a dict, or a list of them) as a batch, by the mapping
+        (``decode`` after parsing; another format whose messages parse to the same values,
+        such as Avro records, maps them here too)."""
+        limits = self.limits
         if type(doc) is dict:
             readings = [doc]
         elif type(doc) is list:

@@ -34,6 +34,7 @@ TARGETS: dict[str, str] = {
     "json_records": "tests.fuzz.fuzz_json_records",
     "shared_topic": "tests.fuzz.fuzz_shared_topic",
     "mqtt_bridge": "tests.fuzz.fuzz_mqtt_bridge",
+    "avro_records": "tests.fuzz.fuzz_avro_records",
 }
 
 #: Modules whose code atheris instruments for coverage: the decoders and their helpers,
