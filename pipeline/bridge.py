@@ -25,6 +25,7 @@ Per device, ``received = forwarded + dead-lettered + in flight`` (metrics and th
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import socket
@@ -34,6 +35,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from edgestream.job.config import JobConfig
@@ -54,6 +56,8 @@ DEAD_LETTER_HEAD_BYTES = 1024
 SEND_BLOCK_MS = 2000
 #: Seconds between the tries of the Kafka writes that failed (all those failed meanwhile go together).
 RETRY_PAUSE_S = 1.0
+#: MQTT topics (and devices) whose route and metric children are kept at once.
+ROUTE_CACHE = 65_536
 #: How long the producer itself keeps trying a write (Kafka's default: two minutes).
 DELIVERY_TIMEOUT_MS = 120_000
 #: First and longest wait between MQTT reconnects.
@@ -104,8 +108,7 @@ class MqttBridge:
     """One bridge process: an MQTT client (its own network thread), a Kafka producer (its own
     I/O thread) and ``run`` on the caller's thread (retries, progress, stop)."""
 
-    def __init__(self, cfg: JobConfig, bootstrap: str, metrics: Metrics, *,
-                 producer_factory: Callable[[], Any] | None = None) -> None:
+    def __init__(self, cfg: JobConfig, bootstrap: str, metrics: Metrics) -> None:
         self.cfg = cfg
         self.mq = cfg.mqtt
         self.bootstrap = bootstrap
@@ -126,7 +129,6 @@ class MqttBridge:
         self._room = threading.Condition(self._lock)
         self._in_flight = 0  # sent to Kafka, not yet acknowledged by it
         self._closing = threading.Event()
-        self._producer_factory = producer_factory
         self.producer: Any = None
         self.client: Any = None
         self.connected = threading.Event()
@@ -134,6 +136,12 @@ class MqttBridge:
         self._refused: str | None = None  # why the MQTT broker refused the connection or subscription
         for reason in BRIDGE_DEAD_REASONS:
             self.metrics.bridge_dead_letters.labels(UNKNOWN_DEVICE, reason)
+        # Per message, the same topics come again and again: route and count from caches
+        # (bounded: a topic's answer never changes, and the least used go first).
+        self._destination = functools.lru_cache(maxsize=ROUTE_CACHE)(self._destination)  # type: ignore[method-assign]
+        self._received_of = functools.lru_cache(maxsize=ROUTE_CACHE)(self.metrics.bridge_received.labels)
+        self._forwarded_of = functools.lru_cache(maxsize=ROUTE_CACHE)(self.metrics.bridge_forwarded.labels)
+        self.metrics.bridge_in_flight.set_function(lambda: self._in_flight)
 
     # --- start / stop ----------------------------------------------------------------------
     def start(self, connect_timeout_s: float = 10.0) -> None:
@@ -148,11 +156,11 @@ class MqttBridge:
         password = None
         if self.mq.password_file:
             try:
-                password = open(self.mq.password_file, encoding="utf-8").read().strip()
+                password = Path(self.mq.password_file).read_text(encoding="utf-8").strip()
             except OSError as exc:
                 raise BridgeError(f"mqtt.password_file: cannot read {self.mq.password_file}: {exc}") from None
         self._ensure_topics()
-        self.producer = self._producer_factory() if self._producer_factory else self._default_producer()
+        self.producer = self._default_producer()
         self.client = self._mqtt_client(password)
         self.client.connect_async(host, port, keepalive=self.mq.keepalive_s, clean_start=False,
                                   properties=self._connect_properties())
@@ -266,36 +274,36 @@ class MqttBridge:
         if self._closing.is_set():
             return  # not acknowledged: the next session gets it
         token = self.acks.received(message.mid) if message.qos == 1 else None
-        pending = self._route(token, message.qos, self.topics.device_of(message.topic), message.topic,
-                              message.payload)
-        self.metrics.bridge_received.labels(pending.device).inc()
-        with self._lock:
-            self.report.received[pending.device] += 1
+        pending = self._route(token, message.qos, message.topic, message.payload)
+        self._received_of(pending.device).inc()
         with self._room:  # backpressure: wait for room, but never past a stop
+            self.report.received[pending.device] += 1
             while self._in_flight >= self.mq.max_in_flight and not self._closing.is_set():
                 self._room.wait(0.5)
             self._in_flight += 1
-            self.metrics.bridge_in_flight.set(self._in_flight)
         self._send(pending)
 
-    def _route(self, token, qos: int, device: str | None, mqtt_topic: str, payload: bytes) -> _Pending:
-        headers = [(HEADER_MQTT_TOPIC, mqtt_topic.encode())]
-        reason = detail = None
-        kafka_topic = ""
+    def _destination(self, mqtt_topic: str) -> tuple[str | None, str, str | None, str | None]:
+        """Where a message of ``mqtt_topic`` goes: (device or None, its Kafka topic, and the
+        reason and detail of a dead letter, or None). Cached per topic (``__init__``)."""
+        device = self.topics.device_of(mqtt_topic)
         if device is None:
-            reason, detail = "bad_device", f"MQTT topic {mqtt_topic!r} names no device by mqtt.topics"
-        else:
-            try:
-                kafka_topic = self.layout.topic(device)
-            except TopicNameError as exc:  # counted under "(none)": metric labels stay valid ids
-                reason, detail, device = "bad_device", str(exc), None
-            else:
-                if self.known is not None and device not in self.known:
-                    reason, detail = "unknown_device", (f"device {device!r} is not one of the job's devices "
-                                                        "(devices.ids): its topic is read by no worker")
-                elif len(payload) > self.max_bytes:
-                    reason, detail = "too_large", (f"{len(payload)} bytes, above limits.max_record_message_bytes="
-                                                   f"{self.max_bytes}; the first {DEAD_LETTER_HEAD_BYTES} kept")
+            return None, "", "bad_device", f"MQTT topic {mqtt_topic!r} names no device by mqtt.topics"
+        try:
+            kafka_topic = self.layout.topic(device)
+        except TopicNameError as exc:  # counted under "(none)": metric labels stay valid ids
+            return None, "", "bad_device", str(exc)
+        if self.known is not None and device not in self.known:
+            return device, "", "unknown_device", (f"device {device!r} is not one of the job's devices "
+                                                  "(devices.ids): its topic is read by no worker")
+        return device, kafka_topic, None, None
+
+    def _route(self, token, qos: int, mqtt_topic: str, payload: bytes) -> _Pending:
+        device, kafka_topic, reason, detail = self._destination(mqtt_topic)
+        headers = [(HEADER_MQTT_TOPIC, mqtt_topic.encode())]
+        if reason is None and len(payload) > self.max_bytes:
+            reason, detail = "too_large", (f"{len(payload)} bytes, above limits.max_record_message_bytes="
+                                           f"{self.max_bytes}; the first {DEAD_LETTER_HEAD_BYTES} kept")
         key = device.encode() if device else None
         if reason is None:
             return _Pending(token, qos, device, kafka_topic, key, payload, headers)
@@ -314,12 +322,18 @@ class MqttBridge:
         except Exception as exc:  # noqa: BLE001 - buffer full, no metadata: try again later
             self._failed(pending, exc)
             return
-        future.add_callback(lambda _meta: self._written(pending))
-        future.add_errback(lambda exc: self._failed(pending, exc))
+        future.add_callback(self._written_now, pending)
+        future.add_errback(self._failed_now, pending)
+
+    def _written_now(self, pending: _Pending, _metadata: Any) -> None:
+        self._written(pending)
+
+    def _failed_now(self, pending: _Pending, exc: BaseException) -> None:
+        self._failed(pending, exc)
 
     def _written(self, pending: _Pending) -> None:
         if pending.reason is None:
-            self.metrics.bridge_forwarded.labels(pending.device).inc()
+            self._forwarded_of(pending.device).inc()
         else:
             self.metrics.bridge_dead_letters.labels(pending.device, pending.reason).inc()
             log.info("bridge: dead-lettered a message of %s: %s", pending.device, pending.reason)
@@ -329,8 +343,8 @@ class MqttBridge:
             else:
                 self.report.dead.setdefault(pending.device, Tally())[pending.reason] += 1
             self._in_flight -= 1
-            self.metrics.bridge_in_flight.set(self._in_flight)
-            self._room.notify_all()
+            if self._in_flight == self.mq.max_in_flight - 1:
+                self._room.notify_all()  # the MQTT thread may be waiting for room
         if pending.token is not None:
             with self._ack_lock:
                 for mid in self.acks.done(pending.token):

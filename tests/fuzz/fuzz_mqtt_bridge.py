@@ -45,10 +45,10 @@ class _Future:
     def __init__(self) -> None:
         self.callbacks: list = []
 
-    def add_callback(self, fn) -> None:
-        self.callbacks.append(fn)
+    def add_callback(self, fn, *args) -> None:  # as kafka-python's: fn(*args, value)
+        self.callbacks.append(lambda value: fn(*args, value))
 
-    def add_errback(self, fn) -> None:
+    def add_errback(self, fn, *args) -> None:
         pass
 
 

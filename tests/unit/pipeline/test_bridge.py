@@ -20,11 +20,11 @@ class Future:
         self.ok: list = []
         self.err: list = []
 
-    def add_callback(self, fn):
-        self.ok.append(fn)
+    def add_callback(self, fn, *args):  # as kafka-python's: fn(*args, value)
+        self.ok.append(lambda value: fn(*args, value))
 
-    def add_errback(self, fn):
-        self.err.append(fn)
+    def add_errback(self, fn, *args):
+        self.err.append(lambda exc: fn(*args, exc))
 
     def succeed(self):
         for fn in self.ok:
