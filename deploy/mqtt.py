@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from edgestream.deploy.kafka.broker import free_port
+from edgestream.deploy.kafka.broker import free_port, stop_pid
 
 #: Where Debian installs it (not on a non-root PATH).
 CANDIDATES = ("mosquitto", "/usr/sbin/mosquitto")
@@ -118,11 +118,8 @@ class LocalMosquitto:
         """SIGTERM (it writes its persistence file) and wait; SIGKILL past ``timeout_s``."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        stop_pid(self.proc.pid, timeout_s)
+        self.proc.poll()
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

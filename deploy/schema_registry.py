@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from edgestream.deploy.kafka.broker import cache_root, free_port
+from edgestream.deploy.kafka.broker import cache_root, free_port, stop_pid
 
 POM = Path(__file__).resolve().parent / "apicurio" / "pom.xml"
 #: Heap of the registry's JVM (idle RSS is about 200 MB with it).
@@ -115,14 +114,11 @@ class LocalSchemaRegistry:
         return self
 
     def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the registry's process group; SIGKILL past ``timeout_s``."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        stop_pid(self.proc.pid, timeout_s)
+        self.proc.poll()
 
     def __enter__(self) -> LocalSchemaRegistry:
         return self.start()
