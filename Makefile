@@ -4,10 +4,11 @@
 SHELL := /bin/bash
 RUN := scripts/with-venv.sh
 
-.PHONY: demo test chaos soak unit integration lint bench-ingest broker-start broker-stop venv clean help
+.PHONY: demo demo-mqtt test chaos soak unit integration lint bench-ingest broker-start broker-stop venv clean help
 
 help:
 	@echo "make demo   - local Kafka broker + 10 simulated devices + workers, live view, summary"
+	@echo "make demo-mqtt - real smartwatch data over MQTT -> bridge -> Kafka -> workers, held-out accuracy"
 	@echo "make test   - the full test suite (unit + integration against the real broker)"
 	@echo "make chaos  - the long fault runs on the real stack (3-broker cluster, testbed hosts; root)"
 	@echo "make soak   - 30 minutes with device bursts: memory, buffers, lag, accounting (benchmarks/results/soak.*)"
@@ -18,6 +19,12 @@ venv:
 
 demo: venv
 	@$(RUN) python -m edgestream run --job examples/demo.toml --garbage 3
+
+# Real smartwatch data (BasicMotions, converted once) published over MQTT to a local
+# Mosquitto, bridged into Kafka and trained on (docs/devices.md). DEMO_ARGS: e.g. --publish 40.
+demo-mqtt: venv
+	@bash scripts/system-deps.sh
+	@$(RUN) python scripts/demo_mqtt.py $(DEMO_ARGS)
 
 # One file per process, in the order given: the long integration files first, then the
 # ~110 unit files, most of them short, which even out the processes' ends (xdist's

@@ -22,7 +22,16 @@ worker with ``input.format = "json"`` and that mapping) runs against
       and builds the same feature and label arrays (numpy), timed as C;
 results in ingest_json.json and ingest_json.md.
 
-    python -m edgestream bench ingest [--messages 150000] [--repeats 3] [--format json] [--bootstrap HOST:PORT]
+With ``--format avro`` the topic holds the same readings as plain Avro (each message one
+datum of ``AVRO_SCHEMA``, an array of reading records, written without a schema id), and A
+(the worker with ``input.format = "avro"``, the same mapping and ``input.schema_file``)
+runs against
+  V = a plain aiokafka consumer that decodes each message with fastavro alone
+      (``schemaless_reader`` with the same parsed schema) and builds the same arrays, timed
+      as C;
+results in ingest_avro.json and ingest_avro.md.
+
+    python -m edgestream bench ingest [--messages 150000] [--repeats 3] [--format json|avro] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -66,14 +75,20 @@ JSON_CONSUMERS = {
     "edgestream_direct": "edgestream, direct source, JSON input (parse + map + check + buffer + batch)",
     "plain_aiokafka_json": "plain aiokafka + orjson (parse + build the feature, label, time and seq arrays)",
 }
+#: ``--format avro``: the consumers measured, in run order.
+AVRO_CONSUMERS = {
+    "edgestream_direct": "edgestream, direct source, Avro input (decode + map + check + buffer + batch)",
+    "plain_aiokafka_avro": "plain aiokafka + fastavro (decode + build the feature, label, time and seq arrays)",
+}
 
 PLAIN_CONSUMER = r"""
 import asyncio, json, sys, time
 from aiokafka import AIOKafkaConsumer
 
 def parsed(message):
-    # ``json``: parse the readings with orjson and build the arrays edgestream's batch holds.
-    readings = orjson.loads(message.value)
+    # ``json`` / ``avro``: read the readings with orjson / fastavro and build the arrays
+    # edgestream's batch holds.
+    readings = load(message.value)
     features = np.asarray([r["pixels"] for r in readings], dtype=np.float32)
     labels = np.asarray([r["digit"] for r in readings], dtype=np.int32)
     times = np.asarray([r["ts"] for r in readings], dtype=np.float64) / 1e3
@@ -101,11 +116,21 @@ async def main(bootstrap, topic, expected, parse):
         await consumer.stop()
     print(json.dumps({"messages": seen, "seconds": last - first}))
 
-parse = len(sys.argv) > 5 and sys.argv[5] == "json"
+parse = sys.argv[5] if len(sys.argv) > 5 else ""
 if parse:
     import numpy as np
-    import orjson
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), parse))
+if parse == "json":
+    from orjson import loads as load
+elif parse == "avro":
+    import io
+    import fastavro
+    with open(sys.argv[6], encoding="utf-8") as schema_file:
+        schema = fastavro.parse_schema(json.load(schema_file))
+    reader = fastavro.schemaless_reader
+
+    def load(value):
+        return reader(io.BytesIO(value), schema)
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(parse)))
 """
 BARE_FAUST = r"""
 import os, sys, tempfile, time, uuid
@@ -141,8 +166,41 @@ def json_message(features: np.ndarray, labels: np.ndarray, seq: np.ndarray, t_ms
     """One message of ``--format json``: an array of readings."""
     import orjson
 
-    return orjson.dumps([{"pixels": f.tolist(), "digit": int(d), "ts": t_ms, "n": int(n)}
-                         for f, d, n in zip(features, labels, seq, strict=True)])
+    return orjson.dumps(_readings(features, labels, seq, t_ms))
+
+
+def _readings(features: np.ndarray, labels: np.ndarray, seq: np.ndarray, t_ms: int) -> list[dict]:
+    return [{"pixels": f.tolist(), "digit": int(d), "ts": t_ms, "n": int(n)}
+            for f, d, n in zip(features, labels, seq, strict=True)]
+
+
+#: ``--format avro``: a message is one datum of this schema, the JSON mode's readings as
+#: Avro records (the pixels as Avro floats, which hold float32 values exactly).
+AVRO_SCHEMA = {"type": "array", "items": {"type": "record", "name": "Reading", "namespace": "bench", "fields": [
+    {"name": "pixels", "type": {"type": "array", "items": "float"}},
+    {"name": "digit", "type": "int"},
+    {"name": "ts", "type": "long"},
+    {"name": "n", "type": "long"},
+]}}
+
+
+def avro_mapping(schema_file: Path) -> tuple[str, ...]:
+    """The job settings of ``--format avro``: the JSON mapping, Avro read with ``schema_file``."""
+    return ("input.format=avro", *JSON_MAPPING[1:], f"input.schema_file={schema_file}")
+
+
+def avro_message(features: np.ndarray, labels: np.ndarray, seq: np.ndarray, t_ms: int,
+                 parsed_schema: object | None = None) -> bytes:
+    """One message of ``--format avro``: the readings of ``json_message`` as one datum of
+    ``AVRO_SCHEMA`` (``parsed_schema``: that schema parsed by fastavro, to parse it once)."""
+    import io
+
+    import fastavro
+
+    out = io.BytesIO()
+    schema = parsed_schema if parsed_schema is not None else fastavro.parse_schema(AVRO_SCHEMA)
+    fastavro.schemaless_writer(out, schema, _readings(features, labels, seq, t_ms))
+    return out.getvalue()
 
 
 def prefill(bootstrap: str, device: str, messages: int, fmt: str = "edgestream") -> int:
@@ -155,11 +213,17 @@ def prefill(bootstrap: str, device: str, messages: int, fmt: str = "edgestream")
     pool = [(rng.random((RECORDS_PER_MESSAGE, 64), dtype=np.float32),
              rng.integers(0, 10, RECORDS_PER_MESSAGE).astype(np.int32)) for _ in range(64)]
     size = 0
+    if fmt == "avro":
+        import fastavro
+
+        schema = fastavro.parse_schema(AVRO_SCHEMA)
     for i in range(messages):
         features, labels = pool[i % len(pool)]
         seq = np.arange(i * RECORDS_PER_MESSAGE, (i + 1) * RECORDS_PER_MESSAGE, dtype=np.uint64)
         if fmt == "json":
             payload = json_message(features, labels, seq, int(time.time() * 1000))
+        elif fmt == "avro":
+            payload = avro_message(features, labels, seq, int(time.time() * 1000), schema)
         else:
             payload = codec.encode(RecordBatch(
                 device=device, seq=seq, event_time=np.full(RECORDS_PER_MESSAGE, time.time()),
@@ -222,12 +286,13 @@ def run_edgestream(bootstrap: str, device: str, messages: int, work: Path, sourc
         stop_process(proc)
 
 
-def run_plain(bootstrap: str, device: str, messages: int, parse: str = "") -> dict:
+def run_plain(bootstrap: str, device: str, messages: int, parse: str = "", schema_file: Path | None = None) -> dict:
     """A plain aiokafka consumer reading the topic: counting its messages, or with ``parse =
-    "json"`` also parsing each as ``--format json`` writes them."""
+    "json"`` / ``"avro"`` also decoding each as ``--format json`` / ``avro`` writes them (Avro
+    with the schema in ``schema_file``)."""
     out = subprocess.run(
         [sys.executable, "-c", PLAIN_CONSUMER, bootstrap, topics.sensor_topic(device), str(messages),
-         f"plain-{uuid.uuid4().hex[:6]}", parse],
+         f"plain-{uuid.uuid4().hex[:6]}", parse, *([str(schema_file)] if schema_file is not None else [])],
         capture_output=True, text=True, check=True, timeout=900,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -263,9 +328,10 @@ def main() -> None:
                              "a few per cent of it)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of A E B C D, interleaved")
     parser.add_argument("--bootstrap", help="existing cluster (default: start a local broker)")
-    parser.add_argument("--format", choices=("edgestream", "json"), default="edgestream",
-                        help="the messages' format: edgestream's binary one (A E B C D) or JSON readings "
-                             "(A against J; results in ingest_json.*)")
+    parser.add_argument("--format", choices=("edgestream", "json", "avro"), default="edgestream",
+                        help="the messages' format: edgestream's binary one (A E B C D), JSON readings "
+                             "(A against J; results in ingest_json.*) or Avro readings (A against V; results "
+                             "in ingest_avro.*)")
     args = parser.parse_args()
     if args.messages < 1 or args.repeats < 1:
         parser.error("--messages and --repeats must be at least 1")
@@ -282,12 +348,19 @@ def main() -> None:
         device = f"bench{uuid.uuid4().hex[:6]}"
         print(f"pre-filling {args.messages} messages x {RECORDS_PER_MESSAGE} records ...", flush=True)
         message_bytes = prefill(bootstrap, device, args.messages, args.format)
-        consumers = JSON_CONSUMERS if args.format == "json" else CONSUMERS
+        consumers = {"json": JSON_CONSUMERS, "avro": AVRO_CONSUMERS}.get(args.format, CONSUMERS)
+        schema_file = work / "readings.avsc"
+        if args.format == "avro":
+            schema_file.write_text(json.dumps(AVRO_SCHEMA))
         plan = (
             ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct",
                                                          JSON_MAPPING)),
             ("plain_aiokafka_json", lambda: run_plain(bootstrap, device, args.messages, "json")),
         ) if args.format == "json" else (
+            ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct",
+                                                         avro_mapping(schema_file))),
+            ("plain_aiokafka_avro", lambda: run_plain(bootstrap, device, args.messages, "avro", schema_file)),
+        ) if args.format == "avro" else (
             ("edgestream_direct", lambda: run_edgestream(bootstrap, device, args.messages, work, "direct")),
             ("edgestream_direct_unchecked",
              lambda: run_edgestream(bootstrap, device, args.messages, work, "direct", UNCHECKED)),
@@ -319,6 +392,8 @@ def main() -> None:
     ratio_rows = {
         "edgestream_direct / plain_aiokafka_json": ratios("edgestream_direct", "plain_aiokafka_json"),
     } if args.format == "json" else {
+        "edgestream_direct / plain_aiokafka_avro": ratios("edgestream_direct", "plain_aiokafka_avro"),
+    } if args.format == "avro" else {
         "edgestream_direct / plain_aiokafka": ratios("edgestream_direct", "plain_aiokafka"),
         "edgestream_direct_unchecked / plain_aiokafka": ratios("edgestream_direct_unchecked", "plain_aiokafka"),
         "edgestream_faust / plain_aiokafka": ratios("edgestream_faust", "plain_aiokafka"),
@@ -326,19 +401,23 @@ def main() -> None:
         "edgestream_faust / bare_faust": ratios("edgestream_faust", "bare_faust"),
     }
     import aiokafka
+    import fastavro
     import faust
 
-    out_name = "ingest_json" if args.format == "json" else "ingest"
+    out_name = f"ingest_{args.format}" if args.format in ("json", "avro") else "ingest"
     result = {
         "benchmark": out_name,
         "format": args.format,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": __import__("os").cpu_count()},
-        "versions": {"kafka": kafka_version(), "faust": faust.__version__, "aiokafka": aiokafka.__version__},
+        "versions": {"kafka": kafka_version(), "faust": faust.__version__, "aiokafka": aiokafka.__version__,
+                     "fastavro": fastavro.__version__},
         "config": {"messages": args.messages, "records_per_message": RECORDS_PER_MESSAGE,
                    "message_bytes": message_bytes, "repeats": args.repeats, "features": 64,
                    "batcher": "window 0.05 s, max_batch 100000", "buffer": "persist",
-                   "unchecked": list(UNCHECKED), "json_mapping": list(JSON_MAPPING) if args.format == "json" else None},
+                   "unchecked": list(UNCHECKED), "json_mapping": list(JSON_MAPPING) if args.format == "json" else None,
+                   "avro_mapping": list(avro_mapping(Path("readings.avsc"))) if args.format == "avro" else None,
+                   "avro_schema": AVRO_SCHEMA if args.format == "avro" else None},
         "runs": runs,
         "median_records_per_s": {name: spread[name]["median"] for name in consumers},
         "spread": spread,

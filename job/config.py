@@ -22,7 +22,7 @@ from edgestream.job.sources import parse_value_range, source_named
 from edgestream.streams.errors import TopicNameError
 from edgestream.streams.formats import InputFormat, format_named
 from edgestream.streams.profiles import SCADLES_RATES
-from edgestream.streams.topics import TopicLayout
+from edgestream.streams.topics import SENSOR_DLQ, TopicLayout
 
 SCADLES_RATES_HZ = [float(r) for r in SCADLES_RATES]
 #: Most partitions ``input.partitions`` may give a shared device topic.
@@ -104,6 +104,13 @@ class DataSection:
     #: mixing and plateau decay, DLion's knowledge transfer); 0: none (they get no score).
     validation_fraction: float = 0.1
     synthetic_samples: int = 6000
+    #: ``source = "series"``: the converted time-series file (``.npz``, e.g. written by
+    #: scripts/fetch_basicmotions.py; ``~`` is expanded). Its test series are held out.
+    series_file: str = ""
+    #: ``source = "series"``: steps per record (a window of every channel) and steps between
+    #: the starts of consecutive windows of a series.
+    series_window: int = 20
+    series_hop: int = 2
     #: Declared range of every feature value; records outside are dead-lettered as
     #: ``out_of_range``. ``auto``: the source's own declaration (digits: [0, 1]; synthetic
     #: and recordings: per-feature min/max of the data, widened by ``value_margin``);
@@ -245,6 +252,9 @@ class DevicesSection:
     message_interval_s: float = 0.1
     #: Explicit device ids; default dev00, dev01, ...
     ids: list[str] = field(default_factory=list)
+    #: The devices publish themselves (e.g. over MQTT through `edgestream bridge mqtt`):
+    #: `edgestream run` starts no simulators and counts what they write to their topics.
+    external: bool = False
 
     def device_ids(self) -> list[str]:
         if self.ids:
@@ -555,6 +565,84 @@ class MqttSection:
 
 
 @dataclass
+class LabelsSection:
+    """Delayed labels (docs/ingest.md "Delayed labels"): with ``topic`` set, readings that
+    arrive without a label wait up to ``max_delay_s`` for it from that topic."""
+
+    #: The label topic ("": labels come inside the readings, as they always did).
+    topic: str = ""
+    #: How a label names its reading: ``record_id`` (the reading's record id: its sequence
+    #: number, or the field ``input.record_id``) or ``event_time`` (to the millisecond).
+    match: str = "record_id"
+    #: Seconds a reading waits for its label (and a label for its reading); then it leaves,
+    #: counted: the reading as dropped ``unlabeled``, the label as late.
+    max_delay_s: float = 30.0
+    #: Most readings one worker keeps waiting (and most labels); past it the oldest leave early, counted.
+    max_pending: int = 200_000
+    #: The label messages' JSON fields (a message is one object or an array of them). Without
+    #: a ``device`` field, the message's Kafka key is the device.
+    device: str = "device"
+    record_id: str = "record_id"
+    event_time: str = "event_time"
+    time_unit: str = "s"
+    label: str = "label"
+    #: Simulated devices (`edgestream run`, `simulate`): each label is sent this many seconds
+    #: after its reading, drawn uniformly from [low, high] ...
+    simulate_delay_s: list[float] = field(default_factory=lambda: [0.0, 5.0])
+    #: ... or, with this probability, never.
+    simulate_missing: float = 0.0
+
+    @property
+    def delayed(self) -> bool:
+        return bool(self.topic)
+
+    def fields(self) -> Any:
+        from edgestream.streams.labels import LabelFields
+
+        return LabelFields(device=self.device, record_id=self.record_id, event_time=self.event_time,
+                           time_unit=self.time_unit, label=self.label, match=self.match)
+
+    def validate(self, cfg: JobConfig) -> None:
+        from edgestream.streams.labels import MATCHES, TIME_UNITS
+
+        if not self.topic:
+            return
+        try:
+            named = TopicLayout(self.topic)  # one literal name: the checks of a shared topic's
+        except TopicNameError as exc:
+            raise ConfigError(f"labels.topic: {str(exc).replace('the shared device topic', 'the label topic')}") from None
+        layout = cfg.input.layout()
+        device_topics = {cfg.input.topic} if layout.keyed else {layout.topic(d) for d in cfg.devices.device_ids()}
+        if not named.keyed or self.topic == SENSOR_DLQ or self.topic in device_topics:
+            raise ConfigError(f"labels.topic={self.topic!r} is not a topic of its own (a device topic of "
+                              f"input.topic={cfg.input.topic!r}, the dead-letter topic, or a pattern): name one "
+                              "topic for the labels, e.g. labels.<job>")
+        _choice("labels.match", self.match, MATCHES)
+        _choice("labels.time_unit", self.time_unit, tuple(TIME_UNITS))
+        _positive("labels.max_delay_s", self.max_delay_s)
+        _positive("labels.max_pending", self.max_pending)
+        if len(self.simulate_delay_s) != 2 or not all(map(math.isfinite, self.simulate_delay_s)) or \
+                not 0 <= self.simulate_delay_s[0] <= self.simulate_delay_s[1]:
+            raise ConfigError(f"labels.simulate_delay_s must be [low, high] seconds with 0 <= low <= high "
+                              f"(got {self.simulate_delay_s})")
+        if not 0 <= self.simulate_missing < 1:
+            raise ConfigError(f"labels.simulate_missing must lie in [0, 1) (got {self.simulate_missing})")
+        if cfg.kafka.ingest_source != "direct":
+            raise ConfigError("labels.topic is read by assignment beside the device topics: use "
+                              "kafka.ingest_source=direct")
+        if cfg.train.stages:
+            raise ConfigError("labels.topic cannot be used with train.stages (a stage-split model is trained "
+                              "on inline labels only)")
+        if self.match == "record_id" and cfg.input.format != "edgestream" and not cfg.input.record_id:
+            raise ConfigError(f"labels.match=record_id with input.format={cfg.input.format!r} needs input.record_id "
+                              "(the field a label names its reading by); or use labels.match=event_time")
+        if self.match == "event_time" and cfg.input.format != "edgestream" and not cfg.input.event_time:
+            raise ConfigError(f"labels.match=event_time with input.format={cfg.input.format!r} needs "
+                              "input.event_time (without it a reading's time is the Kafka timestamp, which the "
+                              "label's sender cannot know)")
+
+
+@dataclass
 class JobConfig:
     job: JobSection = field(default_factory=JobSection)
     kafka: KafkaSection = field(default_factory=KafkaSection)
@@ -570,6 +658,7 @@ class JobConfig:
     train: TrainSection = field(default_factory=TrainSection)
     testbed: TestbedSection = field(default_factory=TestbedSection)
     mqtt: MqttSection = field(default_factory=MqttSection)
+    labels: LabelsSection = field(default_factory=LabelsSection)
 
     def validate(self) -> JobConfig:
         _choice("kafka.ingest_source", self.kafka.ingest_source, INGEST_SOURCES)
@@ -591,6 +680,7 @@ class JobConfig:
                               "input.format=edgestream for a recording")
         self._validate_layout()
         self.mqtt.validate()
+        self.labels.validate(self)
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
         _non_negative("data.observed_warmup", self.data.observed_warmup)

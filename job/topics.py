@@ -22,9 +22,19 @@ def sensor_topics_for(devices: list[str], layout: topics.TopicLayout = topics.DE
 
 def sensor_partitions(cfg: JobConfig) -> dict[str, int]:
     """Device topics created with their own partition count (``ensure_topics``'s ``sized``):
-    a shared topic's ``input.partitions``; none for one topic per device."""
+    a shared topic's ``input.partitions``, and the label topic's (``labels.topic``) the same, so
+    a device's labels, keyed by it, land in the partition number of its readings; none for one
+    topic per device."""
     layout = cfg.input.layout()
-    return {layout.pattern: cfg.input.partitions} if layout.keyed else {}
+    sized = {layout.pattern: cfg.input.partitions} if layout.keyed else {}
+    if cfg.labels.delayed:
+        sized[cfg.labels.topic] = cfg.input.partitions if layout.keyed else 1
+    return sized
+
+
+def label_topics(cfg: JobConfig) -> dict[str, str]:
+    """The label topic (``labels.topic``), if the job's labels come on their own."""
+    return {cfg.labels.topic: "sensors"} if cfg.labels.delayed else {}
 
 
 #: Channels with one topic per job, read by every subscriber (``inbox`` is per recipient).
@@ -88,6 +98,7 @@ def job_topics(cfg: JobConfig, subscribes: tuple[str, ...] | list[str] = (), *,
     configured worker's inbox when its strategy subscribes to ``inbox`` (a message to a
     worker that starts later, or joins, waits in its topic)."""
     wanted = sensor_topics_for(cfg.devices.device_ids(), cfg.input.layout())
+    wanted.update(label_topics(cfg))
     if cfg.train.enabled if training is None else training:
         inboxes = cfg.worker_names() if "inbox" in subscribes else []
         wanted.update(training_topics(cfg.job.name, inboxes))

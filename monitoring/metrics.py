@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: ``edgestream_trained_record_age_seconds``: from a window batch's fraction of a second to
+#: readings that waited for a delayed label.
+RECORD_AGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 #: ``reason`` values of ``edgestream_buffer_dropped_records_total`` (pipeline/ingest.py).
 DROP_REASONS = ("overflow", "window_truncate")
 #: ``reason`` values of ``edgestream_bridge_dead_letter_messages_total`` (pipeline/bridge.py).
@@ -229,6 +232,29 @@ class Metrics:
             "nothing pending, or beyond input.max_devices); their counts are kept summed",
             registry=r,
         )
+        # --- delayed labels (labels.topic) ---------------------------------------------------
+        self.labels_read = Counter(
+            "edgestream_labels_total",
+            "Labels read from labels.topic, by what became of them (state): joined (to their reading), "
+            "late (no reading came for it within labels.max_delay_s: it came too late, or never), "
+            "foreign (a device another worker reads)",
+            ["state"], registry=r,
+        )
+        self.label_waiting = Gauge(
+            "edgestream_label_waiting_records", "Readings waiting for their label (labels.topic)", registry=r,
+        )
+        self.label_early = Gauge(
+            "edgestream_label_early_records", "Labels waiting for their reading (labels.topic)", registry=r,
+        )
+        self.label_prequential_records = Counter(
+            "edgestream_label_prequential_records_total",
+            "Readings scored when their label came, by the prediction the model made when the reading arrived",
+            registry=r,
+        )
+        self.label_prequential_correct = Counter(
+            "edgestream_label_prequential_correct_total",
+            "Of those, the readings whose arrival-time prediction was their label", registry=r,
+        )
         # --- consumer position --------------------------------------------------------
         self.consumer_lag = Gauge(
             "edgestream_consumer_lag_records",
@@ -287,6 +313,12 @@ class Metrics:
         self.staleness_seconds = Histogram(
             "edgestream_staleness_seconds", "Age of a gradient when it is applied",
             ["worker"], buckets=STALENESS_SECONDS_BUCKETS, registry=r,
+        )
+        self.trained_record_age = Histogram(
+            "edgestream_trained_record_age_seconds",
+            "How old each record was when the step that trained it was applied: wall clock minus the "
+            "record's event time (for a device that stamps its readings when it sends them: send to trained)",
+            ["worker"], buckets=RECORD_AGE_BUCKETS, registry=r,
         )
         self.live_workers = Gauge(
             "edgestream_live_workers", "Workers this process sees as live (heartbeats on control.<job>)",

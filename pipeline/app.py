@@ -42,6 +42,7 @@ from edgestream.pipeline import security
 from edgestream.pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
 from edgestream.streams import topics
 from edgestream.streams.batching import Batch
+from edgestream.streams.labels import Waiting
 from edgestream.streams.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,12 @@ class IngestDriver:
             sink.settle = self.settle  # type: ignore[attr-defined]
         # Timer and fetch loop both perform actions; one at a time keeps batches in order.
         self._lock = asyncio.Lock()
+        #: The sink's model, asked what it predicts for readings that wait for their label
+        #: (``IngestActions.predict``); None: a sink without one (nothing is scored).
+        self.predictor: Callable[[np.ndarray], Any] | None = getattr(sink, "predict", None)
+        core.predict_on_arrival = self.predictor is not None and core.label_join is not None
+        self._to_predict: list[Waiting] = []
+        self._predicting: asyncio.Task | None = None
 
     async def settle(self, batch: Batch, outcome: str = CONSUMED, reason: str | None = None) -> None:
         """The sink is done with ``batch`` (trained, or dead-lettered for ``reason``)."""
@@ -248,6 +255,26 @@ class IngestDriver:
                 self.source.pause(actions.pause)
             if actions.resume:
                 await self.source.resume(actions.resume)
+            if actions.predict:
+                self._to_predict += actions.predict
+                if self._predicting is None or self._predicting.done():
+                    self._predicting = asyncio.ensure_future(self._predict())
+
+    async def _predict(self) -> None:
+        """The model's predictions for readings that began waiting for their label, asked
+        for as they come (in batches while one is being answered): what each is scored on
+        when its label arrives. A reading whose label came first is not scored."""
+        assert self.predictor is not None
+        while self._to_predict:
+            waiting, self._to_predict = self._to_predict, []
+            features = np.stack([w.batch.features[w.index] for w in waiting])
+            try:
+                classes = await self.predictor(features)
+            except Exception:  # a model that cannot answer now (stopping): those readings go unscored
+                log.warning("predicting for readings that wait for their label failed", exc_info=True)
+                return
+            for w, c in zip(waiting, classes.tolist(), strict=True):
+                w.prediction = int(c)
 
 
 def _kafka_time_s(timestamp_ms: int | None) -> float | None:
@@ -329,11 +356,15 @@ class DirectSensorSource(Service):
         self.on_positioned = on_positioned
         self.parts: dict[TopicPartition, _Partition] = {}
         self.layout = driver.core.layout  # input.topic
+        #: labels.topic: with a shared topic, the same partitions of it (a device's labels,
+        #: keyed by it, land in the partition number its readings do); else all of them.
+        self.labels_topic = driver.core.labels_topic
         if self.layout.keyed:
             topic = self.layout.pattern
             for p in shared_partitions or []:
-                tp = TopicPartition(topic, p)
-                self.parts[tp] = _Partition(tp, None, OffsetTracker.key(topic, p))
+                for t in (topic, self.labels_topic) if self.labels_topic else (topic,):
+                    tp = TopicPartition(t, p)
+                    self.parts[tp] = _Partition(tp, None, OffsetTracker.key(t, p))
         else:
             for device in devices:
                 topic = self.layout.topic(device)
@@ -380,6 +411,10 @@ class DirectSensorSource(Service):
                 tp = TopicPartition(topic, p)
                 if tp not in self.parts:
                     self.parts[tp] = _Partition(tp, self.layout.device_of(topic), OffsetTracker.key(topic, p))
+        if self.labels_topic and not self.layout.keyed:
+            for p in sorted(consumer.partitions_for_topic(self.labels_topic) or {0}):
+                tp = TopicPartition(self.labels_topic, p)
+                self.parts[tp] = _Partition(tp, None, OffsetTracker.key(self.labels_topic, p))
         consumer.assign(list(self.parts))
         for part in self.parts.values():
             part.start = await consumer.position(part.tp)
@@ -526,6 +561,8 @@ class DirectSensorSource(Service):
         ends: dict[tuple[str, int], int] = {}
         positions: dict[tuple[str, int], int | None] = {}
         for tp, part in self.parts.items():
+            if tp.topic == self.labels_topic:
+                continue  # not a device's: the labels' progress shows as readings leaving the label wait
             # the high watermark of the partition's latest fetch response
             end = self.consumer.highwater(tp)
             if end is None or end < 0:

@@ -39,6 +39,7 @@ from edgestream.streams.dedup import SeqWindow
 from edgestream.streams.errors import RecordDecodeError, TopicNameError
 from edgestream.streams.eventtime import BAD_TIMESTAMP, EventTimeCheck
 from edgestream.streams.formats import FormatDecoder
+from edgestream.streams.labels import Joined, LabelDecoder, LabelJoin, Waiting
 from edgestream.streams.rates import RateEstimator
 from edgestream.streams.records import RecordBatch
 
@@ -71,10 +72,13 @@ class IngestActions:
     ack: list[Any] = field(default_factory=list)
     pause: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
+    #: Readings that began waiting for their label: the model's prediction for each is wanted
+    #: now (``Waiting.prediction``), to score against the label when it comes.
+    predict: list[Waiting] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         """True if there is anything to do (most messages only fill a buffer)."""
-        return bool(self.batches or self.dead_letters or self.ack or self.pause or self.resume)
+        return bool(self.batches or self.dead_letters or self.ack or self.pause or self.resume or self.predict)
 
     def extend(self, other: IngestActions) -> None:
         self.batches += other.batches
@@ -82,6 +86,7 @@ class IngestActions:
         self.ack += other.ack
         self.pause += other.pause
         self.resume += other.resume
+        self.predict += other.predict
 
 
 #: Checkpoint keys (no device id can be either) of the summed counts of the devices a shared
@@ -99,6 +104,11 @@ GAUGE_INTERVAL_S = 0.5
 CONSUMED, DROPPED, DEAD = "consumed", "dropped", "dead"
 #: The drop reason of a record whose sequence number its device sent before.
 DUPLICATE = "duplicate"
+#: Drop reasons of a reading whose label did not come within ``labels.max_delay_s``, and of
+#: one pushed out of a full label wait (``labels.max_pending``).
+UNLABELED, LABEL_WAIT_FULL = "unlabeled", "label_wait_full"
+#: The device label of a label message's dead letter (it may name many devices).
+LABELS_DEVICE = "(labels)"
 
 
 @dataclass
@@ -162,7 +172,7 @@ class _OpenToken:
     """One registered token whose records are not all settled yet."""
 
     __slots__ = ("device", "messages", "records", "remaining", "consumed", "dropped", "dead", "dead_reasons",
-                 "whole_reason", "dropped_reasons", "seqs")
+                 "whole_reason", "dropped_reasons", "seqs", "label_tokens")
 
     def __init__(self, device: str, messages: int, records: int) -> None:
         self.device = device
@@ -176,6 +186,7 @@ class _OpenToken:
         self.whole_reason: str | None = None  # the message was dead-lettered whole, for this reason
         self.dropped_reasons: dict[str, int] | None = None
         self.seqs: np.ndarray | None = None  # sequence numbers it brought into the duplicate window
+        self.label_tokens: list[Any] | None = None  # label messages whose labels joined its records
 
 
 class _DeviceSeries:
@@ -197,7 +208,7 @@ class _Device:
     """Everything ``on_message`` touches for one device, behind one lookup (the hot path)."""
 
     __slots__ = ("name", "buffer", "batcher", "rate", "ledger", "series", "decoder", "newest_event_time",
-                 "read_at", "in_sink", "seen", "clock", "partition", "last_at", "open")
+                 "read_at", "in_sink", "seen", "clock", "partition", "last_at", "open", "awaiting")
 
     def __init__(self, name: str, buffer: StreamBuffer, batcher: AdaptiveBatcher, rate: RateEstimator,
                  ledger: DeviceLedger, series: _DeviceSeries, decoder: FormatDecoder) -> None:
@@ -216,6 +227,7 @@ class _Device:
         self.partition: int | None = None  # a shared topic: the partition its messages came from
         self.last_at = 0.0  # ingest clock of its last message (a shared topic's idle eviction)
         self.open = 0  # its registered tokens not settled yet
+        self.awaiting = 0  # readings waiting for their label (labels.topic)
 
     def event_time_lag_s(self) -> float:
         if self.newest_event_time is None:
@@ -224,8 +236,8 @@ class _Device:
 
     @property
     def pending(self) -> int:
-        """Records read and not settled: in the buffer or in batches the sink holds."""
-        return self.buffer.depth + self.in_sink
+        """Records read and not settled: waiting for a label, in the buffer or in batches the sink holds."""
+        return self.buffer.depth + self.in_sink + self.awaiting
 
 
 class IngestCore:
@@ -295,6 +307,26 @@ class IngestCore:
         self._keyless: FormatDecoder | None = None
         self._evicted_at = start
         self._gauges_at = -GAUGE_INTERVAL_S  # the first tick sets them
+        #: Delayed labels (``labels.topic``): readings without a label wait in ``label_join``.
+        self.labels_topic: str | None = cfg.labels.topic or None
+        self.label_join: LabelJoin | None = None
+        self.label_decoder: LabelDecoder | None = None
+        #: Label messages not settled yet: their labels still to join, or joined to readings
+        #: whose message is not settled (a label is committed only with its reading).
+        self._label_open: dict[Any, int] = {}
+        #: What became of the labels read: ``joined``, ``late``, ``foreign``, and label
+        #: messages ``dead_lettered``; ``scored``/``correct``: the arrival-time predictions.
+        self.label_counts = {"read": 0, "joined": 0, "late": 0, "foreign": 0, "dead_lettered": 0,
+                             "scored": 0, "correct": 0}
+        #: Set by a driver that can ask the model (``IngestActions.predict``).
+        self.predict_on_arrival = False
+        if self.labels_topic is not None:
+            self.label_decoder = LabelDecoder(cfg.labels.fields(), num_classes,
+                                              max_bytes=cfg.limits.max_record_message_bytes,
+                                              max_labels=cfg.limits.max_records_per_message)
+            self.label_join = join = LabelJoin(cfg.labels.max_delay_s, cfg.labels.max_pending)
+            self.metrics.label_waiting.set_function(lambda: join.waiting)
+            self.metrics.label_early.set_function(lambda: join.early)
         for device in devices:
             self._add_device(device)
         self.metrics.devices_held.set_function(lambda: len(self._by_name))
@@ -375,6 +407,8 @@ class IngestCore:
         actions = IngestActions()
         state = self._by_topic.get(topic)
         if state is None:
+            if topic == self.labels_topic:
+                return self._on_labels(topic, partition, offset, key, value, token, now)
             if topic != self._shared:
                 actions.dead_letters.append(self._foreign(topic, partition, offset, key, value, token))
                 return actions
@@ -399,7 +433,7 @@ class IngestCore:
                 self._dead_letter(device, topic, partition, offset, key, data, exc.reason, exc.detail, token)
             )
             return actions
-        if self.require_labels and batch.labels is None:
+        if self.require_labels and batch.labels is None and self.label_join is None:
             actions.dead_letters.append(self._dead_letter(
                 device, topic, partition, offset, key, data, "no_labels",
                 "this job trains, and the message carries no labels", token))
@@ -435,6 +469,8 @@ class IngestCore:
         batch = state.decoder.decode_run(values)
         if batch is None:
             return None
+        if self.require_labels and batch.labels is None and self.label_join is None:
+            return None  # on_message dead-letters each (no_labels)
         clock, seen = state.clock, state.seen
         times = None if timestamps_s is None else np.asarray(timestamps_s, dtype=np.float64)
         if clock is not None and times is not None and not clock.run_passes(
@@ -447,7 +483,7 @@ class IngestCore:
             return None
         state.ledger.messages_in += len(values)
         state.series.messages_in.inc(len(values))
-        state.series.bytes_in.inc(layout.size * len(values))
+        state.series.bytes_in.inc(sum(map(len, values)))  # a JSON run's messages differ in size
         actions = IngestActions()
         self._register(token, state.name, len(values), batch.count)
         if clock is not None and times is not None:
@@ -524,10 +560,17 @@ class IngestCore:
 
     def _accept(self, state: _Device, batch: RecordBatch, token: Any, now: float, wall_now: float,
                 actions: IngestActions) -> None:
-        """Decoded records of ``state``'s device: buffer, batch, maybe pause."""
+        """Decoded records of ``state``'s device: buffer, batch, maybe pause (or, without
+        labels in a job whose labels come later, wait for them)."""
         state.rate.observe(batch.count, now)
         state.newest_event_time = float(batch.event_time[-1])
         state.read_at = wall_now
+        if batch.labels is None and self.label_join is not None:
+            self._hold(state, batch, token, now, actions)
+            return
+        self._buffer(state, batch, token, now, actions)
+
+    def _buffer(self, state: _Device, batch: RecordBatch, token: Any, now: float, actions: IngestActions) -> None:
         buf = state.buffer
         pushed = buf.push(batch, token)
         if pushed.dropped:
@@ -539,6 +582,112 @@ class IngestCore:
             actions.pause.append(state.name)
             self.metrics.partition_paused.labels(state.name).set(1)
             self.metrics.partition_pauses.labels(state.name).inc()
+
+    # --- delayed labels -------------------------------------------------------------------
+    def _hold(self, state: _Device, batch: RecordBatch, token: Any, now: float, actions: IngestActions) -> None:
+        """Readings without labels: each joins a label that came first, or waits for its own."""
+        assert self.label_join is not None and self.label_decoder is not None
+        keys = self.label_decoder.keys_of(batch.seq, batch.event_time)
+        held = self.label_join.hold(state.name, keys, batch, token, now)
+        state.awaiting += batch.count - len(held.joined) - len(held.duplicates)
+        if held.duplicates:
+            self.metrics.duplicate_records.labels(state.name).inc(len(held.duplicates))
+            actions.ack += self._settle([(token, len(held.duplicates))], DROPPED, DUPLICATE)
+        if self.predict_on_arrival:
+            actions.predict += held.waiting
+        self._leave_unlabeled(held.evicted, LABEL_WAIT_FULL, actions)
+        self._joined(held.joined, now, actions, waited=False)
+
+    def _on_labels(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                   token: Any, now: float) -> IngestActions:
+        """A label message: each label joins its waiting reading, waits for it, or (a device
+        another worker reads) is passed over; a message that cannot be read is dead-lettered."""
+        assert self.label_join is not None and self.label_decoder is not None
+        actions = IngestActions()
+        try:
+            labels = self.label_decoder.decode(value or b"", key)
+        except RecordDecodeError as exc:
+            self.label_counts["dead_lettered"] += 1
+            actions.dead_letters.append(self._dead_letter(LABELS_DEVICE, topic, partition, offset, key, value,
+                                                          exc.reason, exc.detail, token))
+            return actions
+        self.label_counts["read"] += len(labels)
+        self._label_open[token] = len(labels)
+        joined = []
+        for label in labels:
+            if not self.layout.keyed and label.device not in self._by_name:
+                self._label_outcome("foreign")
+                actions.ack += self._release_label(token)
+                continue
+            match, late = self.label_join.give(label, token, now)
+            if match is not None:
+                joined.append(match)
+            for old in late:
+                self._label_outcome("late")
+                actions.ack += self._release_label(old)
+        self._joined(joined, now, actions, waited=True)
+        return actions
+
+    def _joined(self, joined: list[Joined], now: float, actions: IngestActions, *, waited: bool) -> None:
+        """Readings that met their label (``waited``: in the label wait; else as they came):
+        on to the buffer, labelled, under their own token, which then also carries the
+        label's (committed when the reading is settled)."""
+        if not joined:
+            return
+        groups: dict[Any, list[Joined]] = {}
+        for j in joined:
+            groups.setdefault(j.reading.token, []).append(j)
+        counts = self.label_counts
+        scored = correct = 0
+        for group in groups.values():
+            first = group[0].reading
+            state = self._by_name[first.device]
+            entry = self._open[first.token]
+            if entry.label_tokens is None:
+                entry.label_tokens = []
+            index = np.fromiter((j.reading.index for j in group), dtype=np.int64, count=len(group))
+            labels = np.fromiter((j.label for j in group), dtype=np.int32, count=len(group))
+            for j in group:
+                entry.label_tokens.append(j.label_token)
+                if j.reading.prediction >= 0:
+                    scored += 1
+                    correct += j.reading.prediction == j.label
+            source = first.batch
+            batch = RecordBatch(device=first.device, seq=source.seq[index], event_time=source.event_time[index],
+                                features=source.features[index], labels=labels)
+            if waited:
+                state.awaiting -= len(group)
+            self._label_outcome("joined", len(group))
+            self._buffer(state, batch, first.token, now, actions)
+        if scored:
+            counts["scored"] += scored
+            counts["correct"] += correct
+            self.metrics.label_prequential_records.inc(scored)
+            self.metrics.label_prequential_correct.inc(correct)
+
+    def _leave_unlabeled(self, readings: list[Waiting], reason: str, actions: IngestActions) -> None:
+        """Readings that leave the label wait without a label: dropped, counted per reason."""
+        groups: dict[Any, list[Waiting]] = {}
+        for w in readings:
+            groups.setdefault(w.token, []).append(w)
+        for group in groups.values():
+            device, token = group[0].device, group[0].token
+            self._by_name[device].awaiting -= len(group)
+            self.metrics.buffer_dropped.labels(device, reason).inc(len(group))
+            actions.ack += self._settle([(token, len(group))], DROPPED, reason)
+
+    def _label_outcome(self, outcome: str, n: int = 1) -> None:
+        self.label_counts[outcome] += n
+        self.metrics.labels_read.labels(outcome).inc(n)
+
+    def _release_label(self, token: Any) -> list[Any]:
+        """One label of a label message is settled; the token if that was its last."""
+        left = self._label_open[token] - 1
+        if left:
+            self._label_open[token] = left
+            return []
+        del self._label_open[token]
+        return [token]
 
     # --- a shared topic's devices ----------------------------------------------------------
     def _keyed_state(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
@@ -643,6 +792,13 @@ class IngestCore:
         if self._shared is not None and now - self._evicted_at >= 1.0:
             self._evicted_at = now
             self.evict(now)
+        if self.label_join is not None:
+            expired = self.label_join.expire(now)
+            if expired:
+                self._leave_unlabeled(expired.readings, UNLABELED, actions)
+                for token in expired.late_tokens:
+                    self._label_outcome("late")
+                    actions.ack += self._release_label(token)
         gauges = now - self._gauges_at >= GAUGE_INTERVAL_S
         if gauges:
             self._gauges_at = now
@@ -727,6 +883,8 @@ class IngestCore:
                 self._by_name[entry.device].open -= 1
                 self._fold(entry)
                 done.append(token)
+                for label_token in entry.label_tokens or ():
+                    done += self._release_label(label_token)
         return done
 
     def _fold(self, entry: _OpenToken) -> None:
@@ -810,6 +968,7 @@ class IngestCore:
                 "batched": self.batchers[device].batched_records_total,
                 "buffered": buf.depth,
                 "in_sink": state.in_sink,
+                "awaiting_label": state.awaiting,
                 "pending": state.pending,
                 "max_depth": buf.max_depth,
                 "pauses": buf.pauses_total,

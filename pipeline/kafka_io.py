@@ -312,16 +312,20 @@ def end_offsets(bootstrap: str, topic_names: list[str]) -> dict[TopicPartition, 
         cons.close()
 
 
-def start_groups_at_end(bootstrap: str, groups: dict[str, list[str]]) -> None:
+def start_groups_at_end(bootstrap: str, groups: dict[str, list[str]],
+                        at: dict[TopicPartition, int] | None = None) -> None:
     """Commit each group's offsets at the current end of its topics.
 
     ``edgestream run`` does this before starting workers so a run consumes exactly the
-    records produced during it, even on a cluster whose topics hold older data.
+    records produced during it, even on a cluster whose topics hold older data. ``at``:
+    offsets taken earlier for some partitions, committed instead of their current end (a
+    run of external devices counts what they write from exactly there).
     """
     admin = admin_client(bootstrap)
     try:
         for group, topic_names in groups.items():
             ends = end_offsets(bootstrap, topic_names)
+            ends.update({tp: off for tp, off in (at or {}).items() if tp in ends})
             if not any(ends.values()):
                 continue  # empty topics: "earliest" already means "what this run produces"
             offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in ends.items()}

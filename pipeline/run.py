@@ -30,7 +30,7 @@ from rich.text import Text
 
 from edgestream.job.config import ConfigError, JobConfig
 from edgestream.job.sources import job_fleet_data
-from edgestream.job.topics import job_topics, sensor_partitions
+from edgestream.job.topics import job_topics, label_topics, sensor_partitions
 from edgestream.monitoring.metrics import serve_process
 from edgestream.monitoring.prometheus import file_sd_path, run_targets, write_file_sd
 from edgestream.monitoring.scrape import Scrape, scrape
@@ -133,6 +133,10 @@ class RunResult:
     #: Devices the job file does not name that wrote to a shared topic (their ledgers): what
     #: they produced is not this run's to know, so they are not in ``accounting``'s balance.
     other_devices: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Delayed labels (``labels.topic``): the workers' label counts summed (read, joined,
+    #: late, foreign, dead_lettered; scored and correct: arrival-time predictions), with the
+    #: simulated devices' ``sent`` and ``withheld``. Empty for inline labels.
+    labels: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.backlog = {d: n for d, a in sorted(self.accounting.items()) if (n := backlog_of(a))}
@@ -404,6 +408,9 @@ def run_job(
     """
     console = console or Console()
     check_stream_options(cfg, garbage_per_device)
+    if cfg.devices.external and garbage_per_device:
+        raise ConfigError("--garbage injects malformed messages from the simulators, and a job with "
+                          "devices.external = true has none: its devices publish themselves")
     if testbed is None:
         warm_up()  # the fork server imports the workers' code while topics are made
     state, cfg_path = prepare_state(cfg)
@@ -428,12 +435,19 @@ def run_job(
     for name in [SERVER_NAME] * (SERVER_NAME in names) + list(cfg.worker_names()):
         if name != SERVER_NAME:
             sensors = sorted({cfg.input.layout().topic(d) for d in cfg.devices_of(name)})
-            groups.setdefault(sensor_group(cfg, name), []).extend(sensors)
+            # and the label topic: an earlier run's labels must not join this run's readings
+            groups.setdefault(sensor_group(cfg, name), []).extend([*sensors, *label_topics(cfg)])
         if training:
             groups.setdefault(app_id(cfg, name), []).extend(
                 update_topics(cfg, name, subscribes if name != SERVER_NAME else ()))
-    # A run consumes what is produced during it, even on a long-lived cluster.
-    start_groups_at_end(bootstrap, groups)
+    # A run consumes what is produced during it, even on a long-lived cluster. External
+    # devices (devices.external) are counted from exactly where their workers start.
+    arrivals_from = None
+    if cfg.devices.external:
+        from edgestream.pipeline.external import device_topic_ends
+
+        arrivals_from = device_topic_ends(bootstrap, cfg)
+    start_groups_at_end(bootstrap, groups, at=arrivals_from)
     ctx = RunContext(cfg, bootstrap, state, cfg_path, [], testbed=testbed)
     stop = ctx.stop
     t_start = time.monotonic()
@@ -462,6 +476,14 @@ def run_job(
                     from edgestream.pipeline.testbed_run import enter_devices
 
                     enter_devices(testbed)  # this thread and the producers' threads
+                if arrivals_from is not None:  # no simulators: count what the devices write
+                    from edgestream.pipeline.external import await_devices
+
+                    report_box["final"] = await_devices(
+                        cfg, bootstrap, cfg.run.duration_s, start_offsets=arrivals_from, stop=stop,
+                        progress=lambda r: report_box.__setitem__("live", r), report_path=state / "simulation.json",
+                        say=lambda line: console.print(f"[yellow]{line}[/yellow]", soft_wrap=True))
+                    return
                 report_box["final"] = stream_devices(
                     cfg, bootstrap, cfg.run.duration_s, garbage_per_device=garbage_per_device,
                     stop=stop, progress=lambda r: report_box.__setitem__("live", r), metrics=sim_metrics,
@@ -477,6 +499,10 @@ def run_job(
             hook = threading.Thread(target=lambda: _guard(on_streaming, ctx, errors), name="run-hook", daemon=True)
             hook.start()
         title = f"edgestream run '{cfg.job.name}' - {len(devices)} devices, {len(cfg.worker_names())} worker(s)"
+        if arrivals_from is not None:
+            title = title.replace(" devices,", " external devices,")
+            console.print(f"devices.external: no simulators; counting what the {len(devices)} devices write to "
+                          f"{cfg.input.topic} for up to {cfg.run.duration_s:g} s", soft_wrap=True)
         with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as view:
             while sim.is_alive():
                 ctx.supervise()
@@ -549,6 +575,8 @@ def run_job(
         console.print(others_line(result, training), soft_wrap=True)
     if training:
         console.print(training_table(result))
+    if result.labels:
+        console.print(labels_line(result.labels), soft_wrap=True)
     if result.assembled is not None:
         console.print(f"assembled model (stages {' -> '.join(result.assembled['versions'])}, from their final "
                       f"checkpoints at versions {', '.join(map(str, result.assembled['versions'].values()))}): "
@@ -656,6 +684,7 @@ def _collect(cfg: JobConfig, ctx: RunContext, state: Path, report: SimulationRep
     records of a stopped worker's devices still in Kafka are not counted."""
     training = cfg.train.enabled
     accounting: dict[str, dict[str, int]] = {}
+    labels: dict[str, int] = {}
     train_summary: dict[str, dict] = {}
     missing: dict[str, str] = {}
     running = set(ctx.running_workers())
@@ -672,6 +701,8 @@ def _collect(cfg: JobConfig, ctx: RunContext, state: Path, report: SimulationRep
                 continue
             if file == "accounting.json":
                 accounting.update(data["devices"])
+                for key, n in (data.get("labels") or {}).items():
+                    labels[key] = labels.get(key, 0) + n
             else:
                 train_summary[w.name] = data
     report = report or SimulationReport()
@@ -690,6 +721,8 @@ def _collect(cfg: JobConfig, ctx: RunContext, state: Path, report: SimulationRep
                        {w.name: w.metrics_url or "" for w in ctx.workers}, train_summary,
                        list(ctx.restarts), list(ctx.deaths), list(ctx.left), list(ctx.joined), missing=missing,
                        other_devices=others)
+    if cfg.labels.delayed:
+        result.labels = {**labels, "sent": report.labels_sent, "withheld": report.labels_withheld}
     if training and cfg.train.stages and not missing:
         from edgestream.pipeline.training import (
             assembled_evaluation,  # torch: only for training runs
@@ -1222,6 +1255,19 @@ def _updates_rejected(t: dict) -> str:
     return shown + (f" ({', '.join(bound)})" if bound else "")
 
 
+def labels_line(labels: dict[str, int]) -> str:
+    """The summary's line on delayed labels: what became of the labels sent and read, and
+    the arrival-time prequential accuracy (each reading's prediction when it came, scored
+    when its label did)."""
+    scored = labels.get("scored", 0)
+    preq = f"{labels.get('correct', 0) / scored:.3f} over {scored} readings" if scored else "-"
+    sent = f"{labels['sent']} sent, {labels['withheld']} never sent; " if "sent" in labels else ""
+    return (f"labels (labels.topic): {sent}{labels.get('read', 0)} read: {labels.get('joined', 0)} joined, "
+            f"{labels.get('late', 0)} late, {labels.get('foreign', 0)} for other workers' devices; "
+            f"{labels.get('dead_lettered', 0)} label messages dead-lettered; "
+            f"prequential accuracy at arrival {preq}")
+
+
 def balances(produced: int, garbage: int, a: dict) -> bool:
     """A device's row adds up: every produced record is trained (consumed), dropped by a
     counted policy, dead-lettered, or pending (read, not settled: buffered or held by the
@@ -1234,7 +1280,7 @@ def balances(produced: int, garbage: int, a: dict) -> bool:
     (``unread + pending <= a["in_kafka"]``, counted there), and it cannot have
     dead-lettered more bad messages than were sent. A device whose worker runs must still
     read everything."""
-    pending = a["buffered"] + a["in_sink"]
+    pending = a["buffered"] + a["in_sink"] + a.get("awaiting_label", 0)
     settled = a["consumed"] + a["dropped"] + a["dead_records"]
     if a.get("running", True):
         return (produced == settled + pending and a["records_in"] == produced
@@ -1288,7 +1334,7 @@ def summary_table(result: RunResult, training: bool = True) -> Table:
         if not a.get("running", True):
             unread += f" ({a.get('in_kafka', 0)} in Kafka)"
         table.add_row(device, str(result.produced[device]), str(a["consumed"]), dropped, dead,
-                      str(a["buffered"] + a["in_sink"]), unread, str(a["max_depth"]), str(result.garbage[device]),
+                      str(a["buffered"] + a["in_sink"] + a.get("awaiting_label", 0)), unread, str(a["max_depth"]), str(result.garbage[device]),
                       str(a["dead_letter_messages"]), status)
     table.caption = ("* pending: read but not trained yet (a fixed-mode remainder, or records held while "
                      "BSP waits for peers whose streams ended); not acknowledged, so re-read on restart. "

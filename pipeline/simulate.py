@@ -8,6 +8,7 @@ accounting balances against.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -23,12 +24,13 @@ from kafka.errors import KafkaTimeoutError
 
 from edgestream.job.config import ConfigError, JobConfig
 from edgestream.job.sources import job_fleet_data, source_named
-from edgestream.job.topics import sensor_partitions, sensor_topics_for
+from edgestream.job.topics import label_topics, sensor_partitions, sensor_topics_for
 from edgestream.monitoring.metrics import Metrics
 from edgestream.pipeline.kafka_io import TopicSetupError, ensure_topics, producer
 from edgestream.pipeline.outage import BrokerWatch
 from edgestream.streams import topics
 from edgestream.streams.garbage import KINDS, make_garbage
+from edgestream.streams.labels import LabelPlan, encode_labels, join_keys
 from edgestream.streams.simulator import build_simulators
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 #: Seconds the simulator's producer keeps a record it could not deliver (a broker that is
 #: down or restarting), retrying, before the record counts as refused.
 SEND_RETRY_S = 300.0
+#: Added to ``job.seed`` for the draw of simulated label delays (apart from the data's draws).
+LABEL_SEED_OFFSET = 7919
 
 
 @dataclass
@@ -54,6 +58,10 @@ class SimulationReport:
     #: Records still unacknowledged when a stop's flush bound ran out, per device (in
     #: ``records``: they may or may not have been written).
     unconfirmed: dict[str, int] = field(default_factory=dict)
+    #: Delayed labels (``labels.topic``): labels sent to the label topic, and those held back
+    #: on purpose (``labels.simulate_missing``).
+    labels_sent: int = 0
+    labels_withheld: int = 0
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=True)
@@ -86,8 +94,8 @@ def simulate(
     # Its device topics only: the dead-letter topic is the workers' (a devices principal of a
     # secure cluster may not even see it: docs/security.md).
     try:
-        ensure_topics(bootstrap, {topic: kind for topic, kind in sensor_topics_for(devices, layout).items()
-                                  if kind != "dlq"}, sized=sensor_partitions(cfg))
+        ensure_topics(bootstrap, {**{topic: kind for topic, kind in sensor_topics_for(devices, layout).items()
+                                     if kind != "dlq"}, **label_topics(cfg)}, sized=sensor_partitions(cfg))
     except TopicSetupError as exc:
         if "Authorization" not in str(exc):
             raise
@@ -145,6 +153,20 @@ def simulate(
         ticks = None
     input_format, input_params = cfg.input.resolved()
     encode = input_format.encode  # the devices write the job's input format
+    # Delayed labels: the readings go without theirs, and each label follows on the label
+    # topic when ``plan`` says (or never).
+    plan = labels_fields = None
+    if cfg.labels.delayed:
+        low, high = cfg.labels.simulate_delay_s
+        plan = LabelPlan((low, high), cfg.labels.simulate_missing, seed=cfg.job.seed + LABEL_SEED_OFFSET)
+        labels_fields = cfg.labels.fields()
+
+    def send_labels(now_s: float) -> None:
+        assert plan is not None and labels_fields is not None
+        for device, pairs in plan.due(now_s).items():
+            prod.send(cfg.labels.topic, value=encode_labels(labels_fields, device, pairs), key=device.encode())
+            report.labels_sent += len(pairs)
+
     start_mono = time.monotonic()
     wall_origin = time.time()
     report.started_at = wall_origin
@@ -156,6 +178,10 @@ def simulate(
             t0, t1 = tick * interval, (tick + 1) * interval
             for sim in sims:
                 for batch in sim.step(t0, t1, wall_origin):
+                    if plan is not None and labels_fields is not None and batch.labels is not None:
+                        plan.plan(sim.device, join_keys(labels_fields.match, batch.seq, batch.event_time),
+                                  batch.labels, t1)
+                        batch = dataclasses.replace(batch, labels=None)
                     value = encode(input_params, batch)
                     report.records[sim.device] += batch.count
                     report.messages[sim.device] += 1
@@ -174,6 +200,8 @@ def simulate(
                     value = make_garbage(kind, sim.device, data.feature_shape, seed=tick)
                     prod.send(layout.topic(sim.device), value=value, key=sim.device.encode())
                     report.garbage[sim.device][kind] = report.garbage[sim.device].get(kind, 0) + 1
+            if plan is not None:
+                send_labels(t1)
             if progress is not None:
                 report.duration_s = time.monotonic() - start_mono
                 progress(report)
@@ -181,6 +209,16 @@ def simulate(
             delay = start_mono + t1 - time.monotonic()
             if delay > 0:
                 stop.wait(delay)
+        while plan is not None and plan.outstanding and not stop.is_set():
+            # The last readings' labels, each when it is due (pacing, as above).
+            due = plan.next_due()
+            assert due is not None
+            delay = start_mono + due - time.monotonic()
+            if delay > 0:
+                stop.wait(delay)
+            send_labels(due)
+        if plan is not None:
+            report.labels_withheld = plan.withheld
         bounded = stop_flush_s is not None and stop.is_set()
         flushed = _flush(prod, stop_flush_s if bounded else None)
         if not flushed:

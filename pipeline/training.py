@@ -56,6 +56,7 @@ from edgestream.job.config import ConfigError, JobConfig, emulated_wait_s
 from edgestream.job.plan import training_plan
 from edgestream.job.topics import SHARED_CHANNELS, channel_topic, read_topics, topic_channel
 from edgestream.monitoring.metrics import Metrics
+from edgestream.monitoring.recent import RecentValues
 from edgestream.pipeline.ingest import CONSUMED, DEAD
 from edgestream.streams import codec, topics
 from edgestream.streams.batching import Batch, BatchQueue
@@ -269,6 +270,9 @@ class TrainingRuntime:
         self._sender: asyncio.Task[None] | None = None
         self._sender_error: BaseException | None = None
         self.stats = TrainingStats()
+        #: How old the records were when trained (seconds since their event time): the summary's
+        #: ``record_age_s`` percentiles.
+        self.record_ages = RecentValues()
         metrics.init_worker(name)
         self._last_eval = 0.0
         self._steps_since_checkpoint = 0
@@ -384,6 +388,10 @@ class TrainingRuntime:
         self.metrics.last_checkpoint.labels(self.name).set(time.time())
 
     # --- sink protocol (ingest -> training) ---------------------------------------------
+    async def predict(self, features: np.ndarray) -> np.ndarray:
+        """What the model predicts for ``features`` now, between steps (the step executor)."""
+        return await self._call(self.driver.predict, features)
+
     async def submit(self, batch: Batch) -> None:
         assert self._room is not None and self.wakeup is not None
         while len(self.pending) >= self.queued_batches_limit():
@@ -748,6 +756,7 @@ class TrainingRuntime:
         for versions in stepped.staleness:  # updates the strategy applied in the step itself
             self.metrics.record_applied(self.name, staleness_versions=versions, staleness_s=None)
         self._record_prequential(parts, stepped)
+        self._record_ages(parts)
         self._log_vote(stepped.vote_switched_to)
         # Once its update is published, the batch's records are settled.
         await self._send(stepped.outbound, settle=parts)
@@ -794,6 +803,16 @@ class TrainingRuntime:
             self.metrics.prequential_records.labels(batch.device).inc(batch.size)
             self.metrics.prequential_correct.labels(batch.device).inc(hits)
             start += batch.size
+
+    def _record_ages(self, parts: list[Batch]) -> None:
+        """Each trained record's age: now (wall clock) minus its event time."""
+        if not parts:
+            return
+        ages = time.time() - np.concatenate([b.records.event_time for b in parts])
+        self.record_ages.add(ages)
+        observe = self.metrics.trained_record_age.labels(self.name).observe
+        for age in ages.tolist():
+            observe(age)
 
     async def _reject(self, parts: list[Batch], stepped: Stepped) -> None:
         """A step the driver refused: nothing of it applied or published. Its records (all of
@@ -990,6 +1009,7 @@ class TrainingRuntime:
             "updates_rejected": self.stats.updates_rejected, "restored_from": self.restored_from,
             "staleness": stats.get("staleness", {}), "counters": stats.get("counters", {}),
             "prequential": stats.get("prequential", {}),
+            "record_age_s": self.record_ages.summary(),
             "sensor_offsets": {key: {"watermark": mark, "open": self.sensor_offsets.open_count(key)}
                                for key, mark in self.sensor_offsets.watermarks().items()},
             "queued_records": self.pending.records,

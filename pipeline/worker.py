@@ -18,6 +18,7 @@ from edgestream.job.config import ConfigError, JobConfig
 from edgestream.job.sources import job_fleet_data
 from edgestream.job.topics import (
     channel_topic,
+    label_topics,
     sensor_partitions,
     sensor_topics_for,
     training_topics,
@@ -108,7 +109,8 @@ def process_topics(cfg: JobConfig, name: str, subscribes: tuple[str, ...] = ()) 
     """Topics process ``name`` (a worker or the server) reads or writes, name -> kind:
     a worker's device topics and ``sensors.dlq``, and the job's training topics; with
     ``inbox`` among its strategy's channels (``subscribes``), its own ``inbox.<job>.<name>``."""
-    wanted = {} if name == SERVER_NAME else sensor_topics_for(cfg.devices_of(name), cfg.input.layout())
+    wanted = {} if name == SERVER_NAME else {**sensor_topics_for(cfg.devices_of(name), cfg.input.layout()),
+                                             **label_topics(cfg)}
     if cfg.train.enabled:
         wanted.update(training_topics(cfg.job.name, [name] if "inbox" in subscribes else []))
     return wanted
@@ -434,7 +436,8 @@ def run_worker(
     finally:
         watch.stop()
         metrics.worker_up.labels(worker).set(0)
-        write_json_atomic(state / "accounting.json", {"worker": worker, "devices": core.accounting()})
+        write_json_atomic(state / "accounting.json", {"worker": worker, "devices": core.accounting(),
+                                                      "labels": core.label_counts if core.label_join else {}})
         if summary:
             write_json_atomic(state / "training.json", summary)
         service.close()

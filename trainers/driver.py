@@ -58,7 +58,7 @@ from edgestream.compression.controllers.scadles import link_signal
 from edgestream.compression.memory import ErrorFeedback, NoMemory
 from edgestream.compression.pipeline import GradientCodec
 from edgestream.trainers.errors import BatchError, StrategyError
-from edgestream.trainers.evaluation import EvalResult, evaluate
+from edgestream.trainers.evaluation import EvalResult, evaluate, predict
 from edgestream.trainers.guard import Culprits, CulpritSearch, StepGuard, StepRejection
 from edgestream.trainers.local import LocalTrainer
 from edgestream.trainers.messages import Outgoing, UpdateMessage
@@ -530,6 +530,11 @@ class TrainingDriver:
         """Accuracy and loss of the model on the held-out test split, for reporting only:
         nothing of it reaches the strategy (decisions are scored by :meth:`validate`)."""
         return evaluate(self.trainer.model, features, labels)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """The classes the model predicts for ``features`` now (readings waiting for a
+        label are scored by it when the label comes); nothing reaches the strategy."""
+        return predict(self.trainer.model, features)
 
     def validate(self, features: np.ndarray, labels: np.ndarray) -> tuple[EvalResult, list[Outbound]]:
         """Accuracy and loss of the model on the validation split, handed to the strategy

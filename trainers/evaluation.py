@@ -53,6 +53,19 @@ def evaluate(
     return EvalResult(accuracy=correct / count, loss=loss_sum / count, count=count)
 
 
+def predict(model: nn.Module, features: np.ndarray) -> np.ndarray:
+    """The classes ``model`` predicts for ``features`` (int64 [N]), in eval mode, restored after."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            inputs = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(device)
+            return model(inputs).argmax(dim=1).cpu().numpy()
+    finally:
+        model.train(was_training)
+
+
 #: Evaluations in a row that must reach the target for it to count (BENCHMARKS.md).
 TARGET_HOLD_EVALUATIONS = 3
 

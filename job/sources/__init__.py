@@ -4,7 +4,7 @@ Adding a source is one module here, registered with ``job.sources.base.register`
 imported below; ``job.config`` and everything downstream derive the rest from the registry.
 """
 
-from edgestream.job.sources import digits, recording, synthetic  # noqa: F401  (importing registers each source)
+from edgestream.job.sources import digits, recording, series, synthetic  # noqa: F401  (importing registers each source)
 from edgestream.job.sources.base import (
     DatasetSource,
     DataSource,

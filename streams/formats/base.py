@@ -29,7 +29,8 @@ class FormatDecoder(Protocol):
     partition offset, for formats whose messages may lack an event time or a sequence
     number. ``decode_run`` decodes consecutive messages as one batch, or returns None (the
     caller then decodes them one by one); ``last_layout`` is what ``decode_run`` expects
-    (None: it never takes a run).
+    (None: it takes no run now), and its ``count`` the records of each message of a run it
+    takes (the ingest sizes a run by it before decoding).
     """
 
     def decode(

@@ -41,10 +41,11 @@ UTF-8, or not an object / array of objects; ``bad_count``: an empty array;
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -337,16 +338,33 @@ _INT = {int}
 _DICT = {dict}
 _F4_MAX = float(np.finfo(np.float32).max)
 _U64_END = 1 << 64
+_BYTES = {bytes}
+#: Messages ``decode_run`` decodes together: a run's parsed documents all alive at once
+#: would outgrow the CPU caches (JSON numbers are Python objects) and parse slower.
+RUN_PART = 8
 _isfinite = np.isfinite
-_absmax = np.maximum.reduce
+_min = np.minimum.reduce
+_max = np.maximum.reduce
 _abs = np.abs
+
+
+@dataclass(frozen=True, slots=True)
+class JsonLayout:
+    """A good message's layout (``JsonDecoder.last_layout``): its number of readings
+    (``count``, which the ingest reads to size a run) and whether they were labelled."""
+
+    count: int
+    labelled: bool
 
 
 class JsonDecoder:
     """Decodes the JSON messages of one stream (fixed mapping, limits and expectations).
 
-    Stateless between messages: ``decode_run`` always returns None (the ingest then
-    decodes message by message) and ``last_layout`` is None.
+    With ``event_time`` and ``record_id`` mapped, a message needs nothing from Kafka (its
+    timestamp, its offset), so consecutive messages can be decoded as one batch
+    (``decode_run``): ``last_layout`` is then the shape of the last good message (readings
+    per message, labelled or not), which a run must repeat. Without them ``last_layout``
+    stays None and the ingest decodes message by message.
     """
 
     def __init__(
@@ -381,15 +399,74 @@ class JsonDecoder:
         self._levels = _object_levels(
             [f for f in (*self._features, self._label, self._time, self._device, self._record_id) if f]
         ) if mapping.extra == "reject" else None
+        self._runs = self._time is not None and self._record_id is not None
+        self._last: JsonLayout | None = None
+        # ``_bool_free`` reads JSON text: a subclass parsing other bytes (Avro) must not use it.
+        self._json_text = type(self)._parse is JsonDecoder._parse
 
     @property
-    def last_layout(self) -> None:
-        """Always None: JSON messages have no shared header, so no run fast path."""
-        return None
+    def last_layout(self) -> JsonLayout | None:
+        """What ``decode_run`` expects of every message: the last good message's layout
+        (None before one, and always when the mapping lacks ``event_time`` or ``record_id``)."""
+        return self._last
 
     def decode_run(self, values: list[bytes]) -> RecordBatch | None:
-        """Always None: the caller decodes the messages one by one."""
-        return None
+        """All of ``values`` as one batch, in order, or None if they need one by one.
+
+        The batch is the concatenation of what ``decode`` returns for each message, and
+        every check of ``decode`` runs, on a few messages' readings at once. None when any
+        message would fail on its own, or does not have ``last_layout``'s readings and
+        labels: the caller then decodes them one by one, which names each bad one.
+        """
+        last = self._last
+        if last is None or not values or set(map(type, values)) != _BYTES:
+            return None
+        if max(map(len, values)) > self.limits.max_message_bytes:
+            return None
+        parts = []
+        for start in range(0, len(values), RUN_PART):
+            part = self._run_part(values[start : start + RUN_PART], last)
+            if part is None:
+                return None
+            parts.append(part)
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        dims = first.features.shape[1:]
+        if any(p.device != first.device or p.features.shape[1:] != dims for p in parts):
+            return None
+        return RecordBatch(
+            device=first.device, seq=np.concatenate([p.seq for p in parts]),
+            event_time=np.concatenate([p.event_time for p in parts]),
+            features=np.concatenate([p.features for p in parts]),
+            labels=np.concatenate([p.labels for p in parts]) if last.labelled else None,
+        )
+
+    def _run_part(self, values: list[bytes], last: JsonLayout) -> RecordBatch | None:
+        """``decode_run`` of a few messages: their readings decoded together, or None."""
+        docs = self._parse_run(values)
+        if docs is None:
+            return None
+        count, kinds = last.count, set(map(type, docs))
+        if kinds == _LIST:
+            if set(map(len, docs)) != {count}:
+                return None
+            readings = list(chain.from_iterable(docs))
+            if set(map(type, readings)) != _DICT:
+                return None
+        elif kinds == _DICT and count == 1:
+            readings = docs
+        else:
+            return None
+        # No check below depends on which message a reading came from, and each message
+        # has ``count`` readings, as many as a message that passed: the readings pass
+        # together exactly when every message would pass alone (one device, one feature
+        # shape, labels on all of them or none, is only stricter).
+        try:
+            batch = self._columns(readings, None, None, all(map(self._bool_free, values)))
+        except RecordDecodeError:
+            return None
+        return batch if (batch.labels is not None) == last.labelled else None
 
     def decode(
         self, data: bytes | bytearray | memoryview, *, timestamp_s: float | None = None,
@@ -407,7 +484,12 @@ class JsonDecoder:
             raise RecordDecodeError(
                 "too_large", f"message is {size} bytes; the limit is {limits.max_message_bytes}"
             )
-        return self.decode_readings(self._parse(data), timestamp_s=timestamp_s, offset=offset)
+        batch = self._columns(self._readings(self._parse(data)), timestamp_s, offset, self._bool_free(data))
+        if self._runs:
+            last, labelled = self._last, batch.labels is not None
+            if last is None or last.count != batch.count or last.labelled != labelled:
+                self._last = JsonLayout(batch.count, labelled)
+        return batch
 
     def _parse(self, data: bytes | bytearray | memoryview) -> Any:
         """The message's document (a reading or a list of readings), before any check of its shape."""
@@ -416,10 +498,33 @@ class JsonDecoder:
         except orjson.JSONDecodeError as exc:
             raise RecordDecodeError("bad_json", f"not valid JSON: {exc}") from None
 
-    def decode_readings(self, doc: Any, *, timestamp_s: float | None = None, offset: int | None = None) -> RecordBatch:
+    def _parse_run(self, values: list[bytes]) -> list[Any] | None:
+        """The documents of ``values`` (``_parse`` of each), or None if one does not parse."""
+        try:
+            return list(map(self._parse, values))
+        except RecordDecodeError:
+            return None
+
+    def _bool_free(self, data: bytes | bytearray | memoryview) -> bool:
+        """True when the document of ``data`` surely holds no bool (so numpy's own type
+        inference can check the feature values, ``_inferred``); False when it may."""
+        if not self._json_text or (type(data) is not bytes and type(data) is not bytearray):
+            return False
+        # A bool is the literal true or false outside a string. Searching a digit-heavy text
+        # for those words is slow (numpy's inference would then save nothing), while a
+        # single letter is found at memchr speed: a text without any "u" has no "true".
+        return (data.find(b"u") < 0 or b"true" not in data) and (data.find(b"f") < 0 or b"false" not in data)
+
+    def decode_readings(self, doc: Any, *, timestamp_s: float | None = None, offset: int | None = None,
+                        bool_free: bool = False) -> RecordBatch:
         """A parsed message (one reading, a dict, or a list of them) as a batch, by the mapping
         (``decode`` after parsing; another format whose messages parse to the same values,
-        such as Avro records, maps them here too)."""
+        such as Avro records, maps them here too). ``bool_free``: the caller knows that no
+        value in ``doc`` is a bool (a faster check of the features, same outcome)."""
+        return self._columns(self._readings(doc), timestamp_s, offset, bool_free)
+
+    def _readings(self, doc: Any) -> list[dict]:
+        """The readings of a parsed message: its shape and count checked."""
         limits = self.limits
         if type(doc) is dict:
             readings = [doc]
@@ -440,15 +545,23 @@ class JsonDecoder:
         count = len(readings)
         if count > limits.max_records:
             raise RecordDecodeError("too_large", f"{count} readings; the limit is {limits.max_records}")
+        return readings
 
+    def _columns(self, readings: list[dict], timestamp_s: float | None, offset: int | None,
+                 bool_free: bool) -> RecordBatch:
+        """The batch of ``readings`` (a message's, or a run's: nothing here depends on which
+        message a reading came from), every column checked."""
         device = self._device_of(readings)
-        features = self._features_of(readings) if self._row is not None else self._array_of(readings)
-        bounds = self._bounds
-        in_range = True
-        # With a range its min/max check also fails on a non-finite value; only then is
-        # the (slower) finiteness check needed, as in codec.decode.
-        if bounds is None or not (in_range := bounds.holds(features)):
+        if self._row is not None:
+            features, finite = self._features_of(readings, bool_free)
+        else:
+            features, finite = self._array_of(readings, bool_free)
+        # Values all within the float32 range are finite; only otherwise is the (slower)
+        # finiteness check needed, and it then names the first value beyond it.
+        if not finite:
             self._check_finite(features, readings)
+        bounds = self._bounds
+        in_range = bounds is None or bounds.holds(features)
         labels = self._labels_of(readings) if self._label is not None else None
         event_time = self._times_of(readings, timestamp_s)
         seq = self._seq_of(readings, offset)
@@ -494,8 +607,8 @@ class JsonDecoder:
                 )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _features_of(self, readings: list[dict]) -> np.ndarray:
-        """Scalar feature fields: shape (count, len(features))."""
+    def _features_of(self, readings: list[dict], bool_free: bool) -> tuple[np.ndarray, bool]:
+        """Scalar feature fields: shape (count, len(features)), and ``_shaped``'s flag."""
         row = self._row
         assert row is not None
         try:
@@ -508,6 +621,10 @@ class JsonDecoder:
                             "missing_field", f"{field.name()} is missing at reading {i}"
                         ) from None
             raise  # pragma: no cover
+        if bool_free:
+            out = self._inferred(rows, 2)
+            if out is not None:
+                return self._shaped(out)
         if not set(map(type, chain.from_iterable(rows))) <= _NUMBER:
             for i, values in enumerate(rows):
                 for field, value in zip(self._features, values, strict=True):
@@ -517,10 +634,14 @@ class JsonDecoder:
                         )
         return self._shaped(np.asarray(rows, dtype=np.float64))
 
-    def _array_of(self, readings: list[dict]) -> np.ndarray:
-        """One array feature field: shape (count, *the array's shape)."""
+    def _array_of(self, readings: list[dict], bool_free: bool) -> tuple[np.ndarray, bool]:
+        """One array feature field: shape (count, *the array's shape), and ``_shaped``'s flag."""
         field = self._features[0]
         values = field.values(readings)
+        if bool_free:
+            out = self._inferred(values, None)
+            if out is not None:
+                return self._shaped(out)
         # Level by level through the nested lists with C-level maps: all lists, then all numbers.
         level, depth = values, 0
         while True:
@@ -538,6 +659,36 @@ class JsonDecoder:
             self._diagnose_arrays(field, values)
         return self._shaped(out)
 
+    def _inferred(self, values: list[Any], ndim: int | None) -> np.ndarray | None:
+        """``values`` as a float64 array when a conversion that refuses what is not a number
+        shows them to be what the level-by-level check accepts; None when it cannot tell
+        (that check then decides, and names what is wrong).
+
+        Only for values holding no bool, which both conversions take for a number. Flat
+        arrays of one length go through ``array("d")``, which refuses anything but a number
+        (and is faster than numpy on lists); anything else through numpy's type inference,
+        where a value that is not an int or a float makes the dtype a string or object one,
+        and lists of different lengths or depths make numpy raise. ``ndim``: the array's
+        required dims (scalar features: 2); None, an array feature's: at least one list
+        level per reading, at most ``limits.max_ndim``.
+        """
+        out = _flat_rows(values) if ndim is None else None
+        if out is None:
+            try:
+                out = np.array(values)
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                return None
+            kind = out.dtype.kind
+            if kind not in "fiu":
+                return None
+            if kind != "f":
+                # Integers through float64 first, as the check's np.asarray(..., float64)
+                # does: the float32 that follows rounds the same double.
+                out = out.astype(np.float64)
+        if ndim is not None and out.ndim != ndim or not 2 <= out.ndim <= self.limits.max_ndim + 1:
+            return None
+        return out
+
     def _diagnose_arrays(self, field: _Field, values: list[Any]) -> None:
         """Raise the error of the first reading whose array is not right, or whose shape
         differs from the first reading's."""
@@ -554,8 +705,9 @@ class JsonDecoder:
                 )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _shaped(self, values: np.ndarray) -> np.ndarray:
-        """float64 ``values`` checked for shape and float32 range, as float32."""
+    def _shaped(self, values: np.ndarray) -> tuple[np.ndarray, bool]:
+        """float64 ``values`` checked for shape, as float32; and True when they are all
+        within the float32 range (so finite), False when ``_check_finite`` must name one."""
         limits = self.limits
         dims = values.shape[1:]
         per_record = 1
@@ -575,11 +727,12 @@ class JsonDecoder:
             raise RecordDecodeError(
                 "bad_shape", f"feature shape {dims} has {per_record} values; the value range declares {bounds.width}"
             )
-        # Beyond float32 a (finite) double would become infinite: keep it finite instead of
-        # casting blindly (and numpy warning about the overflow); _check_finite names it.
-        if not float(_absmax(_abs(values), axis=None)) <= _F4_MAX:
-            return np.where(_abs(values) <= _F4_MAX, values, np.inf).astype(np.float32)
-        return values.astype(np.float32)
+        # Beyond float32 a (finite) double would become infinite: make it infinite here
+        # instead of casting blindly (and numpy warning about the overflow); _check_finite
+        # names it. Min and max reductions make no temporary array, and fail on NaN too.
+        if not (float(_min(values, axis=None)) >= -_F4_MAX and float(_max(values, axis=None)) <= _F4_MAX):
+            return np.where(_abs(values) <= _F4_MAX, values, np.inf).astype(np.float32), False
+        return values.astype(np.float32), True
 
     def _check_finite(self, features: np.ndarray, readings: list[dict]) -> None:
         count = len(features)
@@ -698,6 +851,22 @@ class JsonDecoder:
                                 "extra_field",
                                 f"field {dotted!r} at reading {i} is not in the mapping (extra = \"reject\")",
                             )
+
+
+def _flat_rows(values: list[Any]) -> np.ndarray | None:
+    """Lists of numbers (or bools), all of one length, as a float64 array of one row each;
+    None for anything else (a value not a list, lists of other lengths, a nested list, a
+    string, null, an object)."""
+    if set(map(type, values)) != _LIST:
+        return None
+    widths = set(map(len, values))
+    if len(widths) != 1:
+        return None
+    try:
+        rows = list(map(array, repeat("d", len(values)), values))
+    except (TypeError, OverflowError):
+        return None
+    return np.frombuffer(b"".join(rows), np.float64).reshape(len(values), widths.pop())
 
 
 def _object_levels(fields: list[_Field]) -> list[tuple[tuple[str, ...], Callable[[Any], Any] | None, frozenset]]:

@@ -35,6 +35,7 @@ TARGETS: dict[str, str] = {
     "shared_topic": "tests.fuzz.fuzz_shared_topic",
     "mqtt_bridge": "tests.fuzz.fuzz_mqtt_bridge",
     "avro_records": "tests.fuzz.fuzz_avro_records",
+    "delayed_labels": "tests.fuzz.fuzz_delayed_labels",
 }
 
 #: Modules whose code atheris instruments for coverage: the decoders and their helpers,

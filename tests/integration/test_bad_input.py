@@ -86,7 +86,7 @@ def test_a_huge_value_and_corrupted_messages_are_dead_lettered_at_ingest(kafka_b
     show(result)
 
     trained = workers_of(result)
-    assert min(t["accuracy"] for t in trained.values()) >= 0.9
+    assert min(t["accuracy"] for t in trained.values()) >= 0.85  # see the step-guard test below
     assert len({t["digest"] for t in trained.values()}) == 1  # no replica was poisoned
     assert all(t["rejected_steps"] == 0 for t in trained.values())  # the range stopped it first
     assert result.balanced  # produced (with the 32 injected records) = trained + dropped + dead + pending
@@ -125,7 +125,10 @@ def test_without_a_range_the_step_guard_keeps_the_huge_value_out_of_the_model(ka
     assert w0["rejected_steps"] >= 1
     (reason,) = w0["rejected_by_reason"]
     assert reason in ("gradient_norm", "non_finite_loss", "non_finite_gradient")
-    assert min(t["accuracy"] for t in trained.values()) >= 0.9
+    # Training stops at 0.92 on the validation split; the held-out split lands near it
+    # (0.89 seen once), while a model the huge value reached scores near chance. 0.85 tells
+    # the two apart without riding on the gap between the splits.
+    assert min(t["accuracy"] for t in trained.values()) >= 0.85
     assert len({t["digest"] for t in trained.values()}) == 1
     assert all(t["rejected_steps"] == 0 for name, t in trained.items() if name != "w0")
     assert result.balanced
@@ -185,7 +188,7 @@ def test_a_worker_restarted_on_a_poisoned_checkpoint_falls_back_to_the_previous_
     assert (rejected / seen["poisoned"]).exists()
     assert "non-finite" in (rejected / (seen["poisoned"] + REASON_SUFFIX)).read_text()
     assert w1["restored_from"] is not None and w1["restored_from"] > 0
-    assert min(t["accuracy"] for t in trained.values()) >= 0.9
+    assert min(t["accuracy"] for t in trained.values()) >= 0.85  # see the step-guard test above
     assert len({t["digest"] for t in trained.values()}) == 1
     assert result.balanced  # the restarted worker continued its ledger from the checkpoint it used
     log = (state_dir / "logs" / "w1.log").read_text()
