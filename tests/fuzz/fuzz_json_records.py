@@ -27,7 +27,10 @@ property:
   the values of the records it condemns lie outside the range;
 * the batch is a valid native message (``codec.encode`` then ``codec.decode`` give it
   back), and written back as JSON under the same mapping it decodes to the same batch
-  (event times within a microsecond: unit conversions and ISO 8601 round).
+  (event times within a microsecond: unit conversions and ISO 8601 round);
+* ``decode_run`` (after the message primed the decoder) of the message twice is either
+  declined or exactly the batch twice, and a run holding a message that fails on its own
+  is declined.
 """
 
 from __future__ import annotations
@@ -210,6 +213,8 @@ def test_one_input(data: bytes) -> None:
     if batch is None:
         return
     _check_batch(batch, opts, bad)
+    if verdict == "ok":
+        _check_run(opts, msg, batch)
     written = to_json(batch, opts["mapping"])
     if written is None or len(written) > opts["limits"].max_message_bytes:
         return
@@ -218,6 +223,27 @@ def test_one_input(data: bytes) -> None:
         raise FuzzFinding(f"the batch written back as JSON decodes to {again!r}, not the same batch ({verdict!r})")
     if bad is not None and not np.array_equal(bad, other_bad):
         raise FuzzFinding("the batch written back as JSON condemns other records")
+
+
+def _check_run(opts: dict, msg: bytes, batch: RecordBatch) -> None:
+    """``decode_run`` after a good message: the message twice is its batch twice, and a run
+    holding a message that fails alone (the message cut short, if that fails) is declined."""
+    decoder = _JSON.decoder(
+        opts["mapping"], opts["limits"], expected_device=opts["expected_device"],
+        expected_shape=opts["expected_shape"], value_range=opts["value_range"],
+    )
+    decoder.decode(msg, timestamp_s=opts["timestamp_s"], offset=opts["offset"])
+    run = decoder.decode_run([msg, msg])
+    if run is not None:
+        twice = [batch.seq, batch.seq], [batch.event_time] * 2, [batch.features] * 2
+        if (run.device != batch.device or not all(np.array_equal(np.concatenate(parts), got) for parts, got in
+                                                  zip(twice, (run.seq, run.event_time, run.features), strict=True))
+                or (run.labels is None) != (batch.labels is None)
+                or (run.labels is not None and not np.array_equal(run.labels, np.concatenate([batch.labels] * 2)))):
+            raise FuzzFinding("decode_run of a message twice differs from its batch twice")
+    cut = msg[:-1]
+    if _decode(opts, cut)[0] != "ok" and decoder.decode_run([msg, cut]) is not None:
+        raise FuzzFinding("decode_run accepted a run holding a message that fails alone")
 
 
 def seeds() -> dict[str, bytes]:
