@@ -132,7 +132,7 @@ def test_gossip_mixing_converges_to_the_average_of_the_initial_models(kafka_boot
 KILLED_CHECKPOINT_EVERY = 50
 
 
-# Its waits allow up to 480 s on a loaded machine (seen past the default 300 s once): the
+# Its waits allow up to 510 s on a loaded machine (seen past the default 300 s once): the
 # pytest timeout must not cut a wait short before the wait can say what it waited for.
 @pytest.mark.timeout(600)
 def test_gossip_survives_a_killed_worker_and_takes_it_back(kafka_bootstrap, unique, state_dir):
