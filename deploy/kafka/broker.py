@@ -58,6 +58,10 @@ class BrokerError(RuntimeError):
     """The local broker could not be resolved, started or reached; the message says why."""
 
 
+class PortClash(BrokerError):
+    """A node could not start because another process holds one of its ports."""
+
+
 def pinned_kafka_version() -> str:
     """The Kafka version pinned in pom.xml."""
     match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
@@ -550,11 +554,16 @@ class LocalBroker:
             saved = {}
         port = port or saved.get("port")
         controller_port = controller_port or saved.get("controller_port")
+        #: Both ports picked here (none given or saved, no netns, no cluster's voters): ``start``
+        #: may pick others if something takes one before the JVM binds it.
+        self.ports_picked = not port and not controller_port and not netns and quorum_voters is None
         if not port or not controller_port:
             spare = free_ports(2)
             port, controller_port = port or spare[0], controller_port or spare[1]
         self.port, self.controller_port = port, controller_port
         self.quorum_voters = quorum_voters or f"{node_id}@{host}:{self.controller_port}"
+        #: Where this launch's lines begin in ``broker.log`` (the file is appended to).
+        self._log_offset = 0
         self.heap = heap
         self.message_max_bytes = message_max_bytes
         self.extra_config = extra_config or {}
@@ -648,11 +657,27 @@ class LocalBroker:
             "-cp", f"{self.jar_dir}/*", main, *args,
         ]
 
+    #: Starts on new ports after a port clash, when this node picked its ports itself.
+    PORT_RETRIES = 3
+
     def start(self, timeout_s: float = 90.0) -> LocalBroker:
-        """Resolve jars, format storage, start the broker and wait until it is ready."""
-        self.launch()
-        self._wait_ready(timeout_s)
-        return self
+        """Resolve jars, format storage, start the broker and wait until it is ready.
+
+        Ports this node picked itself are free when picked, but another process may bind
+        one before the JVM does (two runs starting at once, a client's ephemeral port). Such
+        a node starts again on newly picked ports, up to ``PORT_RETRIES`` times; a port the
+        caller gave, or the saved address of existing data, is never changed."""
+        for attempt in range(self.PORT_RETRIES + 1):
+            try:
+                self.launch()
+                self._wait_ready(timeout_s)
+                return self
+            except PortClash:
+                if not self.ports_picked or attempt == self.PORT_RETRIES:
+                    raise
+                self.port, self.controller_port = free_ports(2)
+                self.quorum_voters = f"{self.node_id}@{self.host}:{self.controller_port}"
+        raise AssertionError("unreachable")
 
     def launch(self) -> None:
         """Resolve jars, format storage (unless already formatted) and start the JVM;
@@ -675,6 +700,7 @@ class LocalBroker:
                 raise BrokerError(f"formatting Kafka storage in {self.work_dir} failed:\n"
                                   f"{(fmt.stdout + fmt.stderr)[-3000:]}")
         log = open(self.log_file, "ab")
+        self._log_offset = log.tell()
         self.proc = subprocess.Popen(
             self._java("kafka.Kafka", str(props_file), heap=self.heap),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -689,7 +715,7 @@ class LocalBroker:
             return  # its own namespace: the caller's sockets say nothing about it
         for what, port in (("client", self.port), ("controller", self.controller_port)):
             if _port_open(port, self.host):
-                raise BrokerError(
+                raise PortClash(
                     f"the {what} port {self.host}:{port} of the broker data in {self.work_dir} is taken by "
                     f"{port_owner(port)}; stop that process, or start on another address with --port PORT "
                     "(keeps the data) or --fresh (empty data, free ports)")
@@ -708,10 +734,26 @@ class LocalBroker:
         """Raise ``BrokerError`` (with the log tail) if the launched JVM has exited."""
         assert self.proc is not None, "launch() first"
         if self.proc.poll() is not None:
-            raise BrokerError(
-                f"Kafka node {self.node_id} exited with code {self.proc.returncode} during start-up; "
-                f"last log lines from {self.log_file}:\n{self._log_tail()}"
+            cause = self._start_failure()
+            error = PortClash if "Address already in use" in cause else BrokerError
+            raise error(
+                f"Kafka node {self.node_id} exited with code {self.proc.returncode} during start-up: "
+                f"{cause}; last log lines from {self.log_file}:\n{self._log_tail()}"
             )
+
+    def _start_failure(self) -> str:
+        """The line of this launch's log that says why the JVM stopped: the first naming an
+        exception or error with its message, else the last line (``"no log lines"``)."""
+        try:
+            with open(self.log_file, "rb") as log:
+                log.seek(self._log_offset)
+                lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "no log"
+        for line in lines:
+            if re.search(r"(Exception|Error)(: | \()", line) and "Exiting Kafka" not in line:
+                return line[:400]
+        return lines[-1][:400] if lines else "no log lines"
 
     def _cluster_id(self) -> str:
         """The cluster id of this work dir: the one given (a cluster's members share it),

@@ -7,6 +7,8 @@ defects 1, 2 and 8), through the `edgestream` command line on real brokers.
   ``broker start``: exit 0, balanced, the summary's outcome says so, and the run said the
   outage and its end in one line each.
 - ``run`` removes the data of the broker it started, unless ``--keep-broker``.
+- a broker whose picked port another process binds before its JVM does starts on new
+  ports, and its log holds the bind error.
 - a drain that ends at its cap still writes the summary (outcome ``drain_timeout``) and
   prints the tables; exit 1.
 """
@@ -17,6 +19,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from edgestream.deploy.kafka import class_archive
-from edgestream.deploy.kafka.broker import resolve_jars
+from edgestream.deploy.kafka.broker import LocalBroker, metadata_ok, resolve_jars, saved_address
 from edgestream.monitoring.scrape import scrape
 from edgestream.pipeline.kafka_io import ensure_topics, topic_names
 from edgestream.streams.topics import SENSOR_DLQ
@@ -182,6 +185,23 @@ def test_run_removes_the_data_of_the_broker_it_started_unless_kept(tmp_path, uni
         else:
             assert left == []
         assert json.loads((state / "summary.json").read_text())["outcome"] == "balanced"
+
+
+def test_a_port_taken_before_the_jvm_binds_it_gives_a_picked_port_broker_new_ones(tmp_path):
+    broker = LocalBroker(tmp_path / "broker")
+    taken = broker.controller_port
+    # Bound but not listening: the pre-start check (a connect) finds the port free, the JVM's
+    # bind does not, as when another run or a client's ephemeral port takes it in between.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        try:
+            broker.start()
+            assert broker.controller_port != taken
+            assert saved_address(broker.work_dir)["controller_port"] == broker.controller_port
+            assert "Address already in use" in broker.log_file.read_text(errors="replace")
+            assert metadata_ok(broker.bootstrap, timeout_s=5.0)
+        finally:
+            broker.stop()
 
 
 def test_a_drain_at_its_cap_writes_the_summary_and_prints_the_tables(kafka_bootstrap, unique, tmp_path):
