@@ -240,6 +240,16 @@ class Metrics:
             "foreign (a device another worker reads)",
             ["state"], registry=r,
         )
+        self.lookup_waiting = Gauge(
+            "edgestream_ingest_lookup_paused",
+            "1 while ingest is paused, waiting for a service decoding needs (the Avro input's schema registry) to answer",
+            registry=r,
+        )
+        self.lookup_waits = Counter(
+            "edgestream_ingest_lookup_waits_total",
+            "Times ingest waited for a service decoding needs (the schema registry) until it answered again",
+            registry=r,
+        )
         self.label_waiting = Gauge(
             "edgestream_label_waiting_records", "Readings waiting for their label (labels.topic)", registry=r,
         )

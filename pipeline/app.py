@@ -23,7 +23,7 @@ import contextlib
 import logging
 import operator
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -42,10 +42,14 @@ from edgestream.pipeline import security
 from edgestream.pipeline.ingest import CONSUMED, DeadLetter, IngestActions, IngestCore
 from edgestream.streams import topics
 from edgestream.streams.batching import Batch
+from edgestream.streams.errors import LookupUnavailable
 from edgestream.streams.labels import Waiting
 from edgestream.streams.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
+#: Seconds before ingest asks a service it waits for (a schema registry) again; doubled up to the max.
+LOOKUP_RETRY_S = 0.5
+LOOKUP_RETRY_MAX_S = 5.0
 
 #: Seconds between offset commits, for both sources (Faust's ``broker_commit_interval``).
 COMMIT_INTERVAL_S = 1.0
@@ -213,11 +217,40 @@ class IngestDriver:
         # Timer and fetch loop both perform actions; one at a time keeps batches in order.
         self._lock = asyncio.Lock()
         #: The sink's model, asked what it predicts for readings that wait for their label
-        #: (``IngestActions.predict``); None: a sink without one (nothing is scored).
-        self.predictor: Callable[[np.ndarray], Any] | None = getattr(sink, "predict", None)
+        #: (``IngestActions.predict``), given their features and ``(device, seq)`` keys; None:
+        #: a sink without one (nothing is scored).
+        self.predictor: Callable[[np.ndarray, list[tuple[str, int]]], Any] | None = getattr(sink, "predict", None)
         core.predict_on_arrival = self.predictor is not None and core.label_join is not None
         self._to_predict: list[Waiting] = []
         self._predicting: asyncio.Task | None = None
+
+    async def look_up(self, values: Sequence[bytes | None]) -> None:
+        """Run the blocking lookups decoding ``values`` needs (``IngestCore.lookups``: the
+        schema registry's schemas of ids not seen yet) off the event loop. While the service
+        does not answer, wait and try again (every ``LOOKUP_RETRY_S``, doubling up to
+        ``LOOKUP_RETRY_MAX_S``): the source reads nothing meanwhile, so no reading is
+        dead-lettered for an outage; one log line when the wait starts and one when it ends,
+        ``edgestream_ingest_lookup_paused`` 1 in between."""
+        metrics = self.core.metrics
+        for lookup in self.core.lookups(values):
+            began: float | None = None
+            delay = LOOKUP_RETRY_S
+            while True:
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, lookup)
+                    break
+                except LookupUnavailable as exc:
+                    if began is None:
+                        began = time.monotonic()
+                        metrics.lookup_waiting.set(1)
+                        log.warning("%s; ingest waits for it and tries again", exc)
+                    await asyncio.sleep(delay)  # the retry interval of a service that is down
+                    delay = min(2 * delay, LOOKUP_RETRY_MAX_S)
+            if began is not None:
+                metrics.lookup_waiting.set(0)
+                metrics.lookup_waits.inc()
+                log.warning("the lookup ingest waited for answered after %.1f s; ingest goes on",
+                            time.monotonic() - began)
 
     async def settle(self, batch: Batch, outcome: str = CONSUMED, reason: str | None = None) -> None:
         """The sink is done with ``batch`` (trained, or dead-lettered for ``reason``)."""
@@ -470,6 +503,7 @@ class DirectSensorSource(Service):
         """
         core = self.driver.core
         topic, partition, key = part.tp.topic, part.tp.partition, part.key
+        await self.driver.look_up([r.value for r in records])
         for start in range(0, len(records), RUN):
             run = records[start : start + RUN]
             first, last = run[0].offset, run[-1].offset
@@ -632,6 +666,7 @@ class FaustSensorSource:
             # per-message await of acting on the result is paid once per group. Acks stay
             # manual: take_events on a no-ack stream acknowledges nothing by itself.
             async for events in manual.take_events(256, within=0.01):
+                await self.driver.look_up([event.value for event in events])
                 actions = IngestActions()
                 now, wall_now = self.clock(), time.time()
                 for event in events:

@@ -24,7 +24,7 @@ they are what a checkpoint stores, so a restarted worker continues the ledger ex
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -730,6 +730,12 @@ class IngestCore:
         state.partition = partition
         state.last_at = now
         return state
+
+    def lookups(self, values: Sequence[bytes | None]) -> list[Callable[[], None]]:
+        """The blocking lookups decoding these messages needs first (``InputFormat.lookups``:
+        a schema registry's schemas not cached yet); the async edge runs them off the event
+        loop (``IngestDriver.look_up``) before it hands the messages in."""
+        return self.input_format.lookups(self.input_params, values)
 
     def _keyless_decoder(self) -> FormatDecoder | None:
         """A decoder that takes the device from the message (None: the format cannot)."""

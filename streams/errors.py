@@ -14,6 +14,12 @@ class StreamsError(Exception):
     """Base class of every error raised by ``streams``."""
 
 
+class LookupUnavailable(StreamsError):
+    """A service decoding needs (a schema registry) did not answer: not the message's fault.
+    The ingest edge waits for it and tries again (``InputFormat.lookups``); nothing is
+    dead-lettered for it."""
+
+
 class RecordDecodeError(StreamsError):
     """A sensor message could not be decoded or failed validation.
 

@@ -17,20 +17,30 @@ field has the same meaning and the same checks in both formats. Two framings:
 Logical types are read as their underlying type (a ``timestamp-millis`` is a number of
 milliseconds: ``time_unit = "ms"``). A bad message raises ``RecordDecodeError``:
 ``too_large`` (before anything else), ``bad_magic`` (no zero magic byte or no schema id),
-``unknown_schema`` (the registry has no schema of that id, or cannot be reached; the
-message is dead-lettered and can be replayed), ``bad_avro`` (bytes that are not a datum
+``unknown_schema`` (the registry has no schema of that id, or answered with something
+that is not an Avro schema; the message is dead-lettered and can be replayed), ``bad_avro`` (bytes that are not a datum
 of the writer schema, bytes left after it, or a writer schema the reader schema cannot
 resolve), then the mapping's own reasons as for JSON.
+
+A registry that does not answer (refused, timed out, HTTP 5xx) is no fault of the
+messages: the ingest edge fetches every schema id it has not seen before it decodes a
+fetch's messages (``AvroFormat.lookups``), off the event loop, and while the registry is
+down it waits and tries again, so ingest stalls (the partitions' consumers stay in their
+group) and nothing is dead-lettered for the outage. An id the registry says it does not
+have is remembered for ``MISSING_TTL_S`` (its messages are dead-lettered without a request
+each), then asked again.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +49,7 @@ import fastavro
 import numpy as np
 
 from edgestream.streams import codec
-from edgestream.streams.errors import RecordDecodeError
+from edgestream.streams.errors import LookupUnavailable, RecordDecodeError
 from edgestream.streams.formats.base import InputFormat, register
 from edgestream.streams.formats.json_records import KEYS as MAPPING_KEYS
 from edgestream.streams.formats.json_records import JsonDecoder, JsonMapping, readings_of
@@ -49,6 +59,8 @@ from edgestream.streams.records import RecordBatch
 AVRO_KEYS = ("schema_file", "schema_registry", "subject")
 #: Seconds a registry request may take.
 REGISTRY_TIMEOUT_S = 5.0
+#: Seconds an id the registry has no schema of is remembered as missing.
+MISSING_TTL_S = 30.0
 #: Subject the simulated devices register their schema under (``subject`` overrides).
 DEFAULT_SUBJECT = "edgestream-readings-value"
 MAGIC = 0
@@ -142,6 +154,8 @@ class SchemaRegistry:
         self.timeout_s = timeout_s
         self._schemas: dict[int, Any] = {}
         self._ids: dict[tuple[str, str], int] = {}
+        #: Ids the registry has no (Avro) schema of: when it said so, and the error their messages get.
+        self._missing: dict[int, tuple[float, RecordDecodeError]] = {}
         self._lock = threading.Lock()
 
     def _request(self, path: str, body: dict | None = None) -> dict:
@@ -152,30 +166,65 @@ class SchemaRegistry:
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             return json.loads(response.read())
 
-    def schema(self, schema_id: int) -> Any:
-        """The parsed writer schema of ``schema_id``; ``RecordDecodeError("unknown_schema")``
-        if the registry has none or does not answer."""
+    def cached(self, schema_id: int) -> bool:
+        """Whether ``schema`` answers ``schema_id`` without a request (a schema, or an id
+        known to be missing within ``MISSING_TTL_S``)."""
         with self._lock:
-            found = self._schemas.get(schema_id)
-        if found is not None:
-            return found
+            if schema_id in self._schemas:
+                return True
+            missing = self._missing.get(schema_id)
+            return missing is not None and time.monotonic() - missing[0] < MISSING_TTL_S
+
+    def fetch(self, schema_id: int) -> None:
+        """Ask the registry for ``schema_id`` and cache the answer: the parsed schema, or
+        the ``RecordDecodeError`` its messages get (no such id, not an Avro schema).
+        ``LookupUnavailable`` if the registry does not answer (nothing cached). Blocking:
+        the ingest edge calls it off the event loop."""
         try:
             reply = self._request(f"/schemas/ids/{schema_id}")
         except urllib.error.HTTPError as exc:
-            raise RecordDecodeError("unknown_schema", f"the schema registry at {self.url} has no schema "
-                                                      f"{schema_id} (HTTP {exc.code})") from None
+            if exc.code >= 500:
+                raise LookupUnavailable(f"the schema registry at {self.url} answered HTTP {exc.code} for "
+                                        f"schema {schema_id}") from None
+            self._remember_missing(schema_id, RecordDecodeError(
+                "unknown_schema", f"the schema registry at {self.url} has no schema {schema_id} (HTTP {exc.code})"))
+            return
         except (OSError, ValueError) as exc:
-            raise RecordDecodeError("unknown_schema", f"the schema registry at {self.url} did not answer for "
-                                                      f"schema {schema_id}: {exc}") from None
+            raise LookupUnavailable(f"the schema registry at {self.url} did not answer for schema {schema_id}: "
+                                    f"{exc}") from None
         if reply.get("schemaType", "AVRO") != "AVRO" or not isinstance(reply.get("schema"), str):
-            raise RecordDecodeError("unknown_schema", f"schema {schema_id} is not an Avro schema")
+            self._remember_missing(schema_id, RecordDecodeError("unknown_schema",
+                                                                f"schema {schema_id} is not an Avro schema"))
+            return
         try:
             parsed = parse_schema(reply["schema"], f"schema {schema_id} of {self.url}")
         except ValueError as exc:
-            raise RecordDecodeError("unknown_schema", str(exc)) from None
+            self._remember_missing(schema_id, RecordDecodeError("unknown_schema", str(exc)))
+            return
         with self._lock:
             self._schemas[schema_id] = parsed
-        return parsed
+            self._missing.pop(schema_id, None)
+
+    def _remember_missing(self, schema_id: int, error: RecordDecodeError) -> None:
+        with self._lock:
+            self._missing[schema_id] = (time.monotonic(), error)
+
+    def schema(self, schema_id: int) -> Any:
+        """The parsed writer schema of ``schema_id``; ``RecordDecodeError("unknown_schema")``
+        if the registry has none, or does not answer (a caller that cannot wait; the ingest
+        edge fetches first, ``fetch``)."""
+        if not self.cached(schema_id):
+            try:
+                self.fetch(schema_id)
+            except LookupUnavailable as exc:
+                raise RecordDecodeError("unknown_schema", str(exc)) from None
+        with self._lock:
+            found = self._schemas.get(schema_id)
+            missing = self._missing.get(schema_id)
+        if found is not None:
+            return found
+        assert missing is not None
+        raise missing[1]
 
     def register(self, subject: str, schema_text: str) -> int:
         """The id of ``schema_text`` under ``subject`` (registered if new; cached)."""
@@ -260,6 +309,17 @@ class AvroFormat(InputFormat):
         registry = registry_at(parsed.schema_registry) if parsed.schema_registry else None
         return AvroDecoder(parsed, registry, limits, expected_device=expected_device,
                            expected_shape=expected_shape, value_range=value_range)
+
+    def lookups(self, params: object, values: Sequence[bytes | None]) -> list[Callable[[], None]]:
+        """A registry fetch of each schema id among ``values`` the registry client has not
+        cached (none without a registry; a message too short for an id has none)."""
+        parsed = params if isinstance(params, AvroParams) else self.parse_params(params)  # type: ignore[arg-type]
+        if not parsed.schema_registry:
+            return []
+        registry = registry_at(parsed.schema_registry)
+        ids = {int.from_bytes(value[1:5], "big") for value in values
+               if value is not None and len(value) >= 5 and value[0] == MAGIC}
+        return [functools.partial(registry.fetch, i) for i in sorted(ids) if not registry.cached(i)]
 
     def encode(self, params: object, batch: RecordBatch) -> bytes:
         """``batch`` as one message (a simulated device): the schema file's schema must be an

@@ -9,7 +9,7 @@ core uses (``FormatDecoder``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from edgestream.streams.codec import DEFAULT_LIMITS, DecodeLimits
@@ -68,6 +68,14 @@ class InputFormat(ABC):
         value_range: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> FormatDecoder:
         """A decoder for one stream; ``params`` is what ``parse_params`` returned."""
+
+    def lookups(self, params: object, values: Sequence[bytes | None]) -> list[Callable[[], None]]:
+        """Blocking lookups that decoding ``values`` needs first and that are not cached
+        yet (a schema registry's schema of an id): the async ingest edge runs each off the
+        event loop before it hands the messages in, and runs it again after a while as long
+        as it raises ``LookupUnavailable``, so an outage of that service stalls ingest
+        instead of dead-lettering readings. None by default."""
+        return []
 
     @abstractmethod
     def encode(self, params: object, batch: RecordBatch) -> bytes:

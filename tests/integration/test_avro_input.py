@@ -8,16 +8,23 @@
   a device starts writing a new version of the schema (an optional field added), which the
   job's reader schema resolves, so its records train too; an unknown schema id and a message
   without the wire format's header are dead-lettered.
+- A registry that stops answering (its JVM stopped with SIGSTOP) while readings of a schema
+  id the worker has not fetched arrive: ingest waits for it (the metric says so) instead of
+  dead-lettering them, and trains on them once it answers again.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 
 import fastavro
 import pytest
 
+from edgestream.deploy.schema_registry import LocalSchemaRegistry
+from edgestream.monitoring.scrape import scrape
 from edgestream.pipeline.run import RunContext, run_job
 from edgestream.streams import topics
 from tests.integration.jobs import (
@@ -126,3 +133,47 @@ def test_scadles_trains_on_registry_avro_through_a_schema_change(kafka_bootstrap
     assert min(t["accuracy"] for t in workers_of(result).values()) >= 0.85
     first = read_topic(kafka_bootstrap, topics.sensor_topic(device), timeout_ms=3000)[0].value
     assert first[0] == 0 and int.from_bytes(first[1:5], "big") != sent["id"]  # written by the devices with v1
+
+
+def test_a_registry_that_stops_answering_stalls_ingest_and_nothing_is_dead_lettered(kafka_bootstrap, unique,
+                                                                                     state_dir, tmp_path):
+    v1 = {"type": "array", "items": READING}
+    v2 = {"type": "array", "items": {**READING, "fields": [*READING["fields"],
+                                                            {"name": "battery", "type": ["null", "float"],
+                                                             "default": None}]}}
+    path = tmp_path / "readings.avsc"
+    path.write_text(json.dumps(v1))
+    subject = f"plant{unique}-value"
+    seen: dict[str, float] = {}
+    with LocalSchemaRegistry(tmp_path / "registry") as registry:  # its own: this test stops it
+        cfg = train_job(unique, state_dir, "train.target_accuracy=0.85", *MAPPING, f"input.schema_file={path}",
+                        f"input.schema_registry={registry.url}", f"input.subject={subject}")
+        device = cfg.devices_of("w0")[0]
+
+        def metric(ctx: RunContext, name: str) -> float:
+            s = scrape(ctx.worker("w0").metrics_url)
+            return s.get(name) if s is not None else -1.0
+
+        def outage(ctx: RunContext) -> None:
+            wait_until(lambda: steps_of(ctx, "w0") >= 5, 90, "w0 to train")
+            new_id = register(registry.url, subject, v2)  # registered, but never fetched by w0
+            readings = [{"pixels": [0.25] * 64, "digit": 3, "ts": 1.7e12, "n": 2**40 + i, "battery": 0.5}
+                        for i in range(8)]
+            os.kill(registry.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+            try:
+                ctx.inject(device, [b"\x00" + new_id.to_bytes(4, "big") + avro(v2, readings)], records=8)
+                wait_until(lambda: metric(ctx, "edgestream_ingest_lookup_paused") == 1, 60,
+                           "w0 to wait for the registry")
+                seen["steps_while_waiting"] = steps_of(ctx, "w0")
+            finally:
+                os.kill(registry.proc.pid, signal.SIGCONT)
+            wait_until(lambda: metric(ctx, "edgestream_ingest_lookup_waits_total") >= 1
+                       and metric(ctx, "edgestream_ingest_lookup_paused") == 0, 60, "w0 to fetch the schema")
+
+        result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=outage)
+    show(result)
+
+    assert result.balanced and "steps_while_waiting" in seen
+    acc = result.accounting[device]
+    assert acc["dead_letters_by_reason"] == {}  # the 8 readings of the new schema waited, then trained
+    assert min(t["accuracy"] for t in workers_of(result).values()) >= 0.8

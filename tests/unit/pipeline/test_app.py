@@ -338,3 +338,30 @@ def test_a_shared_topic_reads_its_partitions_and_a_partition_resumes_once_no_dev
     assert paused == {part.tp} and part.paused_by == set() and consumer.seeks == [(part.tp, 2)]
     assert consumer.paused == set() and consumer.resumed == [part.tp]
     assert sink.records == {"a": 8}
+
+
+def test_ingest_waits_for_a_lookup_that_is_unavailable_before_the_core_sees_the_fetch(monkeypatch):
+    from edgestream.pipeline import app as app_module
+    from edgestream.streams.errors import LookupUnavailable
+
+    monkeypatch.setattr(app_module, "LOOKUP_RETRY_S", 0.001)
+    h = Harness()
+    answers = iter([LookupUnavailable("the schema registry at http://r did not answer"), None, None])
+    calls: list[tuple[int, float]] = []  # (records the core had seen, waiting gauge) per attempt
+
+    def sample(name: str) -> float | None:
+        return h.core.metrics.registry.get_sample_value(name)
+
+    def lookup() -> None:
+        calls.append((h.core.ledgers[DEVICE].records_in, sample("edgestream_ingest_lookup_paused")))
+        answer = next(answers)
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(h.core, "lookups", lambda values: [lookup] if len(values) == 3 else [])
+    run(h.fetched([Record(i, message(4 * i)) for i in range(3)]))
+
+    assert calls == [(0, 0.0), (0, 1.0)]  # tried again while waiting; the core saw nothing before
+    assert h.core.ledgers[DEVICE].records_in == 12 and h.letters == []
+    assert sample("edgestream_ingest_lookup_paused") == 0.0
+    assert sample("edgestream_ingest_lookup_waits_total") == 1.0
