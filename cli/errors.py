@@ -12,7 +12,7 @@ from edgestream.pipeline.exits import EXIT_CONFIG, EXIT_NO_CHECKPOINT, EXIT_RUNT
 #: configuration is wrong": exit status 2.
 CONFIG_ERRORS = frozenset({
     "ConfigError", "TopicNameError", "ModelConfigError", "UnknownStrategyError",
-    "CompressorConfigError", "TopicLayoutError", "ArgumentTypeError", "CostModelError",
+    "CompressorConfigError", "TopicLayoutError", "ArgumentTypeError", "CostModelError", "AssemblyError",
 })
 #: Client errors (kafka-python, aiokafka) that mean "the cluster did not answer".
 KAFKA_CONNECTION_ERRORS = frozenset({

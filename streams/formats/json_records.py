@@ -806,8 +806,13 @@ class JsonDecoder:
                 f"{field.name()} at reading {i} is {_kind(values[i])}, not a number "
                 f"({self.mapping.time_unit} since the epoch)",
             )
-        # orjson's numbers are finite doubles or 64-bit integers: never infinite here.
+        # orjson's numbers are finite, but a format sharing this mapping may not be (an Avro
+        # double can be NaN or infinite).
         times = np.asarray(values, dtype=np.float64)
+        finite = np.isfinite(times)
+        if not finite.all():
+            i = int(np.argmin(finite))
+            raise RecordDecodeError("bad_time", f"{field.name()} at reading {i} is {values[i]}, not a finite number")
         return times / scale if scale != 1.0 else times
 
     def _seq_of(self, readings: list[dict], offset: int | None) -> np.ndarray:

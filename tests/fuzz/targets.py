@@ -40,7 +40,8 @@ TARGETS: dict[str, str] = {
 
 #: Modules whose code atheris instruments for coverage: the decoders and their helpers,
 #: and the pure-Python TOML parser (so mutations learn its syntax).
-INSTRUMENTED = ("streams", "trainers", "compression", "pipeline", "deploy", "tomllib")
+INSTRUMENTED = ("edgestream.streams", "edgestream.trainers", "edgestream.compression", "edgestream.pipeline",
+                "edgestream.deploy", "edgestream.job", "tomllib")
 
 
 class FuzzFinding(AssertionError):

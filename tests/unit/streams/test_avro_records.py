@@ -152,3 +152,18 @@ def test_bad_parameters_say_what_to_write(params, says):
 def test_json_refuses_the_avro_keys():
     with pytest.raises(ValueError, match="unknown key"):
         format_named("json").parse_params({**MAPPING, "schema_file": "x.avsc"})
+
+
+@pytest.mark.parametrize("ts", [float("nan"), float("inf"), float("-inf")])
+def test_an_event_time_that_is_not_finite_is_bad_time(tmp_path, ts):
+    # An Avro double can hold what JSON cannot (found by the avro_records fuzz target).
+    reading = {**READING, "fields": [*READING["fields"][:2], {"name": "ts", "type": "double"}, READING["fields"][3]]}
+    fmt = format_named("avro")
+    params = fmt.parse_params({**MAPPING, "schema_file": schema_file(tmp_path, {"type": "array", "items": reading})})
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema({"type": "array", "items": reading}),
+                               [{"pixels": [0.5] * 64, "digit": 1, "ts": 1.7e12, "n": 1},
+                                {"pixels": [0.5] * 64, "digit": 1, "ts": ts, "n": 2}])
+    with pytest.raises(RecordDecodeError, match="at reading 1 is") as err:
+        fmt.decoder(params, expected_device="d1").decode(out.getvalue())
+    assert err.value.reason == "bad_time"
