@@ -24,6 +24,7 @@ from edgestream.cli import (
     broker,
     costs,
     examples,
+    export,
     models,
     monitoring,
     record,
@@ -44,7 +45,8 @@ DEBUG_ENV = "EDGESTREAM_DEBUG"
 #: The command groups, in the order `edgestream --help` lists them: each has
 #: ``register(subparsers, add_job_args)``, which adds its parsers with ``set_defaults(func=...)``;
 #: ``func(args) -> int``.
-COMMANDS = (broker, simulate, bridge, worker, acl, run, bench, costs, monitoring, record, testbed, models, examples)
+COMMANDS = (broker, simulate, bridge, worker, acl, run, bench, costs, monitoring, record, testbed, models, examples,
+            export)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,8 +1,9 @@
 """``edgestream models``: the registered models, their sizes and where each can be cut.
 
 For the job's data (feature shape and classes; ``--job``/``--set`` as elsewhere) every
-registered model is built as a worker would build it (``train.model_params`` applies to
-the job's own model) and listed with its parameter count; a model made of named blocks
+registered model (installed plugins' included) and the job's own ``"package.module:factory"``
+is built as a worker would build it (``train.model_params`` applies to the job's own model)
+and listed with its parameter count; a model made of named blocks
 (an ``nn.Sequential``) also lists its boundaries, the names ``train.stages`` takes, with
 the per-sample activation shape and the parameters of the block that ends there.
 """
@@ -23,13 +24,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     from edgestream.job.plan import parse_params
     from edgestream.job.sources import job_fleet_data
     from edgestream.trainers.errors import ModelConfigError
-    from edgestream.trainers.models import build_model, model_names
+    from edgestream.trainers.models import build_model, is_module_path, model_names
     from edgestream.trainers.stages import boundary_names, boundary_shapes
 
     cfg = job_config(args)
     data = job_fleet_data(cfg)
     rows = []
-    for name in model_names():
+    own = [cfg.train.model] if is_module_path(cfg.train.model) else []  # the job's "package.module:factory"
+    for name in model_names() + own:
         options = parse_params(cfg.train.model_params) if name == cfg.train.model else {}
         try:
             model = build_model(name, data.feature_shape, data.num_classes, seed=cfg.job.seed, **options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from edgestream import plugins
 from edgestream.compression import errors
 from edgestream.compression.base import Compressor
 from edgestream.compression.errors import CompressorConfigError, PayloadDecodeError
@@ -44,17 +45,20 @@ def register(name: str) -> Callable[[C], C]:
 
 
 def names() -> list[str]:
-    """Registered compressor names, sorted."""
+    """Registered compressor names (installed plugins' included, ``edgestream.codecs``), sorted."""
+    plugins.load_group(plugins.CODECS)
     return sorted(_BY_NAME)
 
 
 def compressor_class(name: str) -> type[Compressor]:
-    """The class registered under ``name``."""
+    """The class registered under ``name`` (looked up in the installed plugins when not registered yet)."""
+    if name not in _BY_NAME:
+        plugins.load_group(plugins.CODECS)
     try:
         return _BY_NAME[name]
     except KeyError:
         raise CompressorConfigError(
-            f"unknown compressor {name!r}; known: {', '.join(names())}",
+            f"unknown compressor {name!r}; known: {', '.join(names())}{plugins.failure_note(plugins.CODECS)}",
             reason=errors.UNKNOWN_COMPRESSOR,
         ) from None
 
@@ -77,6 +81,8 @@ def decoder_for(codec_id: int) -> Compressor:
     """A shared default instance able to decompress payloads of ``codec_id``."""
     decoder = _DECODERS.get(codec_id)
     if decoder is None:
+        if codec_id not in _BY_CODEC:  # a peer's plugin codec, perhaps
+            plugins.load_group(plugins.CODECS)
         cls = _BY_CODEC.get(codec_id)
         if cls is None:
             raise PayloadDecodeError(

@@ -374,7 +374,9 @@ def parse_cpu_list(text: str) -> set[int]:
 class TrainSection:
     #: false: ingest only (batches are counted); true: workers train online.
     enabled: bool = False
-    model: str = "mlp"  # mlp | cnn1d | digits_cnn | conv8 | conv8_1d (`edgestream models`)
+    #: A registered model (mlp | cnn1d | digits_cnn | conv8 | conv8_1d, a plugin's: `edgestream models`) or
+    #: the user's own factory, "package.module:factory" (docs/training.md, "Your own model").
+    model: str = "mlp"
     #: Options of the model, e.g. ["hidden=[128, 64]"] (mlp) or ["norm=batch", "width=8"] (conv8).
     model_params: list[str] = field(default_factory=list)
     strategy: str = "bsp"  # a registered strategy (trainers.strategies.names())
@@ -643,6 +645,34 @@ class LabelsSection:
 
 
 @dataclass
+class ServeSection:
+    """Serving on the stream (docs/serving.md "Predictions"): each trained record's prediction,
+    published by its worker on ``predictions.<job>``."""
+
+    #: Publish the prediction of every record a worker trains on, made before it trains on it.
+    predictions: bool = False
+    #: Classes (with their probabilities) each prediction lists, most probable first.
+    top_k: int = 3
+
+    def validate(self, cfg: JobConfig) -> None:
+        if isinstance(self.top_k, bool) or not 1 <= self.top_k <= MAX_TOP_K:
+            raise ConfigError(f"serve.top_k must be an integer in [1, {MAX_TOP_K}] (got {self.top_k!r})")
+        if not self.predictions:
+            return
+        if not cfg.train.enabled:
+            raise ConfigError("serve.predictions publishes what the training workers predict: it needs "
+                              "train.enabled = true")
+        if cfg.train.stages:
+            raise ConfigError("serve.predictions cannot be used with train.stages (no stage of a split model "
+                              "holds the whole model: the first reads the records, the last holds the classes); "
+                              "turn one of them off")
+
+
+#: Most classes a prediction message lists (``serve.top_k``).
+MAX_TOP_K = 100
+
+
+@dataclass
 class JobConfig:
     job: JobSection = field(default_factory=JobSection)
     kafka: KafkaSection = field(default_factory=KafkaSection)
@@ -659,6 +689,7 @@ class JobConfig:
     testbed: TestbedSection = field(default_factory=TestbedSection)
     mqtt: MqttSection = field(default_factory=MqttSection)
     labels: LabelsSection = field(default_factory=LabelsSection)
+    serve: ServeSection = field(default_factory=ServeSection)
 
     def validate(self) -> JobConfig:
         _choice("kafka.ingest_source", self.kafka.ingest_source, INGEST_SOURCES)
@@ -681,6 +712,7 @@ class JobConfig:
         self._validate_layout()
         self.mqtt.validate()
         self.labels.validate(self)
+        self.serve.validate(self)
         parse_value_range(self.data.value_range)
         _non_negative("data.value_margin", self.data.value_margin)
         _non_negative("data.observed_warmup", self.data.observed_warmup)

@@ -2,7 +2,7 @@
 
 Names come from ``streams.topics``; this module decides which of them a job, a process
 or a strategy channel uses, and of which kind (``sensors``, ``dlq``, ``gradients``,
-``models``: ``streams.topics.topic_configs``). Creating them (``ensure_topics``) is
+``models``, ``predictions``: ``streams.topics.topic_configs``). Creating them (``ensure_topics``) is
 ``pipeline.kafka_io``'s; nothing here talks to Kafka.
 """
 
@@ -35,6 +35,14 @@ def sensor_partitions(cfg: JobConfig) -> dict[str, int]:
 def label_topics(cfg: JobConfig) -> dict[str, str]:
     """The label topic (``labels.topic``), if the job's labels come on their own."""
     return {cfg.labels.topic: "sensors"} if cfg.labels.delayed else {}
+
+
+def prediction_topics(cfg: JobConfig) -> dict[str, str]:
+    """``predictions.<job>`` (kind ``predictions``) if the job's workers publish a prediction
+    per trained record (``serve.predictions``); else nothing."""
+    if not (cfg.serve.predictions and cfg.train.enabled):
+        return {}
+    return {topics.predictions_topic(cfg.job.name): "predictions"}
 
 
 #: Channels with one topic per job, read by every subscriber (``inbox`` is per recipient).
@@ -96,10 +104,12 @@ def job_topics(cfg: JobConfig, subscribes: tuple[str, ...] | list[str] = (), *,
     ``sensors.dlq``; when it
     trains (``training``, default ``train.enabled``), its training topics, with every
     configured worker's inbox when its strategy subscribes to ``inbox`` (a message to a
-    worker that starts later, or joins, waits in its topic)."""
+    worker that starts later, or joins, waits in its topic), and its predictions topic
+    (``prediction_topics``)."""
     wanted = sensor_topics_for(cfg.devices.device_ids(), cfg.input.layout())
     wanted.update(label_topics(cfg))
     if cfg.train.enabled if training is None else training:
         inboxes = cfg.worker_names() if "inbox" in subscribes else []
         wanted.update(training_topics(cfg.job.name, inboxes))
+        wanted.update(prediction_topics(cfg))
     return wanted

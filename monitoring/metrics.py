@@ -412,6 +412,37 @@ class Metrics:
             "accuracy = rate(correct) / rate(records)",
             ["device"], registry=r,
         )
+        self.predictions = Counter(
+            "edgestream_predictions_total",
+            "Predictions of the device's trained records published on predictions.<job> and acknowledged "
+            "(serve.predictions): one per trained record",
+            ["device"], registry=r,
+        )
+        # ``edgestream serve`` (pipeline/serve.py): inference only, beside the training job.
+        self.serve_predictions = Counter(
+            "edgestream_serve_predictions_total",
+            "Predictions edgestream serve published on predictions.<job> and the broker acknowledged, one per record",
+            ["device"], registry=r,
+        )
+        self.serve_latency = Histogram(
+            "edgestream_serve_latency_seconds",
+            "edgestream serve: from a record's Kafka append (its message's timestamp) to its prediction's "
+            "acknowledgement by the broker", buckets=SECONDS_BUCKETS, registry=r,
+        )
+        self.serve_model_version = Gauge(
+            "edgestream_serve_model_version",
+            "Version of the model edgestream serve predicts with (-1: none yet)", registry=r,
+        )
+        self.serve_swaps = Counter(
+            "edgestream_serve_model_swaps_total",
+            "Models edgestream serve swapped in between two micro-batches (a newer version)", registry=r,
+        )
+        self.serve_refused = Counter(
+            "edgestream_serve_models_refused_total",
+            "Models edgestream serve refused and did not use: shape (not the job's model), digest (a file or "
+            "message that does not verify), backwards (an older version, or the same with another digest), invalid",
+            ["reason"], registry=r,
+        )
         self.injected_records = Counter(
             "edgestream_injected_records_total",
             "Samples added to training batches from the shared pool (ScaDLES data injection)",

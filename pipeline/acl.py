@@ -11,7 +11,8 @@ of the cluster knows them. Principals:
   writes the job's device topics and nothing else.
 * ``<job>-workers``: the job's workers and server; read the device topics, write the
   dead-letter topics, read and write the job's update topics (``gradients``, ``models``,
-  ``control``, inboxes), use the consumer groups ``edgestream-<job>-*``.
+  ``control``, inboxes), write ``predictions.<job>`` (``serve.predictions``), use the consumer
+  groups ``edgestream-<job>-*``.
 
 Nobody else (no ACL: the authorizer denies) reads or writes them; the admin is a super user.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgestream.job.config import JobConfig
-from edgestream.job.topics import job_topics, sensor_partitions, training_topics
+from edgestream.job.topics import job_topics, prediction_topics, sensor_partitions, training_topics
 from edgestream.streams import topics
 
 #: kafka-python's names of the operations granted.
@@ -67,6 +68,8 @@ def job_grants(cfg: JobConfig) -> list[Grant]:
     for topic in training_topics(job, []):
         grants.append(Grant(workers, "topic", topic, READ_WRITE_OPS))
     grants.append(Grant(workers, "topic", f"inbox.{job}.", READ_WRITE_OPS, prefixed=True))
+    for topic in prediction_topics(cfg):  # serve.predictions: the workers write them
+        grants.append(Grant(workers, "topic", topic, ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")))
     grants.append(Grant(workers, "group", f"edgestream-{job}-", ("READ", "DESCRIBE"), prefixed=True))
     return grants
 

@@ -135,6 +135,37 @@ class DurableProducer(AIOKafkaFaustProducer):
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
+    async def send_keyed(self, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> list[asyncio.Future]:
+        """Hand ``messages`` (``(key, value)``, in order) to the producer as record batches, one
+        or more per partition (a message's partition is Kafka's default for its key), instead
+        of one send each; returns the batches' acknowledgements to await (many messages for
+        the cost of a few sends: the predictions of a training step)."""
+        return await send_keyed(self._ensure_producer(), topic, messages)
+
+
+async def send_keyed(producer: Any, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> list[asyncio.Future]:
+    """``DurableProducer.send_keyed`` on an ``AIOKafkaProducer``: ``messages`` as record batches,
+    one or more per partition (the key's default partition); the acknowledgements to await."""
+    partitions = sorted(await producer.partitions_for(topic))
+    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+    partition_of: dict[bytes, int] = {}
+    for key, value in messages:
+        partition = partition_of.get(key)
+        if partition is None:
+            partition = partition_of[key] = partitions[(topics.murmur2(key) & 0x7FFFFFFF) % len(partitions)]
+        by_partition.setdefault(partition, []).append((key, value))
+    acks = []
+    for partition, items in by_partition.items():
+        batch = producer.create_batch()
+        for key, value in items:
+            if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it, start another
+                acks.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    raise ValueError(f"a message of {len(value)} bytes does not fit a record batch of {topic}")
+        acks.append(await producer.send_batch(batch, topic, partition=partition))
+    return acks
+
 
 class EdgeApp(faust.App):
     """``faust.App`` whose producer is a ``DurableProducer`` (acks=all + idempotence)."""
@@ -168,6 +199,28 @@ def new_faust_app(cfg: JobConfig, name: str, bootstrap: str, datadir: Path) -> f
         broker_heartbeat_interval=2.0,
         broker_credentials=security.current().faust_credentials(),
     )
+
+
+def dead_letter_message(letter: DeadLetter, worker: str, max_bytes: int) -> tuple[bytes, dict[str, bytes]]:
+    """The value and headers ``letter`` goes to ``sensors.dlq`` with (reason and source in
+    headers), logged once; ``worker``: the process that read it."""
+    log.warning(
+        "dead-lettered %s[%s]@%s: %s (%s)",
+        letter.topic, letter.partition, letter.offset, letter.reason, letter.detail,
+    )
+    headers = {
+        topics.DLQ_HEADER_REASON: letter.reason.encode(),
+        topics.DLQ_HEADER_DETAIL: letter.detail.encode()[:1024],
+        topics.DLQ_HEADER_TOPIC: letter.topic.encode(),
+        topics.DLQ_HEADER_PARTITION: str(letter.partition).encode(),
+        topics.DLQ_HEADER_OFFSET: str(letter.offset).encode(),
+        topics.DLQ_HEADER_WORKER: worker.encode(),
+    }
+    if letter.records:
+        headers[topics.DLQ_HEADER_RECORDS] = str(letter.records).encode()
+    # An oversized value cannot be forwarded whole; the headers still say everything.
+    value = letter.value if len(letter.value) <= max_bytes // 2 else letter.value[:1024]
+    return value, headers
 
 
 class SensorSource(Protocol):
@@ -301,8 +354,9 @@ class IngestDriver:
         while self._to_predict:
             waiting, self._to_predict = self._to_predict, []
             features = np.stack([w.batch.features[w.index] for w in waiting])
+            keys = [(w.device, int(w.batch.seq[w.index])) for w in waiting]
             try:
-                classes = await self.predictor(features)
+                classes = await self.predictor(features, keys)
             except Exception:  # a model that cannot answer now (stopping): those readings go unscored
                 log.warning("predicting for readings that wait for their label failed", exc_info=True)
                 return
@@ -511,7 +565,8 @@ class DirectSensorSource(Service):
             if not self.tracker.has_done(key, first, last):
                 actions = core.on_run(
                     topic, [r.value for r in run], SensorToken(topic, partition, first, last), now, wall_now,
-                    _run_times_s(run),
+                    _run_times_s(run), partition=partition,
+                    offsets=[r.offset for r in run] if core.stamp_origin else None,
                 )
             if actions is not None:
                 self.tracker.seen_range(key, first, last)
@@ -801,22 +856,7 @@ def create_app(
     dlq = app.topic(topics.SENSOR_DLQ, key_serializer="raw", value_serializer="raw")
 
     async def send_dead_letter(letter: DeadLetter) -> None:
-        log.warning(
-            "dead-lettered %s[%s]@%s: %s (%s)",
-            letter.topic, letter.partition, letter.offset, letter.reason, letter.detail,
-        )
-        headers = {
-            topics.DLQ_HEADER_REASON: letter.reason.encode(),
-            topics.DLQ_HEADER_DETAIL: letter.detail.encode()[:1024],
-            topics.DLQ_HEADER_TOPIC: letter.topic.encode(),
-            topics.DLQ_HEADER_PARTITION: str(letter.partition).encode(),
-            topics.DLQ_HEADER_OFFSET: str(letter.offset).encode(),
-            topics.DLQ_HEADER_WORKER: worker.encode(),
-        }
-        if letter.records:
-            headers[topics.DLQ_HEADER_RECORDS] = str(letter.records).encode()
-        # An oversized value cannot be forwarded whole; the headers still say everything.
-        value = letter.value if len(letter.value) <= max_bytes // 2 else letter.value[:1024]
+        value, headers = dead_letter_message(letter, worker, max_bytes)
         fut = await dlq.send(key=letter.key, value=value, headers=headers)
         await fut  # the caller acks only once the dead letter is durable
 

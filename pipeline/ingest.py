@@ -41,7 +41,7 @@ from edgestream.streams.eventtime import BAD_TIMESTAMP, EventTimeCheck
 from edgestream.streams.formats import FormatDecoder
 from edgestream.streams.labels import Joined, LabelDecoder, LabelJoin, Waiting
 from edgestream.streams.rates import RateEstimator
-from edgestream.streams.records import RecordBatch
+from edgestream.streams.records import RecordBatch, pick_origin, with_origin
 
 
 @dataclass
@@ -320,6 +320,9 @@ class IngestCore:
                              "scored": 0, "correct": 0}
         #: Set by a driver that can ask the model (``IngestActions.predict``).
         self.predict_on_arrival = False
+        #: Stamp each record's source message on it (``RecordBatch.origin``): the job publishes
+        #: a prediction per trained record, which names it (``serve.predictions``).
+        self.stamp_origin = bool(cfg.serve.predictions)
         if self.labels_topic is not None:
             self.label_decoder = LabelDecoder(cfg.labels.fields(), num_classes,
                                               max_bytes=cfg.limits.max_record_message_bytes,
@@ -443,11 +446,14 @@ class IngestCore:
             for other in self._by_topic.values():
                 other.decoder = self._decoder(other.name)
         self._register(token, device, 1, batch.count)
+        if self.stamp_origin:
+            batch = with_origin(batch, partition, offset, timestamp_s)
         self._admit(state, topic, partition, offset, key, batch, token, timestamp_s, now, wall_now, actions)
         return actions
 
     def on_run(self, topic: str, values: list[bytes], token: Any, now: float, wall_now: float,
-               timestamps_s: Sequence[float] | np.ndarray | None = None) -> IngestActions | None:
+               timestamps_s: Sequence[float] | np.ndarray | None = None, *, partition: int = 0,
+               offsets: Sequence[int] | None = None) -> IngestActions | None:
         """Consecutive messages of one device topic as one buffer chunk, or None.
 
         Same outcome as ``on_message`` for each of them (counts, buffer contents,
@@ -458,7 +464,8 @@ class IngestCore:
         cannot make the buffer ask for a pause, no event time is off the Kafka timestamps
         (``timestamps_s``, one per message) and no sequence number is a duplicate: the
         caller then hands them to ``on_message`` one by one (which dead-letters or drops
-        exactly the bad ones and pauses at the exact message).
+        exactly the bad ones and pauses at the exact message). ``partition`` and ``offsets``
+        (one per message) say where they are, for ``RecordBatch.origin``.
         """
         state = self._by_topic.get(topic)  # None for a shared topic: its runs mix devices
         if state is None or not values:
@@ -481,6 +488,11 @@ class IngestCore:
                 return None
         if seen is not None and not seen.all_new(batch.seq):
             return None
+        if self.stamp_origin:
+            per = batch.count // len(values)  # every message of a run has the same readings
+            stamped = offsets is not None and per * len(values) == batch.count
+            batch = with_origin(batch, partition, np.repeat(np.asarray(offsets), per) if stamped else -1,
+                                None if times is None else np.repeat(times, per))
         state.ledger.messages_in += len(values)
         state.series.messages_in.inc(len(values))
         state.series.bytes_in.inc(sum(map(len, values)))  # a JSON run's messages differ in size
@@ -500,6 +512,8 @@ class IngestCore:
         """A decoded message with records outside the declared range: those records go to
         the dead-letter topic (re-encoded, with the reason), the others on as usual."""
         batch, bad = exc.batch, exc.bad
+        if self.stamp_origin:
+            batch = with_origin(batch, partition, offset, timestamp_s)
         n_bad = int(bad.sum())
         self._register(token, state.name, 1, batch.count)
         rejected = _select(batch, bad)
@@ -654,7 +668,7 @@ class IngestCore:
                     correct += j.reading.prediction == j.label
             source = first.batch
             batch = RecordBatch(device=first.device, seq=source.seq[index], event_time=source.event_time[index],
-                                features=source.features[index], labels=labels)
+                                features=source.features[index], labels=labels, origin=pick_origin(source, index))
             if waited:
                 state.awaiting -= len(group)
             self._label_outcome("joined", len(group))
@@ -991,4 +1005,5 @@ def _select(batch: RecordBatch, mask: np.ndarray) -> RecordBatch:
     return RecordBatch(
         device=batch.device, seq=batch.seq[mask], event_time=batch.event_time[mask],
         features=batch.features[mask], labels=None if batch.labels is None else batch.labels[mask],
+        origin=pick_origin(batch, mask),
     )

@@ -575,6 +575,8 @@ def run_job(
         console.print(others_line(result, training), soft_wrap=True)
     if training:
         console.print(training_table(result))
+        if any(t.get("predictions") for t in result.training.values()):
+            console.print(predictions_line(result), soft_wrap=True)
     if result.labels:
         console.print(labels_line(result.labels), soft_wrap=True)
     if result.assembled is not None:
@@ -1253,6 +1255,24 @@ def _updates_rejected(t: dict) -> str:
     bound = [f"{what} {counters[key]}" for key, what in (("updates_rejected", "over the bound"),
                                                          ("updates_clipped", "clipped")) if counters.get(key)]
     return shown + (f" ({', '.join(bound)})" if bound else "")
+
+
+def predictions_line(result: RunResult) -> str:
+    """The summary's line on ``serve.predictions``: predictions published per trained record,
+    and the devices where the two differ (none in a run that drained)."""
+    published: dict[str, int] = {}
+    topic = ""
+    for t in result.training.values():
+        for device, n in ((t.get("predictions") or {}).get("by_device") or {}).items():
+            published[device] = published.get(device, 0) + int(n)
+        topic = topic or (t.get("predictions") or {}).get("topic", "")
+    trained = {device: int(a.get("consumed", 0)) for device, a in result.accounting.items()}
+    off = sorted(d for d in set(published) | set(trained) if published.get(d, 0) != trained.get(d, 0))
+    line = (f"predictions: {sum(published.values())} published on {topic} for {sum(trained.values())} trained "
+            "records")
+    if not off:
+        return line + " (one per trained record on every device)"
+    return line + "; differ on " + ", ".join(f"{d} ({published.get(d, 0)} for {trained.get(d, 0)})" for d in off[:5])
 
 
 def labels_line(labels: dict[str, int]) -> str:

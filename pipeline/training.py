@@ -25,6 +25,14 @@ A step the driver rejects (the step guard: non-finite loss or gradient, gradient
 above its bound) is neither applied nor published; its records go to ``sensors.dlq``
 with the reason, are settled as dead-lettered, and the worker takes its next batch.
 
+Predictions (``serve.predictions``, docs/serving.md): a worker predicts every batch with its
+model just before the step, on the training thread (``_scored_step``: version, digest once per
+version, top-k), and hands the predictions of the records the step trained to a
+``PredictionSender``, which publishes them on ``predictions.<job>`` beside the loop; a
+checkpoint waits for them (its counts: ``meta["predictions"]``). With delayed labels a
+record that waited for its label carries the prediction made when it arrived instead
+(``predict`` with keys: ``ArrivalPredictions``).
+
 Delivery guarantee: on restart the worker restores its newest usable checkpoint and
 seeks every topic to the checkpoint's offsets, so the sensor records trained after the
 last checkpoint are trained again (at most ``train.checkpoint_every_steps`` steps' worth
@@ -58,15 +66,24 @@ from edgestream.job.topics import SHARED_CHANNELS, channel_topic, read_topics, t
 from edgestream.monitoring.metrics import Metrics
 from edgestream.monitoring.recent import RecentValues
 from edgestream.pipeline.ingest import CONSUMED, DEAD
+from edgestream.pipeline.predictions import PredictionSender
 from edgestream.streams import codec, topics
 from edgestream.streams.batching import Batch, BatchQueue
 from edgestream.streams.buffering import concat
 from edgestream.streams.offsets import OffsetTracker
+from edgestream.streams.predictions import (
+    ArrivalPredictions,
+    DigestCache,
+    Made,
+    scored_parts,
+    top_k,
+)
 from edgestream.streams.simulator import FleetData
 from edgestream.trainers import LocalTrainer, assembly, limit_torch_threads
 from edgestream.trainers.checkpoint import SHAPE_MISMATCH, CheckpointStore
 from edgestream.trainers.driver import Outbound, Stepped, TrainingDriver
 from edgestream.trainers.errors import (
+    BatchError,
     CheckpointNotFound,
     CheckpointRefused,
     NoUsableCheckpoint,
@@ -273,6 +290,15 @@ class TrainingRuntime:
         #: How old the records were when trained (seconds since their event time): the summary's
         #: ``record_age_s`` percentiles.
         self.record_ages = RecentValues()
+        #: serve.predictions: each trained record's prediction goes to predictions.<job> (workers only).
+        self.predicting = bool(cfg.serve.predictions) and role == "worker"
+        self._digests = DigestCache(self.trainer.parameter_digest)
+        #: Delayed labels: the predictions made when readings arrived, until they are trained.
+        self.arrival_predictions = (ArrivalPredictions(2 * cfg.labels.max_pending)
+                                    if self.predicting and cfg.labels.delayed else None)
+        #: Set by ``attach``: hands messages to the worker's producer (``PredictionSender.send``).
+        self._producer_send: Callable[[str, list[tuple[bytes, bytes]]], Awaitable[list[Any]]] | None = None
+        self._restored_predictions: dict[str, int] = {}
         metrics.init_worker(name)
         self._last_eval = 0.0
         self._steps_since_checkpoint = 0
@@ -290,6 +316,10 @@ class TrainingRuntime:
         self._started_at = time.monotonic()
         self._live_gauge, self._member_gauge = metrics.live_workers, metrics.worker_live
         self._restore()
+        self.predictions = PredictionSender(
+            self._send_prediction, topic=topics.predictions_topic(cfg.job.name), job=cfg.job.name, worker=name,
+            on_published=lambda device, n: metrics.predictions.labels(device).inc(n),
+            published=self._restored_predictions) if self.predicting else None
         self.executor.submit(self._observe).result()  # the base of the strategy's totals
 
     # --- checkpoint --------------------------------------------------------------------
@@ -322,6 +352,7 @@ class TrainingRuntime:
         self.restored_ledger = dict(checkpoint.meta.get("ledger", {}))
         self.stats.steps = int(checkpoint.meta.get("steps", 0))
         self.stats.trained_records = int(checkpoint.meta.get("trained_records", 0))
+        self._restored_predictions = {str(k): int(v) for k, v in checkpoint.meta.get("predictions", {}).items()}
         observed = checkpoint.meta.get("observed_range")
         if observed is not None and self.driver.observed is not None:
             try:
@@ -375,6 +406,8 @@ class TrainingRuntime:
                 "worker": self.name, "saved_at": time.time(), "ledger": ingest.get("ledger", {})}
         if self.driver.observed is not None:  # learned bounds: a restart must not forget them
             meta["observed_range"] = self.driver.observed.state_dict()
+        if self.predictions is not None:  # flushed: one per record trained up to here
+            meta["predictions"] = dict(self.predictions.published)
         return offsets, meta
 
     async def _checkpoint(self) -> None:
@@ -382,15 +415,66 @@ class TrainingRuntime:
         (non-finite): the worker must not go on training on it, so the train loop crashes
         and a restart restores the last good checkpoint."""
         await self._flush()  # every step in it has published its messages and settled its records
+        if self.predictions is not None:
+            await self.predictions.flush()  # and its records' predictions
         offsets, meta = self._checkpoint_payload()
         await self._call(self.checkpoints.save, self.trainer, self.strategy, offsets, meta)
         self.stats.last_checkpoint_step = self.stats.steps
         self.metrics.last_checkpoint.labels(self.name).set(time.time())
 
     # --- sink protocol (ingest -> training) ---------------------------------------------
-    async def predict(self, features: np.ndarray) -> np.ndarray:
-        """What the model predicts for ``features`` now, between steps (the step executor)."""
-        return await self._call(self.driver.predict, features)
+    async def predict(self, features: np.ndarray, keys: list[tuple[str, int]] | None = None) -> np.ndarray:
+        """What the model predicts for ``features`` now, between steps (the step executor).
+
+        ``keys``: each reading's ``(device, record id)``; with ``serve.predictions`` the whole
+        prediction (version, digest, top-k) is kept under it until the reading is trained,
+        and published then as the one made before its label was known."""
+        if self.arrival_predictions is None or keys is None:
+            return await self._call(self.driver.predict, features)
+        classes, made = await self._call(self._arrival_scores, features)
+        self.arrival_predictions.put(keys, made)
+        return classes
+
+    # --- predictions (serve.predictions) ---------------------------------------------------
+    def _scores(self, features: np.ndarray) -> tuple[int, str, np.ndarray, np.ndarray, float]:
+        """On the training thread: the model's version, its digest (once per version), the
+        top-k classes and their probabilities for ``features``, and when."""
+        version = self.trainer.version
+        digest = self._digests.of(version)
+        classes, probabilities = top_k(self.driver.probabilities(features), self.cfg.serve.top_k)
+        return version, digest, classes, probabilities, time.time()
+
+    def _scored_step(self, features: np.ndarray, labels: np.ndarray | None,
+                     groups: np.ndarray) -> tuple[Stepped, tuple[int, str, np.ndarray, np.ndarray, float] | None]:
+        """On the training thread: the batch's predictions by the model as it is, then the step."""
+        try:
+            scores = self._scores(features)
+        except BatchError as exc:  # the step refuses the batch for the same reason
+            log.warning("%s: no predictions for a batch the model cannot score: %s", self.name, exc)
+            scores = None
+        return self.driver.step(features, labels, groups), scores
+
+    def _arrival_scores(self, features: np.ndarray) -> tuple[np.ndarray, list[Made]]:
+        version, digest, classes, probabilities, now = self._scores(features)
+        return classes[:, 0], [Made(version, digest, classes[i], probabilities[i], now) for i in range(len(classes))]
+
+    async def _send_prediction(self, topic: str, messages: list[tuple[bytes, bytes]]) -> list[Any]:
+        if self._producer_send is None:
+            raise RuntimeError("predictions are published by an attached runtime (its app's producer)")
+        return await self._producer_send(topic, messages)
+
+    async def _publish_predictions(self, parts: list[Batch], scores: tuple[int, str, np.ndarray, np.ndarray, float],
+                                   trained: np.ndarray | None) -> None:
+        """Hand the predictions of the records the step trained (``trained``: their positions
+        in ``parts`` concatenated; None: all) to the sender, per device batch."""
+        assert self.predictions is not None
+        version, digest, classes, probabilities, made_at = scores
+        layout = self.cfg.input.layout()
+        scored = scored_parts([(b.records, layout.topic(b.device)) for b in parts], version=version, digest=digest,
+                              classes=classes, probabilities=probabilities, predicted_at=made_at, trained=trained)
+        if self.arrival_predictions is not None:
+            scored = [self.arrival_predictions.apply(one) for one in scored]
+        await self.predictions.put(scored)
 
     async def submit(self, batch: Batch) -> None:
         assert self._room is not None and self.wakeup is not None
@@ -475,7 +559,11 @@ class TrainingRuntime:
             fut = await sensor_dlq.send(value=value, headers=headers)
             await fut
 
+        async def send_prediction(topic: str, messages: list[tuple[bytes, bytes]]) -> list[Any]:
+            return await app.producer.send_keyed(topic, messages)  # the worker's DurableProducer
+
         self.publish = publish
+        self._producer_send = send_prediction
         self.dead_letter = dead_letter
         self.sensor_dead_letter = sensor_dead_letter
         self.inbox = asyncio.Queue()
@@ -730,12 +818,18 @@ class TrainingRuntime:
         self._ready_since = None
         # Each record's device: a refused step's culprit search splits the batch by it.
         groups = np.repeat(np.array([b.device for b in parts]), [b.size for b in parts])
-        stepped: Stepped = await self._call(self.driver.step, records.features, records.labels, groups)
+        scores = None
+        if self.predictions is not None:
+            stepped, scores = await self._call(self._scored_step, records.features, records.labels, groups)
+        else:
+            stepped = await self._call(self.driver.step, records.features, records.labels, groups)
         compute_s = time.monotonic() - started
         if stepped.dead or stepped.rejection is not None:
             await self._reject(parts, stepped)
             if stepped.rejection is not None:
                 return
+        if scores is not None:  # the trained records' predictions, handed over before the step's messages go
+            await self._publish_predictions(parts, scores, stepped.trained)
         if stepped.trained is not None:  # the culprits are dead-lettered; train the others
             parts = pick(parts, stepped.trained)
             size = sum(b.size for b in parts)
@@ -994,6 +1088,15 @@ class TrainingRuntime:
             log.error("%s: final checkpoint refused, the last good one stays: %s", self.name, exc)
         if self._sender is not None:  # flushed by the checkpoint
             self._sender.cancel()
+        predictions = None
+        if self.predictions is not None:
+            try:
+                await self.predictions.flush()  # done by the checkpoint, unless there was none
+            except RuntimeError as exc:
+                log.error("%s: %s", self.name, exc)
+            await self.predictions.close()
+            predictions = {"published": self.predictions.total, "by_device": dict(self.predictions.published),
+                           "top_k": self.cfg.serve.top_k, "topic": self.predictions.topic}
         stats = await self._call(self.driver.stats)
         digest = await self._call(self.trainer.parameter_digest)
         return {
@@ -1021,6 +1124,7 @@ class TrainingRuntime:
             "byzantine": self._byzantine_summary(stats),
             "bytes_out": dict(self.stats.bytes_out), "bytes_in": dict(self.stats.bytes_in),
             "messages_out": dict(self.stats.messages_out), "messages_in": dict(self.stats.messages_in),
+            "predictions": predictions,
         }
 
 

@@ -19,6 +19,7 @@ from edgestream.job.sources import job_fleet_data
 from edgestream.job.topics import (
     channel_topic,
     label_topics,
+    prediction_topics,
     sensor_partitions,
     sensor_topics_for,
     training_topics,
@@ -107,12 +108,15 @@ def worker_cpus(cfg: JobConfig, worker: str) -> set[int] | None:
 
 def process_topics(cfg: JobConfig, name: str, subscribes: tuple[str, ...] = ()) -> dict[str, str]:
     """Topics process ``name`` (a worker or the server) reads or writes, name -> kind:
-    a worker's device topics and ``sensors.dlq``, and the job's training topics; with
+    a worker's device topics and ``sensors.dlq``, and the job's training topics (a worker's
+    with ``predictions.<job>`` if it publishes predictions); with
     ``inbox`` among its strategy's channels (``subscribes``), its own ``inbox.<job>.<name>``."""
     wanted = {} if name == SERVER_NAME else {**sensor_topics_for(cfg.devices_of(name), cfg.input.layout()),
                                              **label_topics(cfg)}
     if cfg.train.enabled:
         wanted.update(training_topics(cfg.job.name, [name] if "inbox" in subscribes else []))
+        if name != SERVER_NAME:
+            wanted.update(prediction_topics(cfg))
     return wanted
 
 
@@ -134,25 +138,20 @@ def warn_byzantine(cfg: JobConfig) -> None:
 
 
 def check_training_config(cfg: JobConfig) -> tuple[str, ...]:
-    """Build what the training processes of ``cfg`` build from ``train.*`` - the model, the
-    strategy for every role the job runs, the codec, the driver - and raise ``ConfigError``
-    naming the key if one cannot be built. Returns the channels a worker's strategy reads
-    (``subscribes``; empty without training). No side effects (no Kafka, no files); imports torch."""
+    """Build what the training processes of ``cfg`` build from ``train.*`` - the strategy for
+    every role the job runs, the codec, the driver and with it the model, checked on the job's
+    data (``trainers.assembly.build_trainer``: a user's ``"package.module:factory"`` imports,
+    builds and returns one finite score per class) - and raise ``ConfigError`` naming the key
+    if one cannot be built. Returns the channels a worker's strategy reads (``subscribes``;
+    empty without training). No side effects (no Kafka, no files); imports torch."""
     if not cfg.train.enabled:
         return ()
     from edgestream.compression import registry as compressors
     from edgestream.job.plan import parse_params
     from edgestream.pipeline.training import build_driver
-    from edgestream.trainers import build_model
     from edgestream.trainers.strategies import roles
 
     data = job_fleet_data(cfg)
-    try:
-        build_model(cfg.train.model, data.feature_shape, data.num_classes, seed=cfg.job.seed,
-                    **parse_params(cfg.train.model_params))
-    except Exception as exc:
-        given = f" with train.model_params={cfg.train.model_params}" if cfg.train.model_params else ""
-        raise ConfigError(f"train.model={cfg.train.model!r}{given}: {exc}") from exc
     try:
         compressors.create(cfg.train.codec, **parse_params(cfg.train.codec_params))
     except Exception as exc:

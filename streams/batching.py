@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgestream.streams.buffering import Sources, StreamBuffer, concat, slice_records
-from edgestream.streams.records import RecordBatch
+from edgestream.streams.records import RecordBatch, pick_origin
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Batch:
             device=self.records.device, seq=self.records.seq[index], event_time=self.records.event_time[index],
             features=self.records.features[index],
             labels=None if self.records.labels is None else self.records.labels[index],
+            origin=pick_origin(self.records, index),
         )
         sources: Sources = []
         start = 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edgestream.streams.records import RecordBatch
+from edgestream.streams.records import RecordBatch, join_origins, pick_origin
 
 POLICIES = ("persist", "truncate", "backpressure")
 
@@ -167,6 +167,7 @@ def slice_records(batch: RecordBatch, start: int, stop: int) -> RecordBatch:
         event_time=batch.event_time[start:stop],
         features=batch.features[start:stop],
         labels=None if batch.labels is None else batch.labels[start:stop],
+        origin=pick_origin(batch, slice(start, stop)),
     )
 
 
@@ -183,4 +184,5 @@ def concat(parts: list[RecordBatch]) -> RecordBatch:
         event_time=np.concatenate([p.event_time for p in parts]),
         features=np.concatenate([p.features for p in parts]),
         labels=labels,
+        origin=join_origins(parts),
     )

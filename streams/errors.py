@@ -101,3 +101,17 @@ class OutOfRange(RecordDecodeError):
 
 class TopicNameError(StreamsError, ValueError):
     """A device id or job name cannot be used in a Kafka topic name."""
+
+
+class PredictionRejected(StreamsError):
+    """A message of ``predictions.<job>`` that does not follow the schema of
+    ``streams.predictions``: ``reason`` is a short stable slug, ``detail`` names the field
+    and what was wrong with it."""
+
+    REASONS = ("bad_json", "bad_version", "missing_field", "bad_type", "bad_value")
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in self.REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

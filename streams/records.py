@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+#: Where each record came from in Kafka (``RecordBatch.origin``): the partition and offset
+#: of the message that carried it and that message's Kafka timestamp in seconds (NaN: none).
+ORIGIN_DTYPE = np.dtype([("partition", "<i4"), ("offset", "<i8"), ("timestamp", "<f8")])
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,9 @@ class RecordBatch:
     event_time: np.ndarray  # float64 [n], seconds since the epoch
     features: np.ndarray  # float32 [n, *feature_shape]
     labels: np.ndarray | None = None  # int32 [n]
+    #: ``ORIGIN_DTYPE`` [n]: each record's source message, stamped by the ingest when a job
+    #: publishes predictions (``serve.predictions``); None: not recorded. Never encoded.
+    origin: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.seq)
@@ -41,6 +48,8 @@ class RecordBatch:
             raise ValueError("seq, event_time and features must have the same length")
         if self.labels is not None and len(self.labels) != n:
             raise ValueError("labels must have the same length as features")
+        if self.origin is not None and (len(self.origin) != n or self.origin.dtype != ORIGIN_DTYPE):
+            raise ValueError("origin must be an ORIGIN_DTYPE array as long as the records")
 
     @property
     def count(self) -> int:
@@ -79,3 +88,26 @@ class RecordBatch:
             )
             for i in range(self.count)
         ]
+
+
+def with_origin(batch: RecordBatch, partition: int, offsets: np.ndarray | int,
+                timestamps: np.ndarray | float | None) -> RecordBatch:
+    """``batch`` with its records' ``origin`` set: all from ``partition``, at ``offsets`` (one
+    per record, or one for all) with Kafka timestamps ``timestamps`` (seconds; None: none)."""
+    origin = np.empty(batch.count, dtype=ORIGIN_DTYPE)
+    origin["partition"] = partition
+    origin["offset"] = offsets
+    origin["timestamp"] = np.nan if timestamps is None else timestamps
+    return replace(batch, origin=origin)
+
+
+def pick_origin(batch: RecordBatch, index: slice | np.ndarray) -> np.ndarray | None:
+    """``batch.origin[index]`` (None when the batch has none)."""
+    return None if batch.origin is None else batch.origin[index]
+
+
+def join_origins(parts: list[RecordBatch]) -> np.ndarray | None:
+    """The origins of ``parts`` concatenated, or None unless every part has them."""
+    if any(p.origin is None for p in parts):
+        return None
+    return np.concatenate([p.origin for p in parts])  # type: ignore[misc]

@@ -47,7 +47,7 @@ DEFAULT_PATTERN = SENSOR_PREFIX + "{device}"
 MAX_TOPIC_CHARS = 249
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 #: Prefixes of a job's own topics (``job.topics``): no device topic may start with one.
-RESERVED_PREFIXES = ("gradients.", "models.", "control.", "inbox.", "__")
+RESERVED_PREFIXES = ("gradients.", "models.", "control.", "inbox.", "predictions.", "__")
 
 
 class TopicLayout:
@@ -204,6 +204,11 @@ def inbox_topic(job: str, worker: str) -> str:
     return "inbox." + _check(job, "job name") + "." + _check(worker, "worker id")
 
 
+def predictions_topic(job: str) -> str:
+    """``predictions.<job>``: every trained record's prediction (``serve.predictions``)."""
+    return "predictions." + _check(job, "job name")
+
+
 def gradients_dlq_topic(job: str) -> str:
     return "gradients." + _check(job, "job name") + ".dlq"
 
@@ -216,6 +221,6 @@ def topic_configs(kind: str) -> dict[str, str]:
         return {"max.message.bytes": str(MAX_MESSAGE_BYTES), "retention.ms": str(6 * 3600 * 1000)}
     if kind == "models":
         return {"max.message.bytes": str(MAX_MESSAGE_BYTES), "cleanup.policy": "compact"}
-    if kind == "dlq":
+    if kind in ("dlq", "predictions"):
         return {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
     raise ValueError(f"unknown topic kind {kind!r}")

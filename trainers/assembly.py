@@ -18,7 +18,7 @@ from edgestream.trainers.driver import DecodeMemo, DriverConfig, TrainingDriver
 from edgestream.trainers.errors import ModelConfigError, TrainerError
 from edgestream.trainers.injection import DataInjector, shared_pool
 from edgestream.trainers.local import LocalTrainer
-from edgestream.trainers.models import build_model
+from edgestream.trainers.models import CHECK_ROWS, build_model, check_model
 from edgestream.trainers.stages import stage_trainer
 from edgestream.trainers.strategies import StrategyContext, create, stage_split_names
 
@@ -47,9 +47,22 @@ def driver_config(plan: TrainingPlan) -> DriverConfig:
 
 
 def build_trainer(plan: TrainingPlan, name: str, data: FleetData) -> LocalTrainer:
-    """The model of process ``name``: the whole model, or its stage (``train.stages``)."""
-    model = build_model(plan.model, data.feature_shape, data.num_classes, seed=plan.seed,
-                        standardize=data.input_stats, **dict(plan.model_params))
+    """The model of process ``name``: the whole model, or its stage (``train.stages``).
+
+    Every process of every runtime builds its model here, so every one checks it here, once,
+    before it trains: the model builds for the job's input shape and classes, and on a batch
+    of the job's streamed data (never the held-out split) returns one finite score per class
+    (``trainers.models.check_model``). ``AssemblyError`` naming ``train.model`` otherwise."""
+    try:
+        model = build_model(plan.model, data.feature_shape, data.num_classes, seed=plan.seed,
+                            standardize=data.input_stats, **dict(plan.model_params))
+        sample = data.train.features[:CHECK_ROWS]
+        if len(sample) == 0:  # no streamed rows to take: the shape alone is checked
+            sample = np.zeros((2, *data.feature_shape), dtype=np.float32)
+        check_model(model, sample, data.num_classes)
+    except ModelConfigError as exc:
+        given = f" with train.model_params={dict(plan.model_params)}" if plan.model_params else ""
+        raise AssemblyError(f"train.model={plan.model!r}{given}: {exc}") from None
     if not plan.stages:
         return LocalTrainer(model, lr=plan.lr, momentum=plan.momentum)
     if plan.strategy not in stage_split_names():

@@ -58,7 +58,7 @@ from edgestream.compression.controllers.scadles import link_signal
 from edgestream.compression.memory import ErrorFeedback, NoMemory
 from edgestream.compression.pipeline import GradientCodec
 from edgestream.trainers.errors import BatchError, StrategyError
-from edgestream.trainers.evaluation import EvalResult, evaluate, predict
+from edgestream.trainers.evaluation import EvalResult, evaluate, predict, predict_proba
 from edgestream.trainers.guard import Culprits, CulpritSearch, StepGuard, StepRejection
 from edgestream.trainers.local import LocalTrainer
 from edgestream.trainers.messages import Outgoing, UpdateMessage
@@ -535,6 +535,12 @@ class TrainingDriver:
         """The classes the model predicts for ``features`` now (readings waiting for a
         label are scored by it when the label comes); nothing reaches the strategy."""
         return predict(self.trainer.model, features)
+
+    def probabilities(self, features: np.ndarray) -> np.ndarray:
+        """The class probabilities the model gives ``features`` now (float32 ``[N, C]``): what a
+        worker publishes for the records of a batch just before it trains on them
+        (``serve.predictions``); nothing reaches the strategy."""
+        return predict_proba(self.trainer.model, features)
 
     def validate(self, features: np.ndarray, labels: np.ndarray) -> tuple[EvalResult, list[Outbound]]:
         """Accuracy and loss of the model on the validation split, handed to the strategy

@@ -33,12 +33,13 @@ class StrategyError(TrainerError):
 class UnknownStrategyError(StrategyError, LookupError):
     """No strategy is registered under the requested name, or not for the requested role."""
 
-    def __init__(self, name: str, available: list[str], role: str | None = None) -> None:
+    def __init__(self, name: str, available: list[str], role: str | None = None, note: str = "") -> None:
+        """``note``: appended to the message (e.g. a plugin that failed to load, ``edgestream.plugins``)."""
         self.name = name
         self.available = available
         self.role = role
         where = f" for role {role!r}" if role is not None else ""
-        super().__init__(f"no sync strategy {name!r}{where}; registered: {', '.join(available) or '(none)'}")
+        super().__init__(f"no sync strategy {name!r}{where}; registered: {', '.join(available) or '(none)'}{note}")
 
 
 class UpdateRejected(TrainerError):

@@ -66,6 +66,23 @@ def predict(model: nn.Module, features: np.ndarray) -> np.ndarray:
         model.train(was_training)
 
 
+def predict_proba(model: nn.Module, features: np.ndarray) -> np.ndarray:
+    """The class probabilities ``model`` gives ``features`` (softmax of its logits, float32
+    ``[N, C]``), in eval mode, restored after; ``predict`` is their argmax."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            inputs = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(device)
+            logits = model(inputs)
+            if logits.ndim != 2:
+                raise BatchError(f"model returned logits of shape {tuple(logits.shape)}, expected [N, C]")
+            return torch.softmax(logits.float(), dim=1).cpu().numpy()
+    finally:
+        model.train(was_training)
+
+
 #: Evaluations in a row that must reach the target for it to count (BENCHMARKS.md).
 TARGET_HOLD_EVALUATIONS = 3
 

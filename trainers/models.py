@@ -1,15 +1,24 @@
-"""Model registry: small torch models chosen by name, built with a seeded, deterministic init."""
+"""Model registry: small torch models chosen by name, built with a seeded, deterministic init.
+
+``train.model`` names a registered model (the built-ins below, and what installed plugins
+register through the ``edgestream.models`` entry-point group) or the user's own factory as
+``"package.module:factory"``; :func:`check_model` is what a job checks the built model against.
+"""
 
 from __future__ import annotations
 
+import importlib
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from edgestream import plugins
 from edgestream.trainers.errors import ModelConfigError
 
 ModelFactory = Callable[..., nn.Module]
@@ -30,8 +39,71 @@ def register_model(name: str) -> Callable[[ModelFactory], ModelFactory]:
 
 
 def model_names() -> list[str]:
-    """Names accepted by :func:`build_model`, sorted."""
+    """Registered names accepted by :func:`build_model` (installed plugins' included), sorted."""
+    plugins.load_group(plugins.MODELS)
     return sorted(_MODELS)
+
+
+#: ``package.module:factory`` (``factory`` may be an attribute path, ``Class.build``).
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+#: How ``train.model`` names the user's own factory, for errors.
+OWN_MODEL = '"package.module:factory"'
+
+
+def is_module_path(name: str) -> bool:
+    """Whether ``name`` names a factory by module path (it holds a colon) rather than a registered model."""
+    return ":" in name
+
+
+def resolve_model(name: str) -> ModelFactory:
+    """The factory ``name`` names: a registered model (looked up in the installed plugins'
+    ``edgestream.models`` entry points when not registered yet), or ``"package.module:factory"``
+    (the module is imported, the attribute path followed). ``ModelConfigError`` with one line
+    naming what failed: the module does not import, has no such attribute, it is not callable."""
+    if not is_module_path(name):
+        factory = _MODELS.get(name)
+        if factory is None:
+            plugins.load_group(plugins.MODELS)
+            factory = _MODELS.get(name)
+        if factory is None:
+            raise ModelConfigError(
+                f"unknown model {name!r}; registered: {', '.join(sorted(_MODELS))}; or your own "
+                f"as {OWN_MODEL}{plugins.failure_note(plugins.MODELS)}")
+        return factory
+    if not _MODULE_PATH.match(name):
+        raise ModelConfigError(f"{name!r} is not {OWN_MODEL}: a dotted module path, a colon and the name of "
+                               "the factory in it (e.g. \"mypkg.nets:build\")")
+    module_name, _, attribute = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ModelConfigError(f"module {module_name!r} is not found ({_first_line(exc)}): install the "
+                                   "package that holds it, or put its folder on PYTHONPATH") from None
+        raise ModelConfigError(f"importing module {module_name!r} raised ModuleNotFoundError: "
+                               f"{_first_line(exc)}") from None
+    except Exception as exc:  # the user's module failed while it ran: say so, never a traceback
+        raise ModelConfigError(f"importing module {module_name!r} raised {type(exc).__name__}: "
+                               f"{_first_line(exc)}") from None
+    factory: Any = module
+    for part in attribute.split("."):
+        if not hasattr(factory, part):
+            where = f"module {module_name!r}" if factory is module else repr(factory)
+            defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                             and getattr(v, "__module__", None) == module_name)
+            hint = f" (it defines: {', '.join(defined[:10])})" if defined else ""
+            raise ModelConfigError(f"{where} has no attribute {part!r}{hint}")
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise ModelConfigError(f"{attribute!r} in module {module_name!r} is an object of type "
+                               f"{type(factory).__name__}, not callable: name a function or class, "
+                               "factory(input_shape, num_classes, **options) -> torch.nn.Module")
+    return factory
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else "(no message)"
 
 
 class InputStandardizer:
@@ -96,13 +168,14 @@ def build_model(
     ``standardize=(mean, std)`` (per flattened feature, e.g. ``FleetData.input_stats``)
     makes :class:`InputStandardizer` the model's first operation (``model.input_standardizer``);
     without it the model is exactly the registered one.
+
+    ``name`` is resolved by :func:`resolve_model` (a registered name or ``"package.module:factory"``);
+    the factory is called as ``factory(input_shape, num_classes, **options)``. A factory that
+    raises (other than ``ModelConfigError``) or returns no ``nn.Module`` is a ``ModelConfigError``
+    saying so in one line.
     """
-    try:
-        factory = _MODELS[name]
-    except KeyError:
-        raise ModelConfigError(
-            f"unknown model {name!r}; registered: {', '.join(model_names())}"
-        ) from None
+    with torch.random.fork_rng(devices=[]):  # a user's module may draw from the RNG as it imports
+        factory = resolve_model(name)
     shape = tuple(int(d) for d in input_shape)
     if not shape or any(d <= 0 for d in shape):
         raise ModelConfigError(f"model {name!r}: input_shape must be positive dims, got {shape}")
@@ -111,12 +184,60 @@ def build_model(
     standardizer = None if standardize is None else InputStandardizer(standardize[0], standardize[1], shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = factory(shape, num_classes, **options)
+        try:
+            model = factory(shape, num_classes, **options)
+        except ModelConfigError:
+            raise
+        except Exception as exc:  # the user's factory: its failure in one line, never a traceback
+            raise ModelConfigError(f"the factory raised {type(exc).__name__}: {_first_line(exc)}") from exc
+    if not isinstance(model, nn.Module):
+        raise ModelConfigError(f"the factory returned a {type(model).__name__}, not a torch.nn.Module")
     if standardizer is not None:
         model.register_forward_pre_hook(standardizer)
         # A plain attribute (not a Module, Parameter or buffer): invisible to state_dict.
         model.input_standardizer = standardizer
     return model
+
+
+#: Rows of the job's data :func:`check_model` runs the model on.
+CHECK_ROWS = 8
+
+
+def check_model(model: nn.Module, sample: Any, num_classes: int) -> None:
+    """Check a built model against a job: it has trainable parameters, and on ``sample`` (a
+    batch of the job's features, ``[N, *input_shape]``) its forward pass runs and returns
+    finite floating-point scores of shape ``[N, num_classes]``: one score per class.
+
+    The forward runs in eval mode, without grad and on a forked RNG; the model's modes are
+    restored, so the check changes nothing (no BatchNorm statistics, no RNG draw). Raises
+    ``ModelConfigError`` with one line naming what failed."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelConfigError(f"the model ({type(model).__name__}) has no trainable parameters")
+    x = torch.as_tensor(np.asarray(sample), dtype=torch.float32)
+    batch = f"a batch of the job's data of shape {tuple(x.shape)}"
+    modes = {module: module.training for module in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            scores = model(x)
+    except Exception as exc:  # the user's forward: its failure in one line
+        raise ModelConfigError(f"the forward pass on {batch} raised {type(exc).__name__}: "
+                               f"{_first_line(exc)}") from None
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    if not isinstance(scores, torch.Tensor):
+        raise ModelConfigError(f"the forward pass on {batch} returns a {type(scores).__name__}, not a tensor "
+                               f"of class scores [N, {num_classes}]")
+    wanted = (int(x.shape[0]), int(num_classes))
+    if tuple(scores.shape) != wanted:
+        raise ModelConfigError(f"the forward pass on {batch} returns shape {tuple(scores.shape)}; the job has "
+                               f"{num_classes} classes: one score per class, shape {wanted}")
+    if not scores.is_floating_point():
+        raise ModelConfigError(f"the forward pass on {batch} returns {scores.dtype} scores; class scores "
+                               "are floating point (logits)")
+    if not bool(torch.isfinite(scores).all()):
+        raise ModelConfigError(f"the forward pass on {batch} returns non-finite scores (NaN or infinity)")
 
 
 @register_model("mlp")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from edgestream import plugins
 from edgestream.job.errors import ConfigError
 from edgestream.streams import codec
 from edgestream.streams.registry import Registry
@@ -102,16 +103,25 @@ _SOURCES: Registry[DataSource] = Registry("data source")
 register = _SOURCES.register
 #: Remove the source registered as ``name`` (for tests that register a toy one).
 unregister = _SOURCES.unregister
-#: The registered source names, in registration order.
-names = _SOURCES.names
+
+
+def names() -> tuple[str, ...]:
+    """The registered source names (installed plugins' included, ``edgestream.sources``), in
+    registration order."""
+    plugins.load_group(plugins.SOURCES)
+    return _SOURCES.names()
 
 
 def source_named(name: str) -> DataSource:
-    """The source registered as ``name``; ``ConfigError`` naming the choices otherwise."""
+    """The source registered as ``name`` (looked up in the installed plugins when not registered
+    yet); ``ConfigError`` naming the choices otherwise."""
+    if name not in _SOURCES.names():
+        plugins.load_group(plugins.SOURCES)
     try:
         return _SOURCES.get(name)
     except KeyError:
-        raise ConfigError(f"data.source={name!r} is not one of {', '.join(names())}") from None
+        raise ConfigError(f"data.source={name!r} is not one of {', '.join(names())}"
+                          f"{plugins.failure_note(plugins.SOURCES)}") from None
 
 
 def job_fleet_data(cfg: JobConfig) -> FleetData:

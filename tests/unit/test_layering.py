@@ -26,7 +26,11 @@ FORBIDDEN_IN_PURE = ("pipeline", "monitoring", "kafka", "aiokafka", "faust")
 
 
 def python_files(package: str) -> list[Path]:
-    return sorted(p for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts)
+    """The package's modules; a folder inside it with a pyproject.toml of its own is another
+    distribution (``examples/plugin/``, a plugin that imports ``edgestream``), not the house."""
+    root = REPO / package
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts
+                  and not any((d / "pyproject.toml").is_file() for d in p.parents if d != root and d.is_relative_to(root)))
 
 
 def module_name(path: Path) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from edgestream import plugins
 from edgestream.streams.topics import SERVER_NAME
 from edgestream.trainers.errors import StrategyError, UnknownStrategyError
 from edgestream.trainers.local import LocalTrainer, StepResult
@@ -340,16 +341,24 @@ def register(
     return decorate
 
 
+def _registered() -> dict[str, _Entry]:
+    """The registry, with the installed plugins' strategies (``edgestream.strategies``) loaded."""
+    plugins.load_group(plugins.STRATEGIES)
+    return _REGISTRY
+
+
 def names() -> list[str]:
-    """Registered strategy names, sorted."""
-    return sorted(_REGISTRY)
+    """Registered strategy names (installed plugins' included), sorted."""
+    return sorted(_registered())
 
 
 def _entry(name: str) -> _Entry:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownStrategyError(name, names()) from None
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        entry = _registered().get(name)
+    if entry is None:
+        raise UnknownStrategyError(name, names(), note=plugins.failure_note(plugins.STRATEGIES))
+    return entry
 
 
 def roles(name: str) -> tuple[Role, ...]:
@@ -368,12 +377,13 @@ def strategy_class(name: str, role: Role = "worker") -> type[SyncStrategy]:
 
 def stage_split_names() -> list[str]:
     """Registered strategies whose workers each hold one stage of a split model (``stage_split``)."""
-    return sorted(n for n, e in _REGISTRY.items() if "worker" in e.classes and e.classes["worker"].stage_split)
+    return sorted(n for n, e in _registered().items() if "worker" in e.classes and e.classes["worker"].stage_split)
 
 
 def subscribing(channel: str) -> list[str]:
     """Registered strategies whose workers read ``channel`` (e.g. ``inbox``: a topic per worker)."""
-    return sorted(n for n, e in _REGISTRY.items() if "worker" in e.classes and channel in e.classes["worker"].subscribes)
+    return sorted(n for n, e in _registered().items()
+                  if "worker" in e.classes and channel in e.classes["worker"].subscribes)
 
 
 def create(name: str, ctx: StrategyContext, **params: Any) -> SyncStrategy:
