@@ -29,6 +29,7 @@ from edgestream.cli import (
     monitoring,
     record,
     run,
+    serve,
     simulate,
     testbed,
     worker,
@@ -46,7 +47,7 @@ DEBUG_ENV = "EDGESTREAM_DEBUG"
 #: ``register(subparsers, add_job_args)``, which adds its parsers with ``set_defaults(func=...)``;
 #: ``func(args) -> int``.
 COMMANDS = (broker, simulate, bridge, worker, acl, run, bench, costs, monitoring, record, testbed, models, examples,
-            export)
+            export, serve)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -647,16 +647,34 @@ class LabelsSection:
 @dataclass
 class ServeSection:
     """Serving on the stream (docs/serving.md "Predictions"): each trained record's prediction,
-    published by its worker on ``predictions.<job>``."""
+    published by its worker on ``predictions.<job>``; and ``edgestream serve`` (docs/serving.md
+    "Serve"), which predicts every record with the job's newest model."""
 
     #: Publish the prediction of every record a worker trains on, made before it trains on it.
     predictions: bool = False
     #: Classes (with their probabilities) each prediction lists, most probable first.
     top_k: int = 3
+    #: ``edgestream serve``: the consumer group its instances share the device partitions in
+    #: ("" = ``edgestream-<job>-serve``, inside the job's ``edgestream-<job>-`` group ACL).
+    group: str = ""
+    #: ``edgestream serve``: most records one forward pass predicts (a micro-batch).
+    max_batch: int = 256
+    #: ``edgestream serve``: longest a record waits for its micro-batch to fill, seconds.
+    max_wait_s: float = 0.05
+    #: ``edgestream serve``: seconds between looks for a newer checkpoint or export.
+    poll_s: float = 2.0
+
+    def group_of(self, cfg: JobConfig) -> str:
+        """The consumer group of ``edgestream serve`` (``serve.group``, else ``edgestream-<job>-serve``)."""
+        return self.group or f"edgestream-{cfg.job.name}-serve"
 
     def validate(self, cfg: JobConfig) -> None:
         if isinstance(self.top_k, bool) or not 1 <= self.top_k <= MAX_TOP_K:
             raise ConfigError(f"serve.top_k must be an integer in [1, {MAX_TOP_K}] (got {self.top_k!r})")
+        if isinstance(self.max_batch, bool) or not 1 <= self.max_batch <= MAX_SERVE_BATCH:
+            raise ConfigError(f"serve.max_batch must be an integer in [1, {MAX_SERVE_BATCH}] (got {self.max_batch!r})")
+        _positive("serve.max_wait_s", self.max_wait_s)
+        _positive("serve.poll_s", self.poll_s)
         if not self.predictions:
             return
         if not cfg.train.enabled:
@@ -670,6 +688,8 @@ class ServeSection:
 
 #: Most classes a prediction message lists (``serve.top_k``).
 MAX_TOP_K = 100
+#: Most records one forward pass of ``edgestream serve`` predicts (``serve.max_batch``).
+MAX_SERVE_BATCH = 65536
 
 
 @dataclass

@@ -53,10 +53,10 @@ KAFKA_SECURITY_ENV = ("EDGESTREAM__KAFKA__SECURITY_PROTOCOL", "EDGESTREAM__KAFKA
 #: What each values file sets that the assertions compare against.
 EXPECTED = {
     "default": {"workers": 2, "port": 9100, "grace": 20, "termination": 30, "server": False,
-                "simulator": True, "bridge": False, "replay": False, "pod_monitor": False, "topics": False,
+                "simulator": True, "bridge": False, "serve": 0, "replay": False, "pod_monitor": False, "topics": False,
                 "security": None, "bootstrap": "kafka:9092", "job": "demo"},
     "full": {"workers": 5, "port": 9200, "grace": 25, "termination": 40, "server": True,
-             "simulator": True, "bridge": True, "replay": True, "pod_monitor": True, "topics": True,
+             "simulator": True, "bridge": True, "serve": 3, "replay": True, "pod_monitor": True, "topics": True,
              "security": {"protocol": "SASL_SSL", "mechanism": "SCRAM-SHA-256",
                           "workers": ("plant_A-workers", "plant-a-workers", "password"),
                           "devices": ("plant_A-devices", "plant-a-devices", "password"),
@@ -64,7 +64,7 @@ EXPECTED = {
                                                            "user.key": "client.key"})},
              "bootstrap": "edge-kafka-bootstrap.kafka.svc:9092", "job": "plant_A"},
     "secure": {"workers": 2, "port": 9100, "grace": 20, "termination": 30, "server": False,
-               "simulator": True, "bridge": False, "replay": False, "pod_monitor": False, "topics": False,
+               "simulator": True, "bridge": False, "serve": 0, "replay": False, "pod_monitor": False, "topics": False,
                "security": {"protocol": "SASL_SSL", "mechanism": "SCRAM-SHA-512",
                             "workers": ("demo-workers", "edgestream-kafka-workers", "password"),
                             "devices": ("demo-devices", "edgestream-kafka-devices", "password"),
@@ -202,6 +202,10 @@ def test_helm_lint_is_clean(tools, render):
     (["-f", str(SECURE_VALUES), "--set", "kafka.security.tls.certKey=tls.crt"], "certKey and tls.keyKey go together"),
     (["-f", str(SECURE_VALUES), "--set", "kafka.security.mechanism=PLAIN"], "use SCRAM-SHA-512 or SCRAM-SHA-256"),
     (["--set", "kafka.credentials.existingSecret=old"], "kafka.credentials was a placeholder"),
+    (["--set", "serve.enabled=true"], "has no server: use serve.modelFrom=export"),
+    (["-f", str(FULL_VALUES), "--set", "serve.modelFrom=checkpoints"],
+     "the pods cannot read the workers' checkpoint volumes"),
+    (["-f", str(FULL_VALUES), "--set", "serve.modelFrom=export"], "needs serve.export.existingClaim"),
 ])
 def test_inconsistent_values_are_refused(tools, args, message):
     proc = helm(tools, *TEMPLATE_ARGS, *args)
@@ -385,7 +389,16 @@ def test_optional_components_follow_their_values(documents, render):
     simulators = [d for d in deployments if component_of(d) == "simulator"]
     assert len(simulators) == int(expected["simulator"])
     bridges = [d for d in deployments if component_of(d) == "bridge"]
-    assert len(bridges) == int(expected["bridge"]) and len(deployments) == len(simulators) + len(bridges)
+    serves = [d for d in deployments if component_of(d) == "serve"]
+    assert len(bridges) == int(expected["bridge"]) and len(serves) == int(bool(expected["serve"]))
+    assert len(deployments) == len(simulators) + len(bridges) + len(serves)
+    for serve in serves:
+        assert serve["spec"]["replicas"] == expected["serve"]
+        (c,) = pod_spec(serve)["containers"]
+        assert c["args"][:7] == ["serve", "--job", "/etc/edgestream/job.toml", "--name", "$(POD_NAME)",
+                                 "--model-from", "models"]
+        pod_name = next(e for e in c["env"] if e["name"] == "POD_NAME")
+        assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     for bridge in bridges:
         assert bridge["spec"]["replicas"] == 1 and bridge["spec"]["strategy"]["type"] == "Recreate"
         (c,) = pod_spec(bridge)["containers"]
@@ -416,7 +429,7 @@ def test_optional_components_follow_their_values(documents, render):
 
 #: The principal each component logs in as (docs/security.md "Principals and ACLs of a job").
 ROLE_OF_COMPONENT = {"worker": "workers", "server": "workers", "simulator": "devices", "replay": "devices",
-                     "bridge": "devices"}
+                     "bridge": "devices", "serve": "workers"}
 #: A value no render may contain: passed where a user might try to put a password.
 CANARY = "canary-Pa55word-0f-the-test"
 
@@ -575,7 +588,8 @@ def test_kafka_topics_are_the_ones_edgestream_creates(documents, tools, tmp_path
         wanted.update(training_topics(job, inboxes))
         return wanted
 
-    full = expected("plant_A", ["press_1", "press_2", "press_3", "press_4", "Oven-3", "oven_4"])
+    full = {**expected("plant_A", ["press_1", "press_2", "press_3", "press_4", "Oven-3", "oven_4"]),
+            topics.predictions_topic("plant_A"): "predictions"}  # serve.enabled
     rendered = {t["spec"]["topicName"]: t["spec"]["config"] for t in docs_of(documents, "full", "KafkaTopic")}
     assert set(rendered) == set(full)
     for name, kind in full.items():

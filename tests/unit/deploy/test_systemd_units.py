@@ -43,6 +43,7 @@ DROPINS = {
     "edgestream-server.service": "kafka-workers.conf",
     "edgestream-simulate@.service": "kafka-devices.conf",
     "edgestream-bridge@.service": "kafka-devices.conf",
+    "edgestream-serve@.service": "kafka-workers.conf",
 }
 PRINCIPAL_SUFFIX = {"kafka-workers.conf": "-workers", "kafka-devices.conf": "-devices"}
 CREDENTIALS_SOURCE_DIR = "/etc/edgestream/credentials/"
@@ -181,8 +182,9 @@ def test_restarts_on_failure_with_a_delay_and_a_start_limit(unit):
     # The limit can trip on automatic restarts: `burst` of them fit in the interval.
     assert burst >= 2 and interval > (burst - 1) * restart_s
     # A config error stays one; so does a checkpoint directory without a usable file (the
-    # processes that restore checkpoints: worker and server, not the simulator or the bridge).
-    restores = not unit.path.name.startswith(("edgestream-simulate", "edgestream-bridge"))
+    # processes that restore checkpoints: worker and server, not the simulator, the bridge or
+    # serve, which keeps waiting for a good model instead).
+    restores = not unit.path.name.startswith(("edgestream-simulate", "edgestream-bridge", "edgestream-serve@"))
     expected = [str(EXIT_CONFIG)] + ([str(EXIT_NO_CHECKPOINT)] if restores else [])
     assert unit.words("Service", "RestartPreventExitStatus") == expected
     assert "143" in unit.words("Service", "SuccessExitStatus")  # second SIGTERM: 128 + 15
@@ -388,6 +390,7 @@ def default_env(unit) -> dict[str, str]:
     ("edgestream-simulate@.service", "simulate"),
     ("edgestream-server.service", "server"),
     ("edgestream-bridge@.service", "bridge"),
+    ("edgestream-serve@.service", "serve"),
 ])
 def test_exec_start_is_a_valid_edgestream_command(name, command):
     from edgestream.cli.main import build_parser
@@ -406,6 +409,8 @@ def test_exec_start_is_a_valid_edgestream_command(name, command):
         assert args.forever and args.duration is None
     if command == "bridge":
         assert args.bridge_kind == "mqtt" and args.duration is None  # until stopped
+    if command == "serve":
+        assert args.name == "w0" and args.model_from is None  # the job's default model source
 
 
 def test_exec_start_argv_expands_like_systemd():

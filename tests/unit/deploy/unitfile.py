@@ -21,6 +21,7 @@ UNITS = {
     "edgestream-simulate@.service": "edgestream-simulate@lab.service",
     "edgestream-bridge@.service": "edgestream-bridge@hall1.service",
     "edgestream-server.service": "edgestream-server.service",
+    "edgestream-serve@.service": "edgestream-serve@serve-0.service",
 }
 
 #: Where the units expect the installed console script.
@@ -76,7 +77,9 @@ def parse_unit(path: Path) -> Unit:
 
 
 def seconds(text: str) -> float:
-    """A systemd time span (``30s``, ``10min``, ``1min 30s``, ``90``) in seconds."""
+    """A systemd time span (``30s``, ``10min``, ``1min 30s``, ``90``, ``infinity``) in seconds."""
+    if text.strip() == "infinity":
+        return float("inf")
     scale = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "ms": 1e-3, "us": 1e-6}
     total, matched = 0.0, False
     for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text):
