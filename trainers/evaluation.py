@@ -53,34 +53,30 @@ def evaluate(
     return EvalResult(accuracy=correct / count, loss=loss_sum / count, count=count)
 
 
-def predict(model: nn.Module, features: np.ndarray) -> np.ndarray:
-    """The classes ``model`` predicts for ``features`` (int64 [N]), in eval mode, restored after."""
+def _logits(model: nn.Module, features: np.ndarray) -> torch.Tensor:
+    """``model``'s outputs for ``features``, in eval mode without gradients (its mode restored after)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            inputs = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(device)
-            return model(inputs).argmax(dim=1).cpu().numpy()
+            return model(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(device))
     finally:
         model.train(was_training)
+
+
+def predict(model: nn.Module, features: np.ndarray) -> np.ndarray:
+    """The classes ``model`` predicts for ``features`` (int64 [N]), in eval mode, restored after."""
+    return _logits(model, features).argmax(dim=1).cpu().numpy()
 
 
 def predict_proba(model: nn.Module, features: np.ndarray) -> np.ndarray:
     """The class probabilities ``model`` gives ``features`` (softmax of its logits, float32
     ``[N, C]``), in eval mode, restored after; ``predict`` is their argmax."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            inputs = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(device)
-            logits = model(inputs)
-            if logits.ndim != 2:
-                raise BatchError(f"model returned logits of shape {tuple(logits.shape)}, expected [N, C]")
-            return torch.softmax(logits.float(), dim=1).cpu().numpy()
-    finally:
-        model.train(was_training)
+    logits = _logits(model, features)
+    if logits.ndim != 2:
+        raise BatchError(f"model returned logits of shape {tuple(logits.shape)}, expected [N, C]")
+    return torch.softmax(logits.float(), dim=1).cpu().numpy()
 
 
 #: Evaluations in a row that must reach the target for it to count (BENCHMARKS.md).
