@@ -820,13 +820,11 @@ class BlockedWatch:
 
 
 def uncommitted(scrapes: dict[str, Scrape]) -> list[str]:
-    """Workers that report committed local steps (ADSP) and took more steps than they committed."""
-    out = []
-    for w, s in scrapes.items():
-        committed = s.get("edgestream_committed_local_steps_total", -1.0, worker=w)
-        if committed >= 0 and committed < s.get("edgestream_steps_total", 0.0, worker=w):
-            out.append(w)
-    return out
+    """Workers holding local steps that a commit due without further training will carry
+    (ADSP's timed commit: ``edgestream_awaiting_commit_steps`` above 0). A local SGD
+    worker's partial round at the end of a stream needs more steps to be committed and is not
+    waited for: it never comes."""
+    return [w for w, s in scrapes.items() if s.get("edgestream_awaiting_commit_steps", 0.0, worker=w) > 0]
 
 
 def updates_in_flight(scrapes: dict[str, Scrape]) -> list[str]:

@@ -98,6 +98,13 @@ class Observations:
         "Local steps contained in the updates the worker committed (ADSP, local SGD); "
         "local steps per commit = rate(this) / rate(edgestream_commits_total)")
     """Total: local steps contained in the updates this worker committed (ADSP, local SGD)."""
+    steps_awaiting_commit: int | None = observed(
+        "gauge", "edgestream_awaiting_commit_steps",
+        "Local steps the worker took since its last commit that a commit falling due without further "
+        "training will carry (ADSP: its next timed commit); absent where a commit needs more steps")
+    """Level: local steps since the last commit that a timed commit will carry without further
+    training (ADSP). Not reported where a commit needs more steps first (local SGD's partial
+    round at the end of a stream is never committed), so the end-of-run check does not wait on it."""
     blocked_seconds: float | None = observed(
         "counter", "edgestream_blocked_seconds_total",
         "Seconds the sync rule kept the worker from training although it had a model (SSP: more "

@@ -272,8 +272,10 @@ class ADSPWorker(SyncStrategy):
         return stats
 
     def observations(self) -> Observations:
-        """The ``C`` this worker commits by and the local steps in its commits so far."""
-        return Observations(commit_target=self.c, committed_local_steps=self.counters["committed_local_steps"])
+        """The ``C`` this worker commits by, the local steps in its commits so far and those its
+        next timed commit will carry."""
+        return Observations(commit_target=self.c, committed_local_steps=self.counters["committed_local_steps"],
+                            steps_awaiting_commit=self._steps)
 
 
 class ADSPServer(WindowedServer, SyncStrategy):

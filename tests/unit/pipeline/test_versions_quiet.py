@@ -48,18 +48,32 @@ def test_a_timed_out_drain_names_the_workers_still_blocked():
     assert hint.startswith("; w0 kept waiting for the slowest worker") and "w1" not in hint
 
 
-def test_local_steps_not_yet_committed_keep_the_run_from_settling():
-    def adsp(committed: float, steps: float) -> dict[str, Scrape]:
-        labels = (("worker", "w0"),)
-        return {"w0": Scrape([Sample("edgestream_model_version", labels, 7),
-                              Sample("edgestream_steps_total", labels, steps),
-                              Sample("edgestream_committed_local_steps_total", labels, committed)]),
-                "server": Scrape([Sample("edgestream_model_version", (("worker", "server"),), 9)])}
+def test_local_steps_a_timed_commit_will_carry_keep_the_run_from_settling():
+    def worker(versions: dict[str, float], awaiting: float | None) -> dict[str, Scrape]:
+        out = {}
+        for name, version in versions.items():
+            labels = (("worker", name),)
+            samples = [Sample("edgestream_model_version", labels, version)]
+            if awaiting is not None and name != "server":
+                samples.append(Sample("edgestream_awaiting_commit_steps", labels, awaiting))
+            out[name] = Scrape(samples)
+        return out
 
     quiet = VersionsQuiet(clock=Clock())
-    assert not quiet.settled(adsp(committed=68, steps=69))  # its commit is due within an interval
-    assert quiet.settled(adsp(committed=69, steps=69))
-    assert quiet.settled(scrapes(w0=3, w1=3))  # strategies without commits are not held back
+    assert not quiet.settled(worker({"w0": 7, "server": 9}, awaiting=1))  # ADSP: its commit is due within an interval
+    assert quiet.settled(worker({"w0": 7, "server": 9}, awaiting=0))
+    assert quiet.settled(scrapes(w0=3, w1=3))  # strategies without timed commits are not held back
+
+
+def test_a_local_sgd_partial_round_does_not_hold_the_run_back():
+    # Local SGD at the end of the streams: w0 took 2 steps of a 4-step round that will never
+    # be completed; it reports committed steps (8) below its steps (10) but nothing awaiting.
+    labels = (("worker", "w0"),)
+    scrape = {"w0": Scrape([Sample("edgestream_model_version", labels, 2),
+                            Sample("edgestream_steps_total", labels, 10),
+                            Sample("edgestream_committed_local_steps_total", labels, 8)]),
+              "w1": Scrape([Sample("edgestream_model_version", (("worker", "w1"),), 2)])}
+    assert VersionsQuiet(clock=Clock()).settled(scrape)
 
 
 def offsets(worker: str, version: float, written: dict[tuple[str, int], float] | None = None,

@@ -52,9 +52,13 @@ def test_adsp_reports_c_committed_local_steps_and_the_fitted_curve(bus, adsp_job
     server, workers = adsp_job
     clock = FakeClock()
     assert _values(server.strategy.observations()) == {"commit_target": 1}  # no period ended: no fit
-    assert _values(workers[0].strategy.observations()) == {"commit_target": 1, "committed_local_steps": 0}
+    assert _values(workers[0].strategy.observations()) == {"commit_target": 1, "committed_local_steps": 0,
+                                                           "steps_awaiting_commit": 0}
 
     _run_adsp(bus, server, workers, 80, clock)
+    for worker in workers:  # the steps since each worker's last commit await its next timed one
+        obs = worker.strategy.observations()
+        assert obs.steps_awaiting_commit == worker.steps_trained - obs.committed_local_steps
     for worker in workers:  # commit whatever is left: every local step is now in a commit
         poll(bus, worker, clock.advance(100.0))
 
@@ -69,6 +73,7 @@ def test_adsp_reports_c_committed_local_steps_and_the_fitted_curve(bus, adsp_job
         obs = worker.strategy.observations()
         assert obs.commit_target == search.c  # the broadcast C reached every worker
         assert obs.committed_local_steps == worker.steps_trained > 0
+        assert obs.steps_awaiting_commit == 0
         per_commit[worker.name] = obs.committed_local_steps / worker.strategy.counters["commits"]
     assert per_commit["w0"] > 2 * per_commit["w2"]  # the fast worker puts more steps in a commit
 
@@ -142,5 +147,6 @@ def test_localsgd_reports_period_steps_per_delta(bus, make_node, digits):
 
     for node in nodes:
         assert node.strategy.counters["deltas_sent"] == 4
+        # nothing reported as awaiting a commit: a partial round needs more steps first
         assert node.strategy.observations() == Observations(committed_local_steps=12)
         assert node.steps_trained == 12
