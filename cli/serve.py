@@ -15,6 +15,7 @@ from edgestream.cli.options import (
     port,
     use_log_format,
 )
+from edgestream.job.config import JobConfig
 from edgestream.pipeline.exits import EXIT_CONFIG
 
 LOGLEVELS = ("debug", "info", "warning", "error", "critical")
@@ -48,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                                export_dir)
     except ServeRefused as exc:
         raise CommandError(str(exc), EXIT_CONFIG) from None
+    _check_model(cfg, model_from, export_dir)  # before the broker: a typo fails in seconds, not a timeout
     bootstrap = need_bootstrap(args, cfg)
     summary = run_serve(cfg, name, bootstrap, model_from=model_from, process=process, export_dir=export_dir,
                         metrics_port=args.metrics_port)
@@ -56,6 +58,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"micro-batches, {summary['swaps']} model swap(s), last model version {summary['model_version']}",
           flush=True)
     return 0
+
+
+def _check_model(cfg: JobConfig, model_from: str, export_dir: Path | None) -> None:
+    """What serve would refuse about the job's model, refused before any broker connection (exit 2,
+    one line): the job's model, strategy and codec as its training processes build them
+    (``check_training_config``: ``train.model`` imports, builds and gives one finite score per
+    class on the job's data); with ``--model-from export``, a directory that does not exist, or
+    whose export is of another model than the job's. (A directory without a card yet, or an export
+    refused for its digest, is waited for: it may be being written.)"""
+    from edgestream.job.plan import training_plan
+    from edgestream.pipeline.worker import check_training_config
+    from edgestream.streams.topics import SERVER_NAME
+    from edgestream.trainers.export import CARD_FILE
+    from edgestream.trainers.serving import SHAPE, ModelLoader, ModelRefused
+    from edgestream.trainers.strategies import roles
+
+    check_training_config(cfg)  # ConfigError: one line naming the key, exit 2
+    if model_from != "export" or export_dir is None:
+        return
+    if not export_dir.is_dir():
+        raise CommandError(f"--export-dir {export_dir}: no such directory; write an export there first "
+                           f"(edgestream export --job ... --out {export_dir}) or fix the path", EXIT_CONFIG)
+    if not (export_dir / CARD_FILE).is_file():
+        return
+    from edgestream.job.sources import job_fleet_data
+
+    holder = SERVER_NAME if "server" in roles(cfg.train.strategy) else cfg.worker_names()[0]  # as Server's
+    loader = ModelLoader(training_plan(cfg), job_fleet_data(cfg), holder,
+                         role="server" if holder == SERVER_NAME else "worker")
+    try:
+        loader.from_export(export_dir)
+    except ModelRefused as exc:
+        if exc.reason == SHAPE:
+            raise CommandError(f"--export-dir {export_dir}: not the job's model ({exc.detail}); serve it with "
+                               "the job file (and --set overrides) it was trained and exported with",
+                               EXIT_CONFIG) from None
 
 
 def register(sub: argparse._SubParsersAction, add_job_args: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -11,8 +11,9 @@ of the cluster knows them. Principals:
   writes the job's device topics and nothing else.
 * ``<job>-workers``: the job's workers and server; read the device topics, write the
   dead-letter topics, read and write the job's update topics (``gradients``, ``models``,
-  ``control``, inboxes), write ``predictions.<job>`` (``serve.predictions``), use the consumer
-  groups ``edgestream-<job>-*``.
+  ``control``, inboxes), write ``predictions.<job>`` (with or without ``serve.predictions``:
+  `edgestream serve` logs in as this principal too), use the consumer groups
+  ``edgestream-<job>-*`` (and ``serve.group`` where it is set outside them).
 
 Nobody else (no ACL: the authorizer denies) reads or writes them; the admin is a super user.
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgestream.job.config import JobConfig
-from edgestream.job.topics import job_topics, prediction_topics, sensor_partitions, training_topics
+from edgestream.job.topics import job_topics, sensor_partitions, training_topics
 from edgestream.streams import topics
 
 #: kafka-python's names of the operations granted.
@@ -68,10 +69,22 @@ def job_grants(cfg: JobConfig) -> list[Grant]:
     for topic in training_topics(job, []):
         grants.append(Grant(workers, "topic", topic, READ_WRITE_OPS))
     grants.append(Grant(workers, "topic", f"inbox.{job}.", READ_WRITE_OPS, prefixed=True))
-    for topic in prediction_topics(cfg):  # serve.predictions: the workers write them
+    for topic in serve_topics(cfg):  # the workers (serve.predictions) and `edgestream serve` write them
         grants.append(Grant(workers, "topic", topic, ("WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")))
     grants.append(Grant(workers, "group", f"edgestream-{job}-", ("READ", "DESCRIBE"), prefixed=True))
+    serve_group = cfg.serve.group_of(cfg)
+    if cfg.train.enabled and not serve_group.startswith(f"edgestream-{job}-"):  # serve.group outside the prefix
+        grants.append(Grant(workers, "group", serve_group, ("READ", "DESCRIBE")))
     return grants
+
+
+def serve_topics(cfg: JobConfig) -> dict[str, str]:
+    """``predictions.<job>`` for every job that trains: its workers write it with
+    ``serve.predictions``, and `edgestream serve` (which logs in as the workers' principal) writes
+    it whatever that key says, so ``apply`` creates it and grants it either way."""
+    if not cfg.train.enabled:
+        return {}
+    return {topics.predictions_topic(cfg.job.name): "predictions"}
 
 
 def users(cfg: JobConfig) -> list[str]:
@@ -115,7 +128,7 @@ def apply(bootstrap: str, cfg: JobConfig, password_dir: Path,
 
     from edgestream.pipeline.kafka_io import admin_client, ensure_topics
 
-    ensure_topics(bootstrap, job_topics(cfg, training=True), sized=sensor_partitions(cfg))
+    ensure_topics(bootstrap, {**job_topics(cfg, training=True), **serve_topics(cfg)}, sized=sensor_partitions(cfg))
     admin = admin_client(bootstrap)
     try:
         acls = []

@@ -14,6 +14,7 @@ moved or written: a running worker's store has one writer, itself.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 from edgestream import __version__ as edgestream_version
 from edgestream.job.config import JobConfig
 from edgestream.job.plan import training_plan
-from edgestream.job.sources import job_fleet_data
+from edgestream.job.sources import DataNames, job_fleet_data, source_named
 from edgestream.pipeline.exits import worker_state_dir
 from edgestream.streams.simulator import FleetData
 from edgestream.streams.topics import SERVER_NAME
@@ -196,6 +197,23 @@ def _version_of(restored: Restored) -> dict[str, Any]:
             "skipped_newer": [path.name for path, _ in restored.skipped]}
 
 
+def _class_names(names: DataNames, data: FleetData) -> dict[str, Any]:
+    """The card's ``classes``: the count, and the source's names when it gives one per class."""
+    if names.class_names is not None and len(names.class_names) == data.num_classes:
+        return {"count": data.num_classes, "names": list(names.class_names)}
+    return {"count": data.num_classes, "names": None,
+            "names_reason": "the job's data source does not name its classes: labels are 0..count-1"}
+
+
+def _feature_names(names: DataNames, data: FleetData) -> dict[str, Any]:
+    """The card's ``input.feature_names``: one per flattened feature where the source names them."""
+    width = math.prod(data.feature_shape)
+    if names.feature_names is not None and len(names.feature_names) == width:
+        return {"feature_names": list(names.feature_names)}
+    return {"feature_names": None,
+            "feature_names_reason": "the job's data source does not name its features"}
+
+
 def export_job(cfg: JobConfig, out: Path, *, worker: str | None = None, checkpoint: Path | None = None,
                formats: Sequence[str] = tuple(FORMATS), say: Say = print) -> ExportReport:
     """Export job ``cfg``'s trained model to ``out`` (see the module doc for which model).
@@ -241,6 +259,7 @@ def export_job(cfg: JobConfig, out: Path, *, worker: str | None = None, checkpoi
     scored = evaluate(model, data.heldout.features, data.heldout.labels)
     version = int(top.checkpoint.meta[MODEL_VERSION_KEY])
     versions = [_version_of(p) for p in parts]
+    names = source_named(cfg.data.source).data_names(cfg)
     card = {
         "job": cfg.job.name,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -250,9 +269,8 @@ def export_job(cfg: JobConfig, out: Path, *, worker: str | None = None, checkpoi
         "stages": list(plan.stages) if plan.stages else None,
         "model": {"name": plan.model, "params": dict(plan.model_params),
                   "parameters": sum(p.numel() for p in model.parameters())},
-        "input": {"feature_names": None},
-        "classes": {"count": data.num_classes, "names": None,
-                    "names_reason": "the job's data source does not name its classes: labels are 0..count-1"},
+        "input": _feature_names(names, data),
+        "classes": _class_names(names, data),
         "version": {"model_version": version, "checkpoint": versions[-1]["checkpoint"],
                     "checkpoint_sequence": versions[-1]["checkpoint_sequence"], "steps": versions[-1]["steps"], "trained_records": versions[0]["trained_records"],
                     "processes": versions},

@@ -6,6 +6,7 @@ imported below; ``job.config`` and everything downstream derive the rest from th
 
 from edgestream.job.sources import digits, recording, series, synthetic  # noqa: F401  (importing registers each source)
 from edgestream.job.sources.base import (
+    DataNames,
     DatasetSource,
     DataSource,
     declared_value_range,
@@ -18,6 +19,7 @@ from edgestream.job.sources.base import (
 )
 
 __all__ = [
+    "DataNames",
     "DataSource",
     "DatasetSource",
     "declared_value_range",

@@ -29,6 +29,16 @@ if TYPE_CHECKING:
 AUTO_TIMESTAMP_SKEW_S = 3600.0
 
 
+@dataclasses.dataclass(frozen=True)
+class DataNames:
+    """What a job's data calls its classes (``class_names[i]`` is label ``i``) and its features
+    (one name per flattened feature, in the order the model reads them); None where the data
+    does not name them."""
+
+    class_names: tuple[str, ...] | None = None
+    feature_names: tuple[str, ...] | None = None
+
+
 class DataSource(ABC):
     """One kind of job data (``data.source``), registered by name with ``register``.
 
@@ -62,6 +72,11 @@ class DataSource(ABC):
     def replay_directory(self, cfg: JobConfig) -> Path | None:
         """The recording whose device topics are replayed instead of simulated (None: simulate)."""
         return None
+
+    def data_names(self, cfg: JobConfig) -> DataNames:
+        """The names of the job's classes and features where the source has them (the model
+        card of ``edgestream export``); by default none."""
+        return DataNames()
 
 
 class DatasetSource(DataSource):

@@ -30,7 +30,7 @@ from edgestream.job.importer import (
     TRAIN_FILE,
     import_command,
 )
-from edgestream.job.sources.base import DataSource, declared_value_range, register
+from edgestream.job.sources.base import DataNames, DataSource, declared_value_range, register
 from edgestream.streams.datasets import Dataset, stratified_mask
 from edgestream.streams.recording import MANIFEST_NAME, ReplayError, parse_speed
 from edgestream.streams.simulator import VALIDATION_SEED_OFFSET, FleetData
@@ -74,6 +74,8 @@ class RecordingInfo:
     duration_s: float
     stats: FeatureStats
     rerun_hint: str
+    #: The table's feature columns, one per flattened feature (None: not recorded, or not one each).
+    feature_names: tuple[str, ...] | None = None
 
     def load_data(self) -> tuple[Dataset, Dataset, dict[str, np.ndarray]]:
         """(streamed rows, held-out rows, each device's indices into the streamed rows)."""
@@ -181,12 +183,20 @@ def read_recording_info(directory: str | Path) -> RecordingInfo:
             duration_s=float(data["duration_s"]),
             stats=stats,
             rerun_hint=hint,
+            feature_names=_names(data.get("feature_names"), width),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordingSourceError(f"{label}: {IMPORT_INFO} is incomplete or malformed ({exc!r}); {hint}") from None
     if not devices or len(rates) != len(devices) or not all(0 < r < math.inf for r in rates):
         raise RecordingSourceError(f"{label}: {IMPORT_INFO} lists no devices or bad rates; {hint}")
     return info
+
+
+def _names(value: Any, count: int) -> tuple[str, ...] | None:
+    """``value`` as ``count`` names, or None when it is not a list of that many."""
+    if not isinstance(value, list) or len(value) != count:
+        return None
+    return tuple(str(v) for v in value)
 
 
 def _speed_factor(text: str) -> float:
@@ -298,3 +308,10 @@ class RecordingSource(DataSource):
 
     def replay_directory(self, cfg: JobConfig) -> Path | None:
         return read_recording_info(cfg.data.recording).directory
+
+    def data_names(self, cfg: JobConfig) -> DataNames:
+        """The imported table's label values (label i is the i-th in sorted order, as the import
+        numbered them) and its feature columns."""
+        info = read_recording_info(cfg.data.recording)
+        return DataNames(class_names=_names(list(info.label_names), info.num_classes),
+                         feature_names=info.feature_names)

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from edgestream.job.errors import ConfigError
-from edgestream.job.sources.base import DataSource, declared_value_range, register
+from edgestream.job.sources.base import DataNames, DataSource, declared_value_range, register
 from edgestream.streams.datasets import Dataset, stratified_mask
 from edgestream.streams.series_file import (
+    SeriesFile,
     SeriesFormatError,
     load_series_file,
     windows,
@@ -58,15 +59,27 @@ class SeriesSource(DataSource):
             raise ConfigError(f"data.series_window and data.series_hop must be >= 1 (got {cfg.data.series_window}, "
                               f"{cfg.data.series_hop})")
 
-    def fleet_data(self, cfg: JobConfig) -> FleetData:
+    @staticmethod
+    def _load(cfg: JobConfig) -> tuple[Path, SeriesFile]:
         path = Path(cfg.data.series_file).expanduser()
         where = f"data.series_file={cfg.data.series_file!r}"
         try:
-            data = load_series_file(path)
+            return path, load_series_file(path)
         except FileNotFoundError:
             raise ConfigError(f"{where}: no such file; write it with `{FETCH_HINT} --out {path}`") from None
         except SeriesFormatError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+    def data_names(self, cfg: JobConfig) -> DataNames:
+        """The file's class names; a feature is a channel at a step of the window, channel-major
+        as the model reads it: ``<channel>[<step>]``."""
+        _path, data = self._load(cfg)
+        steps = range(cfg.data.series_window)
+        return DataNames(class_names=tuple(data.class_names),
+                         feature_names=tuple(f"{channel}[{t}]" for channel in data.channel_names for t in steps))
+
+    def fleet_data(self, cfg: JobConfig) -> FleetData:
+        path, data = self._load(cfg)
         window, hop = cfg.data.series_window, cfg.data.series_hop
         if window > data.length:
             raise ConfigError(f"data.series_window={window} is longer than the file's series ({data.length} steps)")
