@@ -167,6 +167,16 @@ async def send_keyed(producer: Any, topic: str, messages: Sequence[tuple[bytes, 
     return acks
 
 
+async def cancel_and_wait(tasks: Sequence[asyncio.Future]) -> None:
+    """Cancel every task of ``tasks``, then wait until each has ended (its cancellation taken,
+    not raised here): a source's loops, stopped before it commits and leaves."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 class EdgeApp(faust.App):
     """``faust.App`` whose producer is a ``DurableProducer`` (acks=all + idempotence)."""
 
@@ -514,11 +524,7 @@ class DirectSensorSource(Service):
     async def on_stop(self) -> None:
         """Stop reading, commit what is fully handled, close the consumer."""
         self.running = False
-        for task in self._loops:
-            task.cancel()
-        for task in self._loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._loops)
         self._loops = []
         if self.consumer is not None:
             await self.commit()

@@ -47,6 +47,7 @@ from edgestream.pipeline.app import (
     DirectSensorSource,
     IngestDriver,
     _Partition,
+    cancel_and_wait,
     dead_letter_message,
     send_keyed,
 )
@@ -78,6 +79,10 @@ QUEUED_BATCHES = 4
 WIDEN_BATCHES = 64
 #: Seconds between reads of ``models.<job>`` when nothing came.
 MODELS_POLL_MS = 500
+#: Largest record batch of predictions the producer builds (at most ``kafka.max_message_bytes``).
+#: aiokafka's default, 16 KiB, holds about 35 predictions: a produce request each, which halved
+#: the throughput on a backlog (``edgestream bench serving --part serve``).
+PRODUCER_BATCH_BYTES = 1 << 20
 #: Consumer group timeouts: a crashed instance's partitions move to the others within this.
 SESSION_TIMEOUT_MS = 10_000
 HEARTBEAT_INTERVAL_MS = 2_000
@@ -447,11 +452,7 @@ class GroupSensorSource(DirectSensorSource):
     async def close(self) -> None:
         """Stop reading (between two fetched chunks), finish every record read, commit, leave."""
         async with self.intake:
-            for task in self._loops:
-                task.cancel()
-            for task in self._loops:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(self._loops)
             self._loops = []
             if self.consumer is not None:
                 await self.drain()
@@ -675,6 +676,7 @@ class Server:
                 return
             self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
                                              max_request_size=self.cfg.kafka.max_message_bytes,
+                                             max_batch_size=min(PRODUCER_BATCH_BYTES, self.cfg.kafka.max_message_bytes),
                                              linger_ms=2, client_id=f"edgestream-serve-{self.name}",
                                              **security.current().aiokafka())
             await self.producer.start()

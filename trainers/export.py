@@ -213,6 +213,12 @@ def export_model(
     seconds: dict[str, float] = {}
     checks: dict[str, Any] = {}
     example = torch.from_numpy(np.repeat(features[:1], 2, axis=0) if len(features) < 2 else features[:2])
+
+    def runtime_check(runtime: str, logits: np.ndarray, *, fresh_process: bool) -> dict[str, Any]:
+        """``compare_logits`` of one runtime's logits, with float32's own rounding beside it."""
+        return {**compare_logits(runtime, logits, reference, fresh_process=fresh_process),
+                "torch_float32_vs_float64": float32_noise}
+
     # Step 2. Each format written to a temporary name, renamed into place, then checked (a failed
     # check raises before Step 3: no card, so no whole export).
     if "onnx" in chosen:
@@ -224,8 +230,7 @@ def export_model(
         start = time.perf_counter()
         logits = onnxruntime_logits(path, features)
         seconds["onnxruntime_check"] = time.perf_counter() - start
-        checks["onnxruntime"] = {**compare_logits("onnxruntime", logits, reference, fresh_process=True),
-                                 "torch_float32_vs_float64": float32_noise}
+        checks["onnxruntime"] = runtime_check("onnxruntime", logits, fresh_process=True)
     if "torchscript" in chosen:
         say("exporting TorchScript")
         start = time.perf_counter()
@@ -234,8 +239,7 @@ def export_model(
         with torch.no_grad():
             logits = loaded(torch.from_numpy(features)).numpy()
         seconds["torchscript"] = time.perf_counter() - start
-        checks["torchscript"] = {**compare_logits("torchscript", logits, reference, fresh_process=False),
-                                 "torch_float32_vs_float64": float32_noise}
+        checks["torchscript"] = runtime_check("torchscript", logits, fresh_process=False)
     if "safetensors" in chosen:
         say("exporting safetensors")
         start = time.perf_counter()

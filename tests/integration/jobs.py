@@ -105,6 +105,39 @@ def read_topic(bootstrap: str, topic: str, timeout_ms: int = 5000) -> list:
         consumer.close()
 
 
+def read_topic_to_end(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
+    """Every record of ``topic`` up to its end offsets as they are now (what ``read_topic``
+    returns once its writers stopped; each partition in log order), without waiting out
+    ``read_topic``'s idle timeout; fails if the end is not reached within ``timeout_s``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=int(timeout_s * 1000))
+    try:
+        partitions = wait_until(lambda: consumer.partitions_for_topic(topic), timeout_s, f"{topic}'s partitions")
+        parts = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        ends = consumer.end_offsets(parts)
+
+        def at_end() -> bool:
+            return all(consumer.position(tp) >= ends[tp] for tp in parts)
+
+        records: list = []
+        if at_end():
+            return records
+        deadline = time.monotonic() + timeout_s
+        for record in consumer:
+            records.append(record)
+            if at_end():
+                return records
+            if time.monotonic() > deadline:
+                break
+        raise AssertionError(f"timed out reading {topic} to its end offsets {ends}: {len(records)} record(s) read")
+    finally:
+        consumer.close()
+
+
 def send_gradients(bootstrap: str, job: str, values, key: bytes = b"w0") -> None:
     """Produce raw ``values`` (encoded update messages, good or bad) to ``gradients.<job>``."""
     from edgestream.job.topics import channel_topic

@@ -1,6 +1,11 @@
 """`edgestream export` after a real run: a short BSP job trained over the broker through the CLI,
 its model exported through the CLI, and ONNX Runtime's predictions on the held-out split give
-the accuracy the card states; a stage-split (synthetic gradients) job exported as one whole model."""
+the accuracy the card states; a stage-split (synthetic gradients) job exported as one whole model.
+
+`edgestream run` runs as its own process (as a user starts it: it installs its own signal
+handlers); `export` and `export --verify` run the same CLI entry (``cli.main.main``) in this
+process, which saves an interpreter start each (ONNX Runtime still checks the export in a
+fresh process of its own)."""
 
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ import numpy as np
 import onnxruntime
 import pytest
 
+from edgestream.cli.main import main
 from edgestream.job.config import load_config
 from edgestream.job.sources import job_fleet_data
+from edgestream.pipeline import security
 from tests.integration.jobs import REPO
 
 pytestmark = pytest.mark.integration
@@ -27,6 +34,32 @@ def cli(*args: str, cwd: Path, timeout_s: float = 240.0) -> subprocess.Completed
     env.pop("EDGESTREAM_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "edgestream", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def in_process(capsys, monkeypatch, tmp_path):
+    """``edgestream ARGS`` through ``cli.main.main`` in this process, in ``tmp_path``: its
+    exit code, stdout and stderr as a ``CompletedProcess``. What the command sets for its
+    process (OMP_NUM_THREADS, the Kafka security settings, torch's thread count) is put back
+    afterwards."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EDGESTREAM_DEBUG", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))  # main's default
+    monkeypatch.setattr(security, "_current", security.current())
+    threads = torch.get_num_threads()
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        finally:
+            torch.set_num_threads(threads)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["edgestream", *args], code, out, err)
+
+    return call
 
 
 def bsp_job(path: Path, unique: str, state: Path) -> Path:
@@ -59,7 +92,7 @@ checkpoint_every_steps = 10
 
 [run]
 state_dir = "{state}"
-duration_s = 15
+duration_s = 8
 drain_timeout_s = 60
 """)
     return path
@@ -71,14 +104,15 @@ def onnx_accuracy(directory: Path, features: np.ndarray, labels: np.ndarray) -> 
     return float((logits.argmax(axis=1) == labels).mean())
 
 
-def test_a_trained_job_exports_and_onnx_runtime_scores_what_the_card_says(kafka_bootstrap, unique, tmp_path):
+def test_a_trained_job_exports_and_onnx_runtime_scores_what_the_card_says(kafka_bootstrap, unique, tmp_path,
+                                                                          in_process):
     state = tmp_path / "state"
     job = bsp_job(tmp_path / "job.toml", unique, state)
     run = cli("run", "--job", str(job), "--bootstrap", kafka_bootstrap, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
     out = tmp_path / "export"
-    done = cli("export", "--job", str(job), "--out", str(out), cwd=tmp_path)
+    done = in_process("export", "--job", str(job), "--out", str(out))
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "max abs diff" in done.stdout and "done in" in done.stdout
@@ -99,14 +133,14 @@ def test_a_trained_job_exports_and_onnx_runtime_scores_what_the_card_says(kafka_
     accuracy = onnx_accuracy(out, data.heldout.features, data.heldout.labels)
     assert accuracy == pytest.approx(held["accuracy"], abs=1 / len(data.heldout))
     assert accuracy > 0.5  # chance: 0.1
-    verified = cli("export", "--verify", str(out), cwd=tmp_path, timeout_s=60)
+    verified = in_process("export", "--verify", str(out))
     assert verified.returncode == 0 and "3 file(s) match the card" in verified.stdout
 
 
-def test_a_stage_split_job_is_exported_as_one_whole_model(kafka_bootstrap, unique, tmp_path):
+def test_a_stage_split_job_is_exported_as_one_whole_model(kafka_bootstrap, unique, tmp_path, in_process):
     state = tmp_path / "state"
     sets = [f"job.name=s{unique}", f"devices.ids=a{unique},b{unique},c{unique}", f"run.state_dir={state}",
-            "run.duration_s=20", "train.checkpoint_every_steps=10"]
+            "run.duration_s=10", "train.checkpoint_every_steps=10"]
     flags = [arg for s in sets for arg in ("--set", s)]
     job = REPO / "examples" / "dni.toml"
     run = cli("run", "--job", str(job), *flags, "--bootstrap", kafka_bootstrap, cwd=tmp_path)
@@ -114,7 +148,7 @@ def test_a_stage_split_job_is_exported_as_one_whole_model(kafka_bootstrap, uniqu
     summary = json.loads((state / "summary.json").read_text())
 
     out = tmp_path / "export"
-    done = cli("export", "--job", str(job), *flags, "--out", str(out), cwd=tmp_path)
+    done = in_process("export", "--job", str(job), *flags, "--out", str(out))
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "assembling the 3 stages (w0, w1, w2)" in done.stdout

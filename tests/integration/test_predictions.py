@@ -13,7 +13,14 @@ import pytest
 from edgestream.pipeline.run import run_job
 from edgestream.streams import codec, topics
 from edgestream.streams.predictions import Prediction, decode
-from tests.integration.jobs import JSON_READINGS, quiet, read_topic, show, train_job, workers_of
+from tests.integration.jobs import (
+    JSON_READINGS,
+    quiet,
+    read_topic_to_end,
+    show,
+    train_job,
+    workers_of,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +29,7 @@ PREDICTING = ("serve.predictions=true", "serve.top_k=10")  # digits: every class
 
 def predictions_of(bootstrap: str, job: str) -> list[Prediction]:
     """Every message of ``predictions.<job>``, decoded and checked, in log order."""
-    records = read_topic(bootstrap, topics.predictions_topic(job))
+    records = read_topic_to_end(bootstrap, topics.predictions_topic(job))
     out = []
     for record in records:
         prediction = decode(record.value)
@@ -35,7 +42,7 @@ def edgestream_records(bootstrap: str, topic: str) -> dict[tuple[int, int], dict
     """``(partition, offset) -> {seq: (event time, label)}`` of every message of a device topic
     in edgestream's format, with the message's Kafka timestamp under key -1."""
     out = {}
-    for record in read_topic(bootstrap, topic):
+    for record in read_topic_to_end(bootstrap, topic):
         batch = codec.decode(record.value)
         labels = batch.labels if batch.labels is not None else np.full(batch.count, -1)  # delayed labels: none
         rows = {int(s): (float(t), int(y)) for s, t, y in zip(batch.seq, batch.event_time, labels, strict=True)}
@@ -95,7 +102,7 @@ def prequential_accuracy(result) -> float:
 
 
 def test_every_trained_record_is_published_once_with_a_truthful_prediction(kafka_bootstrap, unique, state_dir):
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "run.duration_s=12", *PREDICTING)
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "run.duration_s=8", *PREDICTING)
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
     show(result)
@@ -122,7 +129,7 @@ def json_records(bootstrap: str, topic: str) -> dict[tuple[int, int], dict[int, 
     """``edgestream_records`` of a shared topic of JSON readings (``JSON_READINGS``) without a
     mapped record id: a reading's id is ``offset * limits.max_records_per_message + index``."""
     out = {}
-    for record in read_topic(bootstrap, topic):
+    for record in read_topic_to_end(bootstrap, topic):
         doc = orjson.loads(record.value)
         readings = doc if isinstance(doc, list) else [doc]
         base = record.offset * 65_536
@@ -149,9 +156,9 @@ def two_per_partition(unique: str, partitions: int) -> list[str]:
 def test_json_readings_on_a_shared_keyed_topic_are_predicted_per_device(kafka_bootstrap, unique, state_dir):
     shared = f"plant{unique}.readings"
     devices = two_per_partition(unique, 3)
-    cfg = train_job(unique, state_dir, "train.strategy=localsgd", f"input.topic={shared}", "input.partitions=3",
-                    f"devices.ids={','.join(devices)}", "devices.count=6", "devices.rates_hz=80,60,40",
-                    "run.duration_s=10", *JSON_READINGS, *PREDICTING)
+    cfg = train_job(unique, state_dir, "train.strategy=localsgd",
+                    f"input.topic={shared}", "input.partitions=3", f"devices.ids={','.join(devices)}",
+                    "devices.count=6", "devices.rates_hz=80,60,40", "run.duration_s=6", *JSON_READINGS, *PREDICTING)
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False)
     show(result)
@@ -170,7 +177,7 @@ def test_json_readings_on_a_shared_keyed_topic_are_predicted_per_device(kafka_bo
 def test_with_delayed_labels_the_prediction_made_on_arrival_is_published_once_trained(
         kafka_bootstrap, unique, state_dir):
     labels_topic = f"labels.t{unique}"
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "run.duration_s=12", f"labels.topic={labels_topic}",
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "run.duration_s=8", f"labels.topic={labels_topic}",
                     "labels.simulate_delay_s=0.5,2", "labels.simulate_missing=0.05", "labels.max_delay_s=6",
                     *PREDICTING)
 
@@ -191,7 +198,7 @@ def test_with_delayed_labels_the_prediction_made_on_arrival_is_published_once_tr
     assert float(np.median([p.published_at - p.predicted_at for p in arrival])) > 0.5
     assert all(p.predicted_at >= p.kafka_timestamp - 0.01 for p in arrival)
     label_of = {}
-    for record in read_topic(kafka_bootstrap, labels_topic):
+    for record in read_topic_to_end(kafka_bootstrap, labels_topic):
         for item in orjson.loads(record.value):
             label_of[(item["device"], item["record_id"])] = item["label"]
     live = float(np.mean([p.predicted == label_of[(p.device, p.record_id)] for p in arrival]))
@@ -205,8 +212,9 @@ def test_a_killed_worker_publishes_its_replayed_records_again_and_its_counts_con
         kafka_bootstrap, unique, state_dir):
     from edgestream.monitoring.scrape import scrape
     from edgestream.pipeline.run import RunContext
-    from tests.integration.jobs import wait_until
+    from tests.integration.jobs import steps_of, wait_until
 
+    # run.duration_s is a cap: streaming ends once the restarted w1 trains again.
     cfg = train_job(unique, state_dir, "train.strategy=bsp", "run.duration_s=15", "run.restart_backoff_s=0.5",
                     "train.checkpoint_every_steps=5", *PREDICTING)
 
@@ -216,6 +224,10 @@ def test_a_killed_worker_publishes_its_replayed_records_again_and_its_counts_con
                    and s.get("edgestream_steps_total", worker="w1") >= 8, 90, "w1 to take 8 steps")
         ctx.kill("w1")  # SIGKILL: the steps since its last checkpoint are trained (and predicted) again
         wait_until(lambda: ctx.restarts == ["w1"] and ctx.worker("w1").ready, 120, "the supervisor to restart w1")
+        # The restarted w1 trains from its checkpoint (its replayed records predicted again);
+        # the drain then trains what is left.
+        wait_until(lambda: steps_of(ctx, "w1") >= 1, 60, "the restarted w1 to take a step")
+        ctx.stop_streaming()
 
     result = run_job(cfg, kafka_bootstrap, console=quiet(), live=False, on_streaming=crash)
     show(result)
