@@ -33,7 +33,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("mqtt_e2e", "edgestream.benchmarks.mqtt_e2e",
               "MQTT publish to trained, p50/p99, on real smartwatch data over the make demo-mqtt chain"),
     Benchmark("serving", "edgestream.benchmarks.serving",
-              "training throughput with serve.predictions on against off, and append-to-prediction latency"),
+              "training throughput with serve.predictions on against off, and append-to-prediction latency; "
+              "--part serve: edgestream serve against a plain loop, its latency and hot swap"),
     Benchmark("replay", "edgestream.benchmarks.replay", "replay at max speed against Kafka's ProducerPerformance, and timing at 1x"),
     Benchmark("time_to_accuracy", "edgestream.benchmarks.time_to_accuracy",
               "ScaDLES against BSP and the PyTorch DDP peer, on the real broker and the simulated clock"),
