@@ -99,23 +99,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def _read_predictions(bootstrap: str, topic: str) -> list:
     """Every message of ``topic`` (to its end offsets), decoded and checked."""
-    from kafka import KafkaConsumer, TopicPartition
-
     from edgestream.streams.predictions import decode
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
-    try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        ends = consumer.end_offsets(parts)
-        out = []
-        while any(consumer.position(tp) < ends[tp] for tp in parts):
-            for records in consumer.poll(timeout_ms=2000).values():
-                out += [decode(r.value) for r in records]
-        return out
-    finally:
-        consumer.close()
+    return [decode(r.value) for r in _read_records(bootstrap, topic)]
 
 
 def one_run(bootstrap: str, work: Path, rate: float, window_s: float, predictions: bool,

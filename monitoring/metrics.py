@@ -641,6 +641,35 @@ def name_of(metric: MetricWrapperBase, suffix: str = "") -> str:
     return metric._name + suffix
 
 
+def observe_many(histogram: Histogram, values: Any) -> None:
+    """``histogram.observe(v)`` for each of ``values`` (a sequence or array of floats), in one
+    pass: each bucket's count and the sum are updated once, under their locks, to exactly what
+    the per-value calls give (the sum added value by value, in order). ``histogram`` is an
+    observable one (a labelled histogram's child); a value class without a lock (multiprocess
+    mode) is updated one value at a time."""
+    import numpy as np
+
+    amounts = np.asarray(values, dtype=np.float64).reshape(-1)
+    if amounts.size == 0:
+        return
+    histogram._raise_if_not_observable()
+    total, buckets = histogram._sum, histogram._buckets
+    if not all(hasattr(v, "_lock") and hasattr(v, "_value") for v in (total, *buckets)):
+        for amount in amounts.tolist():
+            histogram.observe(amount)
+        return
+    bounds = np.asarray(histogram._upper_bounds, dtype=np.float64)
+    # The first bound >= the value, as observe's ``amount <= bound``; NaN counts in no bucket.
+    index = np.searchsorted(bounds, amounts, side="left")
+    counts = np.bincount(index, minlength=len(bounds) + 1)[:len(bounds)]
+    for bucket, count in zip(buckets, counts.tolist(), strict=True):
+        if count:
+            bucket.inc(float(count))
+    with total._lock:
+        # cumsum adds in order (no pairwise summation): the float observe's ``+=`` gives.
+        total._value = float(np.cumsum(np.concatenate(([total._value], amounts)))[-1])
+
+
 def consumer_lag(
     end_offsets: Mapping[tuple[str, int], int], positions: Mapping[tuple[str, int], int | None],
     layout: TopicLayout | None = None,

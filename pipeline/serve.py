@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -40,7 +40,7 @@ from edgestream.job.plan import training_plan
 from edgestream.job.sources import job_fleet_data
 from edgestream.job.topics import channel_topic, sensor_partitions, sensor_topics_for
 from edgestream.monitoring.health import Health
-from edgestream.monitoring.metrics import Metrics, serve
+from edgestream.monitoring.metrics import Metrics, observe_many, serve
 from edgestream.pipeline import security
 from edgestream.pipeline.app import (
     LAG_INTERVAL_S,
@@ -165,11 +165,13 @@ class PredictingSink:
     per record, and settles the batches once the broker acknowledged them.
 
     Invariants: a micro-batch (the batches taken together, at most ``max_batch`` records
-    unless one batch is larger; a forward pass takes at most ``max_batch`` rows of it) is
-    predicted by one model, the one in use when it was taken;
-    a newer model (``offer``) is swapped in only between micro-batches. A batch is settled
-    (``settle``: its offsets may be committed) only after every acknowledgement of its
-    predictions arrived, and batches are settled in the order they were submitted.
+    unless one batch is larger) is predicted in one call of ``predict`` (the server's runs a
+    forward pass per ``max_batch`` rows) by one model, the one in use when it was taken; a
+    newer model (``offer``) is swapped in only between micro-batches, and each record is
+    taken into exactly one micro-batch. A batch is settled (``settle``: its offsets may be
+    committed) only after every acknowledgement of its predictions arrived, and batches are
+    sent and settled in the order they were submitted. At most two micro-batches are taken
+    and not settled: one being published, the next in its forward pass (``run``).
     """
 
     defer_acks = True
@@ -193,7 +195,9 @@ class PredictingSink:
         self._next: ServingModel | None = None
         self._queue: list[Batch] = []
         self._queued_records = 0
-        self._busy = False
+        #: Micro-batches taken from the queue and not yet settled (at most two: one predicted or
+        #: being published, the next in its forward pass).
+        self._taken = 0
         self._changed = asyncio.Event()
         self.published: dict[str, int] = {}
         self.micro_batches = 0
@@ -250,77 +254,126 @@ class PredictingSink:
             self._changed.clear()
             await self._changed.wait()
 
+    @property
+    def _busy(self) -> bool:
+        return self._taken > 0
+
     # --- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
         """Predict, publish and settle micro-batches until cancelled; a failed write raises (the
-        process stops; its records since the last commit are read again by the group)."""
+        process stops; its records since the last commit are read again by the group).
+
+        Pipelined, one micro-batch deep: while a predicted micro-batch is published and waits
+        for its acknowledgements, the next one (taken after it, with the model in use then) is
+        in its forward pass; it is published only once the first is settled, so predictions
+        are sent and batches settled in the order they were submitted."""
+        ready: _Predicted | None = None
         while True:
-            if self._next is not None:
-                self._swap()  # idle, so between two micro-batches: the gauges say so at once
-            if not self._queue or self.model is None:
-                self._changed.clear()
-                await self._changed.wait()
-                continue
-            await self.step()
+            if ready is None:
+                if self._next is not None:
+                    self._swap()  # idle, so between two micro-batches: the gauges say so at once
+                if not self._queue or self.model is None:
+                    self._changed.clear()
+                    await self._changed.wait()
+                    continue
+                ready = await self._forward(*self._take())
+            following = None
+            if self._queue:
+                if self._next is not None:
+                    self._swap()  # between the micro-batch predicted and the next
+                following = asyncio.ensure_future(self._forward(*self._take()))
+            try:
+                await self._publish(ready)
+            except BaseException:
+                if following is not None:
+                    following.cancel()
+                raise
+            ready = await following if following is not None else None
 
     async def step(self) -> int:
-        """One micro-batch: swap in a newer model if one waits, take batches, predict, publish,
-        wait for the acknowledgements, settle. Returns the records predicted."""
+        """One micro-batch, not pipelined: swap in a newer model if one waits, take batches,
+        predict, publish, wait for the acknowledgements, settle. Returns the records predicted."""
         if self._next is not None:
             self._swap()
-        model = self.model
-        if model is None or not self._queue:
+        if self.model is None or not self._queue:
             return 0
+        predicted = await self._forward(*self._take())
+        await self._publish(predicted)
+        return predicted.records
+
+    def _take(self) -> tuple[ServingModel, list[Batch], int]:
+        """The next micro-batch: whole batches in order, up to ``max_batch`` records (a larger
+        batch alone), with the model in use now."""
+        model = self.model
+        assert model is not None and self._queue
         taken: list[Batch] = []
         records = 0
         while self._queue and (not taken or records + self._queue[0].size <= self.max_batch):
             batch = self._queue.pop(0)
             taken.append(batch)
             records += batch.size
-        self._busy = True
+        self._taken += 1
+        return model, taken, records
+
+    async def _forward(self, model: ServingModel, batches: list[Batch], records: int) -> _Predicted:
+        """The micro-batch's forward pass: one call of ``predict`` for all its rows."""
         try:
-            await self._predict_publish(model, taken)
-            self._queued_records -= records
-            for batch in taken:
+            features = np.concatenate([b.records.features for b in batches]) if len(batches) > 1 \
+                else batches[0].records.features
+            classes, probabilities = await self.predict(model, features)
+        except BaseException:
+            self._release()
+            raise
+        return _Predicted(model, batches, records, classes, probabilities, self.clock())
+
+    def _release(self) -> None:
+        self._taken -= 1
+        self._changed.set()
+
+    async def _publish(self, predicted: _Predicted) -> None:
+        """Encode, send, wait for every acknowledgement, then settle the micro-batch's batches."""
+        try:
+            ident = predicted.model.ident
+            scored, start = [], 0
+            for batch in predicted.batches:
+                stop = start + batch.size
+                scored.append(replace(Scored.of(
+                    batch.records, self.topic_of(batch.device), version=ident.version, digest=ident.digest,
+                    classes=predicted.classes[start:stop], probabilities=predicted.probabilities[start:stop],
+                    predicted_at=predicted.at), at=AT_SERVE))
+                start = stop
+            published_at = self.clock()
+            messages: list[tuple[bytes, bytes]] = []
+            for part in scored:
+                messages += encode_scored(part, job=self.job, worker=self.worker, published_at=published_at)
+            await asyncio.gather(*await self.send(self.topic, messages))
+            acked = self.clock()
+            for part in scored:
+                self.published[part.device] = self.published.get(part.device, 0) + part.size
+                if self.metrics is not None:
+                    self.metrics.serve_predictions.labels(part.device).inc(part.size)
+            if self.metrics is not None:
+                stamps = np.concatenate([part.kafka_timestamp for part in scored])
+                observe_many(self.metrics.serve_latency, np.maximum(0.0, acked - stamps[np.isfinite(stamps)]))
+            self._queued_records -= predicted.records
+            for batch in predicted.batches:
                 assert self.settle is not None
                 await self.settle(batch)
         finally:
-            self._busy = False
-            self._changed.set()
+            self._release()
         self.micro_batches += 1
-        return records
 
-    async def _predict_publish(self, model: ServingModel, batches: list[Batch]) -> None:
-        features = np.concatenate([b.records.features for b in batches]) if len(batches) > 1 \
-            else batches[0].records.features
-        # One forward pass per ``max_batch`` rows (a batch widened under a backlog is larger).
-        parts = [await self.predict(model, features[i:i + self.max_batch])
-                 for i in range(0, len(features), self.max_batch)]
-        classes = np.concatenate([c for c, _ in parts]) if len(parts) > 1 else parts[0][0]
-        probabilities = np.concatenate([p for _, p in parts]) if len(parts) > 1 else parts[0][1]
-        predicted_at = self.clock()
-        ident = model.ident
-        scored, start = [], 0
-        for batch in batches:
-            stop = start + batch.size
-            scored.append(replace(Scored.of(batch.records, self.topic_of(batch.device), version=ident.version,
-                                             digest=ident.digest, classes=classes[start:stop],
-                                             probabilities=probabilities[start:stop], predicted_at=predicted_at),
-                                  at=AT_SERVE))
-            start = stop
-        published_at = self.clock()
-        messages: list[tuple[bytes, bytes]] = []
-        for part in scored:
-            messages += encode_scored(part, job=self.job, worker=self.worker, published_at=published_at)
-        await asyncio.gather(*await self.send(self.topic, messages))
-        acked = self.clock()
-        for part in scored:
-            self.published[part.device] = self.published.get(part.device, 0) + part.size
-            if self.metrics is not None:
-                self.metrics.serve_predictions.labels(part.device).inc(part.size)
-                stamps = part.kafka_timestamp[np.isfinite(part.kafka_timestamp)]
-                for latency in (acked - stamps).tolist():
-                    self.metrics.serve_latency.observe(max(0.0, latency))
+
+class _Predicted(NamedTuple):
+    """A micro-batch predicted, not yet published: its model, batches, records, the top-k rows
+    of all its records and when they were made."""
+
+    model: ServingModel
+    batches: list[Batch]
+    records: int
+    classes: np.ndarray
+    probabilities: np.ndarray
+    at: float
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -645,7 +698,7 @@ class Server:
 
     async def _predict(self, model: ServingModel, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return await asyncio.get_running_loop().run_in_executor(self.predict_pool, model.predict, features,
-                                                                self.cfg.serve.top_k)
+                                                                self.cfg.serve.top_k, self.cfg.serve.max_batch)
 
     async def _send(self, topic: str, messages: list[tuple[bytes, bytes]]) -> list[Any]:
         assert self.producer is not None

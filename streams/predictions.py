@@ -327,28 +327,65 @@ def scored_parts(parts: Sequence[tuple[RecordBatch, str]], *, version: int, dige
 
 
 def encode_scored(scored: Scored, *, job: str, worker: str, published_at: float) -> list[tuple[bytes, bytes]]:
-    """``(key, value)`` of each prediction of ``scored``, published at ``published_at``."""
+    """``(key, value)`` of each prediction of ``scored``, published at ``published_at``.
+
+    Column at a time: each column is one ``orjson`` call (floats and ints as orjson writes
+    them, NaN as null), its tokens put into one template per row: the bytes are exactly those
+    of ``orjson.dumps`` of each prediction's object, its fields in the order of the table above."""
+    n = scored.size
+    if n == 0:
+        return []
+    k = scored.classes.shape[1] if scored.classes.ndim == 2 else 1
+    event_time = np.asarray(scored.event_time, dtype=np.float64)
+    stamp = np.asarray(scored.kafka_timestamp, dtype=np.float64)
+    published = float(published_at)
+    classes = _tokens(np.asarray(scored.classes).reshape(n, k).tolist(), n * k, flat=True)
+    probs = _tokens(np.asarray(scored.probabilities, dtype=np.float64).reshape(n, k).tolist(), n * k, flat=True)
+    digests: dict[str, bytes] = {}
+    digest = [digests.get(d) or digests.setdefault(d, orjson.dumps(d)) for d in scored.model_digest] \
+        if len(set(scored.model_digest)) > 1 else [orjson.dumps(scored.model_digest[0])] * n
+    if scored.at is not None:
+        at = [orjson.dumps(scored.at)] * n
+    else:
+        arrival, step = orjson.dumps(AT_ARRIVAL), orjson.dumps(AT_STEP)
+        at = [arrival if a else step for a in scored.arrival.tolist()]
+    columns = [
+        _known(scored.partition, n), _known(scored.offset, n), _tokens(scored.record_id.tolist(), n),
+        _tokens(event_time.tolist(), n), _tokens(stamp.tolist(), n), _tokens(scored.model_version.tolist(), n),
+        digest, classes[0::k],
+        *[column for j in range(k) for column in (classes[j::k], probs[j::k])],
+        at, _tokens(np.asarray(scored.predicted_at, dtype=np.float64).tolist(), n),
+        _tokens((published - event_time).tolist(), n), _tokens((published - stamp).tolist(), n),
+    ]
+    head = b"{" + orjson.dumps({"v": SCHEMA_VERSION, "job": job, "worker": worker, "device": scored.device,
+                                "topic": scored.topic})[1:-1].replace(b"%", b"%%")
+    top = b",".join([b'{"class":%b,"p":%b}'] * k)
+    template = (head + b',"partition":%b,"offset":%b,"record_id":%b,"event_time":%b,"kafka_timestamp":%b,'
+                b'"model_version":%b,"model_digest":%b,"predicted":%b,"top_k":[' + top + b'],"at":%b,'
+                b'"predicted_at":%b,"published_at":' + orjson.dumps(published) + b',"latency_event_s":%b,'
+                b'"latency_append_s":%b}')
     key = scored.device.encode()
-    out = []
-    rows = zip(scored.partition.tolist(), scored.offset.tolist(), scored.record_id.tolist(),
-               scored.event_time.tolist(), scored.kafka_timestamp.tolist(), scored.model_version.tolist(),
-               scored.model_digest, scored.classes.tolist(), scored.probabilities.tolist(), scored.arrival.tolist(),
-               scored.predicted_at.tolist(), strict=True)
-    for partition, offset, record_id, event_time, stamp, version, digest, classes, probs, arrival, made in rows:
-        known_time = event_time == event_time  # not NaN
-        known_stamp = stamp == stamp
-        out.append((key, orjson.dumps({
-            "v": SCHEMA_VERSION, "job": job, "worker": worker, "device": scored.device, "topic": scored.topic,
-            "partition": partition if partition >= 0 else None, "offset": offset if offset >= 0 else None,
-            "record_id": record_id, "event_time": event_time if known_time else None,
-            "kafka_timestamp": stamp if known_stamp else None, "model_version": version, "model_digest": digest,
-            "predicted": classes[0], "top_k": [{"class": c, "p": p} for c, p in zip(classes, probs, strict=True)],
-            "at": scored.at or (AT_ARRIVAL if arrival else AT_STEP), "predicted_at": made,
-            "published_at": published_at,
-            "latency_event_s": published_at - event_time if known_time else None,
-            "latency_append_s": published_at - stamp if known_stamp else None,
-        })))
-    return out
+    return [(key, template % row) for row in zip(*columns, strict=True)]
+
+
+def _tokens(values: list[Any], n: int, *, flat: bool = False) -> list[bytes]:
+    """The JSON of each of ``values`` (numbers; NaN is null), in one ``orjson`` call: numbers
+    hold no comma, so the list's JSON splits into them (``flat``: a list of equal lists)."""
+    text = orjson.dumps(values)
+    if flat:
+        text = text.replace(b"],[", b",")[1:-1]
+    tokens = text[1:-1].split(b",")
+    if len(tokens) != n:
+        raise ValueError(f"expected {n} values, the JSON has {len(tokens)}")
+    return tokens
+
+
+def _known(values: np.ndarray, n: int) -> list[bytes]:
+    """``_tokens`` of int ``values``, a negative one (unknown) as null."""
+    tokens = _tokens(values.tolist(), n)
+    for i in np.flatnonzero(np.asarray(values) < 0).tolist():
+        tokens[i] = b"null"
+    return tokens
 
 
 @dataclass(frozen=True)

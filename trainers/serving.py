@@ -110,10 +110,15 @@ class ServingModel:
             p.requires_grad_(False)
         self.ident = ident
 
-    def predict(self, features: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, features: np.ndarray, k: int, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` most probable classes of each row of ``features`` and their probabilities
-        (softmax of the logits), most probable first: ``([N, k] int, [N, k] float)``."""
-        return top_k(predict_proba(self.model, features), k)
+        (softmax of the logits), most probable first: ``([N, k] int, [N, k] float)``; a forward
+        pass per ``chunk`` rows (None: one for all), in one call (one handoff to the thread
+        that runs it)."""
+        if chunk is None or len(features) <= chunk:
+            return top_k(predict_proba(self.model, features), k)
+        parts = [top_k(predict_proba(self.model, features[i:i + chunk]), k) for i in range(0, len(features), chunk)]
+        return np.concatenate([c for c, _ in parts]), np.concatenate([p for _, p in parts])
 
 
 class ModelLoader:

@@ -309,3 +309,47 @@ def test_dlion_observations_are_exported(served):
     s = scrape(url)
     assert s.get("edgestream_step_batch_records", worker="w0") == 64
     assert s.get("edgestream_capacity_samples_per_second", worker="w0") == 350.0
+
+
+def _histogram_exposition(registry) -> list[str]:
+    from prometheus_client import generate_latest
+
+    return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+
+@pytest.mark.parametrize("labelled", [False, True])
+def test_observe_many_exposes_exactly_what_observing_each_value_does(labelled):
+    import numpy as np
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from edgestream.monitoring.metrics import SECONDS_BUCKETS, observe_many
+
+    rng = np.random.default_rng(7)
+    # Values on the bounds themselves, between them, below the first and above the last.
+    values = np.concatenate([np.array(SECONDS_BUCKETS, dtype=np.float64), rng.exponential(0.3, 500),
+                             [0.0, -0.5, 1e-9, 31.0, 1e6], rng.uniform(0, 40, 300)])
+    rng.shuffle(values)
+    one, bulk = CollectorRegistry(), CollectorRegistry()
+    labels = ["device"] if labelled else []
+    h_one = Histogram("x_seconds", "x", labels, buckets=SECONDS_BUCKETS, registry=one)
+    h_bulk = Histogram("x_seconds", "x", labels, buckets=SECONDS_BUCKETS, registry=bulk)
+    if labelled:
+        h_one, h_bulk = h_one.labels("a"), h_bulk.labels("a")
+    for chunk in np.array_split(values, 7):  # several calls accumulate like the per-value ones
+        for v in chunk.tolist():
+            h_one.observe(v)
+        observe_many(h_bulk, chunk)
+    observe_many(h_bulk, np.array([]))  # nothing observed: nothing changes
+    assert _histogram_exposition(one) == _histogram_exposition(bulk)
+    count = [line for line in _histogram_exposition(bulk) if line.startswith("x_seconds_count")]
+    assert count and float(count[0].split()[-1]) == len(values)
+
+
+def test_observe_many_refuses_a_labelled_histogram_itself():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from edgestream.monitoring.metrics import observe_many
+
+    h = Histogram("y_seconds", "y", ["device"], registry=CollectorRegistry())
+    with pytest.raises(ValueError):
+        observe_many(h, [0.1])

@@ -134,7 +134,7 @@ def test_micro_batches_take_whole_batches_up_to_max_batch_in_order():
     PASSES.clear()
     sizes, settled = run(scenario())
     assert sizes == [7, 5, 20]  # 3+4 fit in 8, 5 alone, a batch above max_batch is taken alone ...
-    assert PASSES == [7, 5, 8, 8, 4]  # ... and predicted max_batch rows at a time
+    assert PASSES == [7, 5, 20]  # ... and each micro-batch predicted in one call (the model chunks it)
     assert [b.device for b in settled] == ["d0", "d1", "d2", "d3"]
 
 
@@ -202,6 +202,113 @@ def test_a_failed_write_settles_nothing_and_raises():
 
     settled, sink = run(scenario())
     assert settled == [] and sink.published == {}
+
+
+async def until(condition, turns: int = 1000) -> None:
+    """Let the event loop run until ``condition()`` holds (a bounded number of turns)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+def test_run_predicts_the_next_micro_batch_while_the_previous_waits_for_its_acks():
+    async def scenario():
+        producer, settled = FakeProducer(), []
+        sink = sink_of(producer, settled, max_batch=4)
+        sink.offer(FakeModel(1))
+        for i in range(3):
+            await sink.submit(batch_of("a", 4 * i, 4))
+        runner = asyncio.ensure_future(sink.run())
+        await until(lambda: len(producer.sent) == 1 and len(PASSES) == 2)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        # The second micro-batch is predicted, not sent before the first is acknowledged; the
+        # third is not taken (one micro-batch in flight at most).
+        assert len(producer.sent) == 1 and PASSES == [4, 4] and settled == [] and sink.queued_records == 12
+        producer.ack_all()
+        await until(lambda: len(producer.sent) == 2 and len(PASSES) == 3)
+        assert [b.records.seq[0] for b in settled] == [0] and len(producer.sent) == 2
+        drained = asyncio.ensure_future(sink.drain())
+        while not drained.done():
+            producer.ack_all()
+            await asyncio.sleep(0)
+        runner.cancel()
+        return producer, settled, sink
+
+    PASSES.clear()
+    producer, settled, sink = run(scenario())
+    assert [b.records.seq[0] for b in settled] == [0, 4, 8] and sink.micro_batches == 3
+    ids = [decode(v).record_id for sent in producer.sent for _, v in sent]
+    assert ids == list(range(12))  # each record once, in order
+
+
+def test_a_swap_while_the_pipeline_is_full_predicts_each_record_once_each_micro_batch_by_one_model():
+    async def scenario():
+        producer, settled = FakeProducer(), []
+        sink = sink_of(producer, settled, max_batch=4)
+        sink.offer(FakeModel(5))
+        for i in range(4):
+            await sink.submit(batch_of("a", 4 * i, 4))
+        runner = asyncio.ensure_future(sink.run())
+        await until(lambda: len(producer.sent) == 1 and len(PASSES) == 2)
+        sink.offer(FakeModel(6))  # the first micro-batch waits for its acks, the second is predicted (5)
+        drained = asyncio.ensure_future(sink.drain())
+        while not drained.done():
+            producer.ack_all()
+            await asyncio.sleep(0)
+        runner.cancel()
+        return producer, settled, sink
+
+    PASSES.clear()
+    producer, settled, sink = run(scenario())
+    versions = [{decode(v).model_version for _, v in sent} for sent in producer.sent]
+    assert versions == [{5}, {5}, {6}, {6}]
+    ids = [decode(v).record_id for sent in producer.sent for _, v in sent]
+    assert ids == list(range(16)) and len(settled) == 4
+    assert [(a, b) for a, b, _ in sink.swap_log] == [(None, 5), (5, 6)]
+
+
+def test_a_failed_write_in_the_pipeline_settles_nothing_after_it_and_raises():
+    async def scenario():
+        producer, settled = FakeProducer(), []
+        sink = sink_of(producer, settled, max_batch=4)
+        sink.offer(FakeModel(1))
+        for i in range(2):
+            await sink.submit(batch_of("a", 4 * i, 4))
+        runner = asyncio.ensure_future(sink.run())
+        await until(lambda: len(producer.sent) == 1 and len(PASSES) == 2)
+        producer.acks[0].set_exception(RuntimeError("broker said no"))
+        with pytest.raises(RuntimeError, match="broker said no"):
+            await runner
+        return producer, settled, sink
+
+    PASSES.clear()
+    producer, settled, sink = run(scenario())
+    assert settled == [] and sink.published == {} and len(producer.sent) == 1  # the predicted one never sent
+
+
+def test_the_latency_histogram_counts_each_acknowledged_record_once():
+    from edgestream.monitoring.metrics import Metrics
+
+    async def scenario():
+        producer, settled = FakeProducer(), []
+        sink = sink_of(producer, settled, max_batch=8)
+        sink.metrics = Metrics()
+        sink.offer(FakeModel(1))
+        await sink.submit(batch_of("a", 0, 5))
+        await sink.submit(batch_of("b", 0, 3))
+        step = asyncio.ensure_future(sink.step())
+        await until(lambda: bool(producer.sent))
+        producer.ack_all()
+        await step
+        return sink.metrics
+
+    metrics = run(scenario())
+    assert metrics.serve_latency._sum.get() > 0
+    assert sum(b.get() for b in metrics.serve_latency._buckets) == 8
+    assert metrics.serve_predictions.labels("a")._value.get() == 5
 
 
 def cfg_of(*overrides: str):

@@ -246,3 +246,55 @@ def test_the_digest_is_computed_once_per_version():
     cache = DigestCache(lambda: calls.append(1) or f"{len(calls):064x}")
     assert cache.of(3) == cache.of(3) == f"{1:064x}"
     assert cache.of(4) == f"{2:064x}" and cache.computed == len(calls) == 2
+
+
+def _reference_encode(scored: Scored, *, job: str, worker: str, published_at: float) -> list[tuple[bytes, bytes]]:
+    """The schema one prediction at a time: one dict per record, ``orjson.dumps`` each."""
+    import orjson
+
+    out = []
+    for i in range(scored.size):
+        event_time, stamp = float(scored.event_time[i]), float(scored.kafka_timestamp[i])
+        known_time, known_stamp = event_time == event_time, stamp == stamp
+        partition, offset = int(scored.partition[i]), int(scored.offset[i])
+        classes, probs = scored.classes[i].tolist(), scored.probabilities[i].tolist()
+        out.append((scored.device.encode(), orjson.dumps({
+            "v": 1, "job": job, "worker": worker, "device": scored.device, "topic": scored.topic,
+            "partition": partition if partition >= 0 else None, "offset": offset if offset >= 0 else None,
+            "record_id": int(scored.record_id[i]), "event_time": event_time if known_time else None,
+            "kafka_timestamp": stamp if known_stamp else None, "model_version": int(scored.model_version[i]),
+            "model_digest": scored.model_digest[i], "predicted": classes[0],
+            "top_k": [{"class": c, "p": p} for c, p in zip(classes, probs, strict=True)],
+            "at": scored.at or ("arrival" if scored.arrival[i] else "step"),
+            "predicted_at": float(scored.predicted_at[i]), "published_at": published_at,
+            "latency_event_s": published_at - event_time if known_time else None,
+            "latency_append_s": published_at - stamp if known_stamp else None})))
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_batch_encodes_to_exactly_the_bytes_of_one_object_per_record(k):
+    rng = np.random.default_rng(k)
+    n = 40
+    probabilities = rng.random((n, 5)).astype(np.float32)
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    classes, probs = top_k(probabilities, k)
+    event_time = 1.7e9 + rng.random(n) * 100
+    event_time[[3, 17]] = np.nan  # unknown event times
+    stamp = event_time + rng.random(n)
+    stamp[[5, 17, 30]] = np.nan  # no Kafka timestamp
+    batch = with_origin(records(n, start=2**63 + 5), 3, np.arange(n) * 7, stamp)
+    batch = RecordBatch(device="dev%00", seq=batch.seq, event_time=event_time, features=batch.features,
+                        origin=batch.origin)
+    scored = Scored.of(batch, "sensors.dev%00", version=12, digest=DIGEST, classes=classes, probabilities=probs,
+                       predicted_at=1.7e9 + 101.25)
+    partition, offset = scored.partition.copy(), scored.offset.copy()
+    partition[[2, 9]], offset[[2, 11]] = -1, -1  # unknown positions
+    arrival = np.zeros(n, dtype=bool)
+    arrival[[4, 8]] = True
+    digests = list(scored.model_digest)
+    digests[8] = "cd" * 32
+    mixed = dataclasses.replace(scored, partition=partition, offset=offset, arrival=arrival, model_digest=digests)
+    for one in (mixed, dataclasses.replace(mixed, at="serve"), mixed.select(np.array([0])), mixed.select(np.array([], int))):
+        kwargs = dict(job='j"%s', worker="serve-0", published_at=1.7e9 + 102.123456789)
+        assert encode_scored(one, **kwargs) == _reference_encode(one, **kwargs)

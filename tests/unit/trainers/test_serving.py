@@ -83,6 +83,19 @@ def test_a_snapshot_loads_with_its_version_and_the_trainers_digest_and_predicts_
     assert np.allclose(probabilities[:, 0], expected.max(axis=1))
 
 
+def test_a_forward_pass_per_chunk_gives_the_rows_of_one_pass_in_order(served):
+    plan, data, loader = served
+    trainer = trained(plan, data, 3, 0.02)
+    value, _ = encode_update(snapshot_message(trainer, "server"), job=plan.job)
+    model = loader.from_message(value, "models.sv")
+    features = data.train.features[:23]
+    whole = model.predict(features, 2)
+    for chunk in (4, 23, 64):
+        classes, probabilities = model.predict(features, 2, chunk=chunk)
+        assert classes.shape == (23, 2) and (classes == whole[0]).all()
+        assert np.allclose(probabilities, whole[1], atol=1e-6)
+
+
 def test_a_snapshot_of_another_model_is_refused_as_shape(served):
     plan, data, loader = served
     other_plan, other_data = job("train.model_params=hidden=[8]")
