@@ -675,11 +675,13 @@ class DirectSensorSource(Service):
             await self.commit()
 
     async def commit(self) -> None:
-        """Commit every partition's watermark that moved: the first offset not fully handled."""
+        """Commit every partition's watermark that moved: the first offset not fully handled
+        (a partition revoked while the commit was on its way, in a consumer group, is left
+        alone: its new owner commits from there)."""
         if self.consumer is None:
             return
         offsets = {}
-        for tp, part in self.parts.items():
+        for tp, part in list(self.parts.items()):
             mark = self.tracker.watermark(part.key)
             if mark is not None and mark != part.committed:
                 offsets[tp] = mark
@@ -687,11 +689,13 @@ class DirectSensorSource(Service):
             return
         try:
             await self.consumer.commit(offsets)
-        except KafkaError as exc:  # transient (coordinator moving): the next round retries
+        except KafkaError as exc:  # transient (coordinator moving, a rebalance): the next round retries
             log.warning("committing sensor offsets for %s failed: %r", self.group_id, exc)
             return
         for tp, mark in offsets.items():
-            self.parts[tp].committed = mark
+            part = self.parts.get(tp)
+            if part is not None:
+                part.committed = mark
 
 
 class FaustSensorSource:

@@ -33,7 +33,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
 
 from edgestream.job.config import JobConfig
 from edgestream.job.plan import training_plan
@@ -479,28 +478,6 @@ class GroupSensorSource(DirectSensorSource):
             # below where the group is now. Commit nothing until reading moves the mark.
             part.committed = self.tracker.watermark(part.key)
         return part
-
-    async def commit(self) -> None:
-        """Commit every assigned partition's watermark that moved (a partition revoked while the
-        commit was on its way is left alone: its new owner commits from there)."""
-        if self.consumer is None:
-            return
-        offsets = {}
-        for tp, part in list(self.parts.items()):
-            mark = self.tracker.watermark(part.key)
-            if mark is not None and mark != part.committed:
-                offsets[tp] = mark
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except KafkaError as exc:  # a rebalance under way: the next round retries
-            log.warning("committing sensor offsets for %s failed: %r", self.group_id, exc)
-            return
-        for tp, mark in offsets.items():
-            part = self.parts.get(tp)
-            if part is not None:
-                part.committed = mark
 
     async def close(self) -> None:
         """Stop reading (between two fetched chunks), finish every record read, commit, leave."""
