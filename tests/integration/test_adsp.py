@@ -151,7 +151,9 @@ def test_adsp_killed_worker_and_killed_server_resume_from_their_checkpoints(kafk
         wait_until(lambda: ctx.restarts == ["w1", "server"] and ctx.worker("server").ready, 90,
                    "the supervisor to restart the server")
         start = server_version(ctx)
-        wait_until(lambda: server_version(ctx) >= start + 6, 60, "commits to resume at the restarted server")
+        # Enough commits after the restart for the model to learn past what the two deaths cost
+        # (the accuracy check below; 0.75 was seen under load when streaming stopped after 6).
+        wait_until(lambda: server_version(ctx) >= start + 15, 90, "commits to resume at the restarted server")
         seen["commits_resumed"] = True
         ctx.stop_streaming()
 

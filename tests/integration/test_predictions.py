@@ -51,6 +51,12 @@ def edgestream_records(bootstrap: str, topic: str) -> dict[tuple[int, int], dict
     return out
 
 
+def device_topic_records(bootstrap: str, cfg) -> dict[str, dict]:
+    """``edgestream_records`` of each of the job's per-device topics, by topic."""
+    topics = {cfg.input.layout().topic(d) for d in cfg.devices.device_ids()}
+    return {topic: edgestream_records(bootstrap, topic) for topic in sorted(topics)}
+
+
 def check_predictions(result, cfg, predictions: list[Prediction], sources: dict[str, dict],
                       made: tuple[str, ...] = ("step",)) -> None:
     """What every run with predictions must show (``sources``: topic -> ``edgestream_records``-like map)."""
@@ -109,8 +115,7 @@ def test_every_trained_record_is_published_once_with_a_truthful_prediction(kafka
 
     assert result.balanced
     predictions = predictions_of(kafka_bootstrap, cfg.job.name)
-    sources = {cfg.input.layout().topic(d): edgestream_records(kafka_bootstrap, cfg.input.layout().topic(d))
-               for d in cfg.devices.device_ids()}
+    sources = device_topic_records(kafka_bootstrap, cfg)
     check_predictions(result, cfg, predictions, sources)
     # BSP replicas are bitwise identical at every version: so are their digests.
     by_version: dict[int, set[str]] = collections.defaultdict(set)
@@ -186,8 +191,7 @@ def test_with_delayed_labels_the_prediction_made_on_arrival_is_published_once_tr
 
     assert result.balanced
     predictions = predictions_of(kafka_bootstrap, cfg.job.name)
-    sources = {cfg.input.layout().topic(d): edgestream_records(kafka_bootstrap, cfg.input.layout().topic(d))
-               for d in cfg.devices.device_ids()}
+    sources = device_topic_records(kafka_bootstrap, cfg)
     check_predictions(result, cfg, predictions, sources, made=("step", "arrival"))
     unlabeled = sum(a["dropped_by_reason"].get("unlabeled", 0) for a in result.accounting.values())
     assert unlabeled > 0  # readings whose label never came: not trained, so not published
@@ -214,8 +218,9 @@ def test_a_killed_worker_publishes_its_replayed_records_again_and_its_counts_con
     from edgestream.pipeline.run import RunContext
     from tests.integration.jobs import steps_of, wait_until
 
-    # run.duration_s is a cap: streaming ends once the restarted w1 trains again.
-    cfg = train_job(unique, state_dir, "train.strategy=bsp", "run.duration_s=15", "run.restart_backoff_s=0.5",
+    # run.duration_s is a cap (long enough for a slow machine to reach the kill and the restart):
+    # streaming ends once the restarted w1 trains again.
+    cfg = train_job(unique, state_dir, "train.strategy=bsp", "run.duration_s=40", "run.restart_backoff_s=0.5",
                     "train.checkpoint_every_steps=5", *PREDICTING)
 
     def crash(ctx: RunContext) -> None:
