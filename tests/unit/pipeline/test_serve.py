@@ -176,9 +176,7 @@ def test_drain_returns_once_everything_submitted_is_settled():
         for _ in range(20):
             await asyncio.sleep(0)
         assert not drained.done() and len(producer.sent) == 1  # the first micro-batch waits for its acks
-        while not drained.done():
-            producer.ack_all()
-            await asyncio.sleep(0)
+        await ack_until_drained(producer, drained)
         runner.cancel()
         return settled
 
@@ -213,13 +211,27 @@ async def until(condition, turns: int = 1000) -> None:
     raise AssertionError("the condition never held")
 
 
+async def filled_sink(version: int, batches: int) -> tuple[FakeProducer, list, PredictingSink]:
+    """A sink of 4-record micro-batches holding model ``version`` and ``batches`` 4-record batches
+    of device ``a`` (seq 0, 4, 8 ...), its pipeline (``run``) not started yet."""
+    producer, settled = FakeProducer(), []
+    sink = sink_of(producer, settled, max_batch=4)
+    sink.offer(FakeModel(version))
+    for i in range(batches):
+        await sink.submit(batch_of("a", 4 * i, 4))
+    return producer, settled, sink
+
+
+async def ack_until_drained(producer: FakeProducer, drained: asyncio.Future) -> None:
+    """Acknowledge every write the sink makes until its ``drain`` returned."""
+    while not drained.done():
+        producer.ack_all()
+        await asyncio.sleep(0)
+
+
 def test_run_predicts_the_next_micro_batch_while_the_previous_waits_for_its_acks():
     async def scenario():
-        producer, settled = FakeProducer(), []
-        sink = sink_of(producer, settled, max_batch=4)
-        sink.offer(FakeModel(1))
-        for i in range(3):
-            await sink.submit(batch_of("a", 4 * i, 4))
+        producer, settled, sink = await filled_sink(1, 3)
         runner = asyncio.ensure_future(sink.run())
         await until(lambda: len(producer.sent) == 1 and len(PASSES) == 2)
         for _ in range(20):
@@ -230,10 +242,7 @@ def test_run_predicts_the_next_micro_batch_while_the_previous_waits_for_its_acks
         producer.ack_all()
         await until(lambda: len(producer.sent) == 2 and len(PASSES) == 3)
         assert [b.records.seq[0] for b in settled] == [0] and len(producer.sent) == 2
-        drained = asyncio.ensure_future(sink.drain())
-        while not drained.done():
-            producer.ack_all()
-            await asyncio.sleep(0)
+        await ack_until_drained(producer, asyncio.ensure_future(sink.drain()))
         runner.cancel()
         return producer, settled, sink
 
@@ -246,18 +255,11 @@ def test_run_predicts_the_next_micro_batch_while_the_previous_waits_for_its_acks
 
 def test_a_swap_while_the_pipeline_is_full_predicts_each_record_once_each_micro_batch_by_one_model():
     async def scenario():
-        producer, settled = FakeProducer(), []
-        sink = sink_of(producer, settled, max_batch=4)
-        sink.offer(FakeModel(5))
-        for i in range(4):
-            await sink.submit(batch_of("a", 4 * i, 4))
+        producer, settled, sink = await filled_sink(5, 4)
         runner = asyncio.ensure_future(sink.run())
         await until(lambda: len(producer.sent) == 1 and len(PASSES) == 2)
         sink.offer(FakeModel(6))  # the first micro-batch waits for its acks, the second is predicted (5)
-        drained = asyncio.ensure_future(sink.drain())
-        while not drained.done():
-            producer.ack_all()
-            await asyncio.sleep(0)
+        await ack_until_drained(producer, asyncio.ensure_future(sink.drain()))
         runner.cancel()
         return producer, settled, sink
 
@@ -272,11 +274,7 @@ def test_a_swap_while_the_pipeline_is_full_predicts_each_record_once_each_micro_
 
 def test_a_failed_write_in_the_pipeline_settles_nothing_after_it_and_raises():
     async def scenario():
-        producer, settled = FakeProducer(), []
-        sink = sink_of(producer, settled, max_batch=4)
-        sink.offer(FakeModel(1))
-        for i in range(2):
-            await sink.submit(batch_of("a", 4 * i, 4))
+        producer, settled, sink = await filled_sink(1, 2)
         runner = asyncio.ensure_future(sink.run())
         await until(lambda: len(producer.sent) == 1 and len(PASSES) == 2)
         producer.acks[0].set_exception(RuntimeError("broker said no"))
